@@ -1,0 +1,65 @@
+//! Errors of the device layer.
+
+use std::io;
+
+/// Result of a device operation.
+pub type Result<T, E = DeviceError> = std::result::Result<T, E>;
+
+/// An error of the device layer.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum DeviceError {
+    /// The request's offset or length is not a multiple of the logical block size.
+    #[error("request at offset {offset} length {len} is not aligned to the {block_size}-byte logical block size")]
+    Misaligned {
+        offset: u64,
+        len: u64,
+        block_size: u32,
+    },
+    /// The request reaches past the end of the device.
+    #[error(
+        "request at offset {offset} length {len} reaches past the end of the {size}-byte device"
+    )]
+    OutOfRange { offset: u64, len: u64, size: u64 },
+    /// An I/O error from the operating system.
+    #[error("{op} failed on {what}: {source}")]
+    Io {
+        op: &'static str,
+        what: String,
+        source: io::Error,
+    },
+    /// The device was opened by another process or handle.
+    #[error("{0} is already open (locked by another jbdev process or handle)")]
+    Busy(String),
+    /// The fault-injecting device has "lost power": every operation fails.
+    #[error("device lost power (fault injection)")]
+    PowerCut,
+    /// An error injected by the fault-injecting device.
+    #[error("injected I/O error on {0}")]
+    Injected(&'static str),
+    /// Bad argument when opening (size, path kind, block size).
+    #[error("{0}")]
+    Invalid(String),
+}
+
+impl DeviceError {
+    /// Wraps an OS error with the operation and the object it failed on.
+    pub fn io(op: &'static str, what: impl Into<String>, source: io::Error) -> Self {
+        Self::Io {
+            op,
+            what: what.into(),
+            source,
+        }
+    }
+
+    /// The closest POSIX errno, for the C ABI and the NBD server.
+    pub fn errno(&self) -> i32 {
+        match self {
+            Self::Misaligned { .. } | Self::Invalid(_) => libc::EINVAL,
+            Self::OutOfRange { .. } => libc::ENOSPC,
+            Self::Io { source, .. } => source.raw_os_error().unwrap_or(libc::EIO),
+            Self::Busy(_) => libc::EBUSY,
+            Self::PowerCut | Self::Injected(_) => libc::EIO,
+        }
+    }
+}

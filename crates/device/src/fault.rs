@@ -1,0 +1,1 @@
+//! Fault-injecting in-memory device. (Being written: see the device-layer helper task.)

@@ -1,0 +1,143 @@
+//! The device layer: aligned, vectored block I/O behind one trait.
+//!
+//! Everything above this crate talks to storage through [`BlockDevice`]. The
+//! implementations are:
+//!
+//! * [`uring::UringDevice`] — `O_DIRECT` I/O on io_uring, one ring per thread
+//!   (no ring lock and no shared counter on the I/O path; see seed 002);
+//! * [`pread::PreadDevice`] — portable `preadv`/`pwritev`, used when io_uring
+//!   is unavailable;
+//! * [`mem::MemDevice`] — an in-memory device for tests;
+//! * [`fault::FaultDevice`] — an in-memory device that remembers which writes
+//!   no completed flush covers and can produce the image a power cut leaves.
+//!
+//! `unsafe` code of the whole project lives in this crate only.
+
+pub mod aligned;
+pub mod error;
+pub mod fault;
+pub mod flush;
+pub mod mem;
+pub mod open;
+pub mod pread;
+pub mod uring;
+
+pub use aligned::AlignedBuf;
+pub use error::{DeviceError, Result};
+pub use flush::FlushCoalescer;
+pub use open::{open_device, Backend, OpenOptions, OpenedDevice};
+
+use std::io::{IoSlice, IoSliceMut};
+
+/// The largest logical block size any backend reports; buffers aligned to
+/// this are aligned for every device.
+pub const MAX_ALIGN: usize = 4096;
+
+/// Who waits for a write: decides its I/O priority (seed 004).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum IoPriority {
+    /// Somebody is blocked on this I/O: send it at normal (best-effort) priority.
+    #[default]
+    Urgent,
+    /// Nobody waits (background commit, checkpoint): lowest priority class so
+    /// it does not starve reads.
+    Background,
+}
+
+/// A block device: a byte-addressed array of `size_bytes()` bytes that is
+/// read and written in multiples of `logical_block_size()` at aligned offsets.
+///
+/// Contract for all implementations:
+/// * `offset` and the total length of every request are multiples of
+///   `logical_block_size()`, and the request lies inside the device; a
+///   request that does not is refused with [`DeviceError::Misaligned`] or
+///   [`DeviceError::OutOfRange`], never performed partially.
+/// * Buffers need not be memory-aligned: a backend that needs aligned memory
+///   (O_DIRECT) bounces unaligned buffers through an [`AlignedBuf`]. Callers
+///   on hot paths pass [`AlignedBuf`]-backed slices to avoid the copy.
+/// * A write is *completed* when the call returns; it is *durable* only once
+///   a later [`BlockDevice::flush`] that was issued after the write completed
+///   has returned.
+/// * Methods take `&self` and are called from many threads at once.
+pub trait BlockDevice: Send + Sync {
+    /// Size in bytes (a multiple of the logical block size).
+    fn size_bytes(&self) -> u64;
+
+    /// Smallest unit of I/O, in bytes (512 or 4096).
+    fn logical_block_size(&self) -> u32;
+
+    /// Reads `bufs` back to back starting at `offset`.
+    fn read_vectored_at(&self, bufs: &mut [IoSliceMut<'_>], offset: u64) -> Result<()>;
+
+    /// Writes `bufs` back to back starting at `offset`.
+    fn write_vectored_at(&self, bufs: &[IoSlice<'_>], offset: u64, prio: IoPriority) -> Result<()>;
+
+    /// Makes every completed write durable (a device cache flush).
+    fn flush(&self) -> Result<()>;
+
+    /// Makes `[offset, offset+len)` read back as zeroes, deallocating it where
+    /// the backing can (hole punch, BLKZEROOUT). The range is aligned like any
+    /// other request. Durable like a write: after a later flush.
+    fn write_zeroes(&self, offset: u64, len: u64) -> Result<()>;
+
+    /// Which parts of `[offset, offset+len)` are allocated. The default says
+    /// everything is; file backends answer from SEEK_DATA/SEEK_HOLE.
+    fn allocation(&self, offset: u64, len: u64) -> Result<Vec<Extent>> {
+        Ok(vec![Extent {
+            offset,
+            len,
+            allocated: true,
+        }])
+    }
+
+    /// A short name for logs and `info` ("io_uring", "pread", "memory", "fault").
+    fn backend_name(&self) -> &'static str;
+
+    /// Reads into one buffer.
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
+        self.read_vectored_at(&mut [IoSliceMut::new(buf)], offset)
+    }
+
+    /// Writes one buffer.
+    fn write_at(&self, buf: &[u8], offset: u64, prio: IoPriority) -> Result<()> {
+        self.write_vectored_at(&[IoSlice::new(buf)], offset, prio)
+    }
+}
+
+/// A run of bytes that is either allocated or a hole.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Extent {
+    pub offset: u64,
+    pub len: u64,
+    pub allocated: bool,
+}
+
+/// Checks the common request contract; returns the total length.
+pub fn check_request(dev_size: u64, lbs: u32, offset: u64, len: u64) -> Result<()> {
+    let lbs = u64::from(lbs);
+    if offset % lbs != 0 || len % lbs != 0 {
+        return Err(DeviceError::Misaligned {
+            offset,
+            len,
+            block_size: lbs as u32,
+        });
+    }
+    match offset.checked_add(len) {
+        Some(end) if end <= dev_size => Ok(()),
+        _ => Err(DeviceError::OutOfRange {
+            offset,
+            len,
+            size: dev_size,
+        }),
+    }
+}
+
+/// Total length of a vector of slices.
+pub fn iov_len(bufs: &[IoSlice<'_>]) -> u64 {
+    bufs.iter().map(|b| b.len() as u64).sum()
+}
+
+/// Total length of a vector of mutable slices.
+pub fn iov_len_mut(bufs: &[IoSliceMut<'_>]) -> u64 {
+    bufs.iter().map(|b| b.len() as u64).sum()
+}

@@ -1,0 +1,101 @@
+//! Opening a path as a [`BlockDevice`], choosing the backend.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use crate::{BlockDevice, Result};
+
+/// Which backend to use for a path.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Backend {
+    /// io_uring when the kernel allows it, else pread/pwrite (logged once).
+    #[default]
+    Auto,
+    /// io_uring only; opening fails if it is unavailable.
+    Uring,
+    /// Portable preadv/pwritev.
+    Pread,
+}
+
+impl std::str::FromStr for Backend {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "auto" => Ok(Self::Auto),
+            "uring" | "io_uring" | "io-uring" => Ok(Self::Uring),
+            "pread" | "portable" => Ok(Self::Pread),
+            _ => Err(format!(
+                "unknown backend {s:?} (expected auto, uring or pread)"
+            )),
+        }
+    }
+}
+
+/// How to open a device path.
+#[derive(Clone, Debug)]
+pub struct OpenOptions {
+    pub backend: Backend,
+    pub read_only: bool,
+    /// Use O_DIRECT (falls back to buffered I/O with a log line if the
+    /// filesystem refuses it, e.g. older tmpfs).
+    pub direct: bool,
+    /// Take an exclusive lock (flock on files, O_EXCL on block devices) so a
+    /// second opener gets [`crate::DeviceError::Busy`].
+    pub exclusive: bool,
+    /// Create a regular file of this size if the path does not exist, or
+    /// extend a smaller regular file to it.
+    pub create_size: Option<u64>,
+}
+
+impl Default for OpenOptions {
+    fn default() -> Self {
+        Self {
+            backend: Backend::Auto,
+            read_only: false,
+            direct: true,
+            exclusive: true,
+            create_size: None,
+        }
+    }
+}
+
+/// An opened device and facts about what was opened.
+pub struct OpenedDevice {
+    pub device: Arc<dyn BlockDevice>,
+    pub path: PathBuf,
+    /// True for a block device node, false for a regular file.
+    pub is_block_device: bool,
+    /// True if O_DIRECT is in effect.
+    pub direct: bool,
+}
+
+/// Opens `path` (a regular file or a block device) with the requested backend.
+pub fn open_device(path: &Path, opts: &OpenOptions) -> Result<OpenedDevice> {
+    let file = crate::pread::open_file(path, opts)?;
+    let use_uring = match opts.backend {
+        Backend::Pread => false,
+        Backend::Uring => {
+            crate::uring::probe()?;
+            true
+        }
+        Backend::Auto => match crate::uring::probe() {
+            Ok(()) => true,
+            Err(e) => {
+                crate::uring::log_fallback_once(&e);
+                false
+            }
+        },
+    };
+    let (is_block_device, direct) = (file.is_block_device, file.direct);
+    let device: Arc<dyn BlockDevice> = if use_uring {
+        Arc::new(crate::uring::UringDevice::new(file))
+    } else {
+        Arc::new(crate::pread::PreadDevice::new(file))
+    };
+    Ok(OpenedDevice {
+        device,
+        path: path.to_path_buf(),
+        is_block_device,
+        direct,
+    })
+}

@@ -1,0 +1,1 @@
+//! jbd2 on-disk structures (being written).

@@ -1,0 +1,2 @@
+//! NBD protocol layer and server (being written).
+#![deny(unsafe_code)]

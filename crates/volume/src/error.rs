@@ -1,0 +1,57 @@
+use jbdev_device::DeviceError;
+
+/// Result of a volume operation.
+pub type Result<T, E = VolumeError> = std::result::Result<T, E>;
+
+/// An error of the volume layer.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum VolumeError {
+    #[error(transparent)]
+    Device(#[from] DeviceError),
+    /// The request reaches past the end of the volume.
+    #[error(
+        "request at offset {offset} length {len} reaches past the end of the {size}-byte volume"
+    )]
+    OutOfRange { offset: u64, len: u64, size: u64 },
+    /// A bad argument (size, alignment of a format parameter, option).
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+    /// The path does not hold a jbdev volume.
+    #[error("{0}")]
+    NotAVolume(String),
+    /// The volume superblock is damaged or of an unsupported version.
+    #[error("bad volume superblock: {0}")]
+    BadSuperblock(String),
+    /// The journal is damaged in a way recovery cannot repair.
+    #[error("corrupt journal: {0}")]
+    CorruptJournal(String),
+    /// A write or a transaction is larger than one journal transaction can hold.
+    #[error("request of {len} bytes exceeds the maximum atomic size of {max} bytes")]
+    TooLarge { len: u64, max: u64 },
+    /// The volume was opened read-only.
+    #[error("the volume is open read-only")]
+    ReadOnly,
+    /// An earlier journal write or flush failed; the volume refuses writes until reopened.
+    #[error("the journal was aborted after an I/O error ({0}); close and reopen the volume")]
+    Aborted(String),
+    /// The volume is closed (or closing).
+    #[error("the volume is closed")]
+    Closed,
+}
+
+impl VolumeError {
+    /// The closest POSIX errno (positive), for the C ABI and the NBD server.
+    pub fn errno(&self) -> i32 {
+        match self {
+            Self::Device(e) => e.errno(),
+            Self::OutOfRange { .. } => libc::ENOSPC,
+            Self::InvalidArgument(_) => libc::EINVAL,
+            Self::NotAVolume(_) | Self::BadSuperblock(_) | Self::CorruptJournal(_) => libc::EUCLEAN,
+            Self::TooLarge { .. } => libc::EFBIG,
+            Self::ReadOnly => libc::EROFS,
+            Self::Aborted(_) => libc::EIO,
+            Self::Closed => libc::EBADF,
+        }
+    }
+}

@@ -1,0 +1,127 @@
+use std::path::PathBuf;
+use std::time::Duration;
+
+use jbdev_device::Backend;
+
+/// Where the journal lives.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum JournalPlacement {
+    /// A region of the volume's own file or device.
+    Internal,
+    /// A separate file or device (created if it is a missing file).
+    External(PathBuf),
+}
+
+/// Parameters of `jbdev format` / [`crate::Volume::create`].
+#[derive(Clone, Debug)]
+pub struct FormatOptions {
+    /// Size of the volume users see, in bytes (a multiple of `block_size`).
+    pub size_bytes: u64,
+    /// Journal size in bytes; default 64 MiB or a quarter of the volume,
+    /// whichever is smaller (at least 1 MiB).
+    pub journal_bytes: Option<u64>,
+    pub journal: JournalPlacement,
+    /// Block size of the volume and of the journal (512..=65536, power of two).
+    pub block_size: u32,
+}
+
+impl FormatOptions {
+    pub fn new(size_bytes: u64) -> Self {
+        Self {
+            size_bytes,
+            journal_bytes: None,
+            journal: JournalPlacement::Internal,
+            block_size: 4096,
+        }
+    }
+}
+
+/// Group commit batching policy (seed 003).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BatchPolicy {
+    /// Commit as soon as a sync request arrives and the device is idle.
+    None,
+    /// Sleep this long before every sync commit (the old jbd one-jiffy sleep).
+    Fixed(Duration),
+    /// Wait for more joiners only while the running transaction is younger
+    /// than the average commit time, never longer than `max_batch`, and not
+    /// at all when only one writer is active.
+    Adaptive,
+}
+
+impl std::str::FromStr for BatchPolicy {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "none" => Ok(Self::None),
+            "adaptive" => Ok(Self::Adaptive),
+            _ => match s.strip_prefix("fixed:") {
+                Some(us) => us
+                    .parse::<u64>()
+                    .map(|us| Self::Fixed(Duration::from_micros(us)))
+                    .map_err(|_| format!("bad microseconds in {s:?}")),
+                None => Err(format!(
+                    "unknown batching policy {s:?} (none, fixed:<us>, adaptive)"
+                )),
+            },
+        }
+    }
+}
+
+impl std::fmt::Display for BatchPolicy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::None => write!(f, "none"),
+            Self::Fixed(d) => write!(f, "fixed:{}", d.as_micros()),
+            Self::Adaptive => write!(f, "adaptive"),
+        }
+    }
+}
+
+/// How a transaction is committed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum CommitMode {
+    /// Descriptor, data and commit blocks in one write, then one flush. A
+    /// torn commit is detected by the per-block checksums at recovery.
+    #[default]
+    SingleFlush,
+    /// jbd2's classic order: descriptor and data, flush, commit block, flush.
+    TwoFlush,
+}
+
+/// Parameters of [`crate::Volume::open`].
+#[derive(Clone, Debug)]
+pub struct OpenOptions {
+    pub read_only: bool,
+    /// The journal file or device of a volume formatted with an external journal.
+    pub journal_path: Option<PathBuf>,
+    pub backend: Backend,
+    /// Use O_DIRECT on files (default true).
+    pub direct_io: bool,
+    pub batch_policy: BatchPolicy,
+    /// Upper bound of the adaptive batching wait (default 15 ms).
+    pub max_batch: Duration,
+    pub commit_mode: CommitMode,
+    /// A transaction nobody waits for is committed after this long (default 5 s).
+    pub commit_interval: Duration,
+    /// Aligned writes of at least this many bytes go straight to their home
+    /// location (with revokes) instead of through the journal. Default 1 MiB;
+    /// `u64::MAX` journals everything that fits in a transaction.
+    pub direct_write_threshold: u64,
+}
+
+impl Default for OpenOptions {
+    fn default() -> Self {
+        Self {
+            read_only: false,
+            journal_path: None,
+            backend: Backend::Auto,
+            direct_io: true,
+            batch_policy: BatchPolicy::Adaptive,
+            max_batch: Duration::from_millis(15),
+            commit_mode: CommitMode::SingleFlush,
+            commit_interval: Duration::from_secs(5),
+            direct_write_threshold: 1 << 20,
+        }
+    }
+}

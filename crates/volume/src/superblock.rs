@@ -1,0 +1,1 @@
+//! Volume superblock (being written).
