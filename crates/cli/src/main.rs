@@ -3,8 +3,10 @@
 
 use clap::{Parser, Subcommand};
 
+mod admin;
 mod bench;
 mod serve;
+mod size;
 
 #[derive(Parser)]
 #[command(name = "jbdev", version, about = "A user-space journaled block device")]
@@ -15,6 +17,17 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Create a volume on a file (created if missing) or a block device.
+    Format(admin::FormatArgs),
+    /// Print the superblocks and journal state of a volume.
+    Info(admin::InfoArgs),
+    /// Verify superblocks and journal; print what recovery would do.
+    Check(admin::CheckArgs),
+    /// Inspect the journal.
+    Journal {
+        #[command(subcommand)]
+        command: admin::JournalCommand,
+    },
     /// Serve volumes over NBD.
     Serve(serve::ServeArgs),
     /// Run benchmarks against the kernel's own durable-write path.
@@ -24,13 +37,16 @@ enum Command {
 fn main() {
     tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("JBDEV_LOG")
-                .unwrap_or_else(|_| "info".into()),
+            tracing_subscriber::EnvFilter::try_from_env("JBDEV_LOG").unwrap_or_else(|_| "info".into()),
         )
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
     let res = match cli.command {
+        Command::Format(a) => admin::format(a),
+        Command::Info(a) => admin::info(a),
+        Command::Check(a) => admin::check(a),
+        Command::Journal { command } => admin::journal(command),
         Command::Serve(a) => serve::run(a),
         Command::Bench(a) => bench::run(a),
     };
