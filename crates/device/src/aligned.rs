@@ -49,7 +49,7 @@ impl AlignedBuf {
 
     /// True if `p` is aligned for direct I/O with logical block size `align`.
     pub fn is_aligned(p: *const u8, align: usize) -> bool {
-        (p as usize) % align == 0
+        (p as usize).is_multiple_of(align)
     }
 }
 

@@ -1,1 +1,758 @@
-//! Fault-injecting in-memory device. (Being written: see the device-layer helper task.)
+//! A fault-injecting in-memory device for crash tests.
+//!
+//! # Model
+//!
+//! The device keeps two images:
+//!
+//! * the **live** image — what reads return now; every write is applied to it
+//!   as soon as it completes;
+//! * the **durable** image — what is on stable media; it only changes when a
+//!   [`BlockDevice::flush`] returns, and then it takes in every write that
+//!   completed before the flush (the writes are replayed in issue order).
+//!
+//! Between flushes, completed writes sit in a list of *unflushed writes*
+//! (a `write_zeroes` is an unflushed write of zeroes). A power cut loses any
+//! subset of them, in any order, and may tear a multi-sector write at sector
+//! granularity: [`FaultDevice::crash_image`] walks the unflushed writes in
+//! issue order and, from a seed, drops each one, applies it whole, or applies
+//! a random subset of its sectors. Applying a later write while dropping an
+//! earlier overlapping one is how reordering shows up. The same device state
+//! and the same seed always give the same image.
+//!
+//! Invariant (tested): for every sector, a crash image holds either the
+//! durable content or the content some unflushed write put in that sector.
+//!
+//! # Injection
+//!
+//! * [`FaultDevice::crash_after_ops`] / [`FaultDevice::cut_power`]: after a
+//!   power cut every operation, reads included, fails with
+//!   [`DeviceError::PowerCut`]. The mutating operation that meets the power
+//!   cut does not reach the live image, but a write is kept in the unflushed
+//!   list as *in flight*: a real disk may or may not have written some of it,
+//!   so a crash image may contain it (whole or torn) — the caller never got a
+//!   success for it, so it must not rely on it either way.
+//! * [`FaultDevice::fail_op`]: one mutating operation fails with
+//!   [`DeviceError::Injected`] without any effect; the device keeps working
+//!   (for "sticky error" tests of the layers above).
+//!
+//! One mutex guards the whole state: this is a test device, and a single lock
+//! makes "writes completed before the flush" exact.
+
+use std::collections::BTreeSet;
+use std::io::{IoSlice, IoSliceMut};
+
+use parking_lot::Mutex;
+
+use crate::{check_request, iov_len, iov_len_mut, BlockDevice, DeviceError, IoPriority, Result};
+
+/// Relative weights of what [`FaultDevice::crash_image`] does with each
+/// unflushed write. A weight of 0 disables that outcome; at least one weight
+/// must be non-zero.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CrashOdds {
+    /// Weight of "the write never reached the media".
+    pub drop: u32,
+    /// Weight of "the whole write reached the media".
+    pub keep: u32,
+    /// Weight of "a random subset of the write's sectors reached the media".
+    pub tear: u32,
+}
+
+impl Default for CrashOdds {
+    /// Drop, keep and tear equally likely.
+    fn default() -> Self {
+        Self {
+            drop: 1,
+            keep: 1,
+            tear: 1,
+        }
+    }
+}
+
+impl CrashOdds {
+    /// Every unflushed write is lost: the crash image is the durable image.
+    pub const LOSE_ALL: Self = Self {
+        drop: 1,
+        keep: 0,
+        tear: 0,
+    };
+    /// Every unflushed write survives whole: the crash image is the live image
+    /// (plus any write in flight at the power cut).
+    pub const KEEP_ALL: Self = Self {
+        drop: 0,
+        keep: 1,
+        tear: 0,
+    };
+}
+
+/// What an unflushed write put on the device.
+#[derive(Clone, Debug)]
+enum Payload {
+    Bytes(Vec<u8>),
+    /// `write_zeroes` of this many bytes (kept compact: zeroing can be large).
+    Zeroes(u64),
+}
+
+#[derive(Clone, Debug)]
+struct PendingWrite {
+    offset: u64,
+    payload: Payload,
+}
+
+impl PendingWrite {
+    fn len(&self) -> u64 {
+        match &self.payload {
+            Payload::Bytes(b) => b.len() as u64,
+            Payload::Zeroes(n) => *n,
+        }
+    }
+
+    /// Copies bytes `[from, to)` of this write (relative to its start) into `image`.
+    fn apply_range(&self, image: &mut [u8], from: u64, to: u64) {
+        let dst = &mut image[(self.offset + from) as usize..(self.offset + to) as usize];
+        match &self.payload {
+            Payload::Bytes(b) => dst.copy_from_slice(&b[from as usize..to as usize]),
+            Payload::Zeroes(_) => dst.fill(0),
+        }
+    }
+
+    fn apply(&self, image: &mut [u8]) {
+        self.apply_range(image, 0, self.len());
+    }
+}
+
+struct State {
+    live: Vec<u8>,
+    durable: Vec<u8>,
+    /// Completed writes no flush covers yet, in issue order.
+    unflushed: Vec<PendingWrite>,
+    /// A write that was being issued when power was cut (see module docs).
+    in_flight: Option<PendingWrite>,
+    /// Mutating operations that took effect.
+    ops: u64,
+    /// Mutating operations attempted (successful, injected failures, power cut).
+    attempts: u64,
+    /// Power is cut when a mutating op arrives and `ops` equals this.
+    crash_at_ops: Option<u64>,
+    /// Attempt numbers (0-based, absolute) that fail with `Injected`.
+    fail_at_attempts: BTreeSet<u64>,
+    powered_off: bool,
+    odds: CrashOdds,
+}
+
+/// A fault-injecting in-memory block device (see the module documentation).
+pub struct FaultDevice {
+    state: Mutex<State>,
+    sector_size: u32,
+    size_bytes: u64,
+}
+
+/// What happens to a mutating operation before it touches the images.
+enum Admission {
+    Proceed,
+    /// Power was already off.
+    PoweredOff,
+    /// This op is the one `crash_after_ops` cuts power at.
+    CutNow,
+    Injected,
+}
+
+impl FaultDevice {
+    /// A zero-filled device of `size_bytes` (rounded down to `sector_size`),
+    /// all of it durable.
+    ///
+    /// # Panics
+    /// If `sector_size` is 0.
+    pub fn new(size_bytes: u64, sector_size: u32) -> Self {
+        assert!(sector_size > 0, "sector size must be non-zero");
+        let size = size_bytes - size_bytes % u64::from(sector_size);
+        Self::from_image(vec![0; size as usize], sector_size)
+    }
+
+    /// A device whose durable (and live) content is `image`.
+    ///
+    /// # Panics
+    /// If `sector_size` is 0 or the image length is not a multiple of it
+    /// (a test-setup mistake, not a runtime condition).
+    pub fn from_image(image: Vec<u8>, sector_size: u32) -> Self {
+        assert!(sector_size > 0, "sector size must be non-zero");
+        assert_eq!(
+            image.len() % sector_size as usize,
+            0,
+            "image length {} is not a multiple of the sector size {sector_size}",
+            image.len()
+        );
+        let size_bytes = image.len() as u64;
+        Self {
+            state: Mutex::new(State {
+                durable: image.clone(),
+                live: image,
+                unflushed: Vec::new(),
+                in_flight: None,
+                ops: 0,
+                attempts: 0,
+                crash_at_ops: None,
+                fail_at_attempts: BTreeSet::new(),
+                powered_off: false,
+                odds: CrashOdds::default(),
+            }),
+            sector_size,
+            size_bytes,
+        }
+    }
+
+    /// After `n` more mutating operations (write, write_zeroes, flush)
+    /// succeed, power is cut: the next one and every later operation, reads
+    /// included, fail with [`DeviceError::PowerCut`]. `n == 0` cuts power at
+    /// the next mutating operation. Replaces an earlier setting.
+    pub fn crash_after_ops(&self, n: u64) {
+        let mut st = self.state.lock();
+        st.crash_at_ops = Some(st.ops.saturating_add(n));
+    }
+
+    /// Cuts power now: every later operation fails with [`DeviceError::PowerCut`].
+    pub fn cut_power(&self) {
+        self.state.lock().powered_off = true;
+    }
+
+    /// True once power has been cut.
+    pub fn is_powered_off(&self) -> bool {
+        self.state.lock().powered_off
+    }
+
+    /// Mutating operations that took effect so far (failed ones not counted).
+    pub fn ops(&self) -> u64 {
+        self.state.lock().ops
+    }
+
+    /// Makes the `n`-th mutating operation from now fail once with
+    /// [`DeviceError::Injected`], without effect; the device keeps working.
+    /// `n == 1` is the next mutating operation (`0` is treated as `1`).
+    /// Several pending failures may be set.
+    pub fn fail_op(&self, n: u64) {
+        let mut st = self.state.lock();
+        let at = st.attempts.saturating_add(n.max(1) - 1);
+        st.fail_at_attempts.insert(at);
+    }
+
+    /// Sets the odds [`FaultDevice::crash_image`] uses.
+    ///
+    /// # Panics
+    /// If every weight is 0.
+    pub fn set_crash_odds(&self, odds: CrashOdds) {
+        assert!(
+            odds.drop > 0 || odds.keep > 0 || odds.tear > 0,
+            "at least one crash outcome must have a non-zero weight"
+        );
+        self.state.lock().odds = odds;
+    }
+
+    /// The image if every unflushed write is lost.
+    pub fn durable_image(&self) -> Vec<u8> {
+        self.state.lock().durable.clone()
+    }
+
+    /// What reads return now (or would, were power not cut).
+    pub fn live_image(&self) -> Vec<u8> {
+        self.state.lock().live.clone()
+    }
+
+    /// Number of completed writes no flush covers yet (plus a write in flight
+    /// at the power cut, if any).
+    pub fn unflushed_writes(&self) -> usize {
+        let st = self.state.lock();
+        st.unflushed.len() + usize::from(st.in_flight.is_some())
+    }
+
+    /// An image a power cut now could leave, chosen by `seed` with the
+    /// device's [`CrashOdds`]. Same state and seed give the same image.
+    pub fn crash_image(&self, seed: u64) -> Vec<u8> {
+        let odds = self.state.lock().odds;
+        self.crash_image_with(seed, odds)
+    }
+
+    /// Like [`FaultDevice::crash_image`] with explicit odds.
+    ///
+    /// # Panics
+    /// If every weight in `odds` is 0.
+    pub fn crash_image_with(&self, seed: u64, odds: CrashOdds) -> Vec<u8> {
+        let total = u64::from(odds.drop) + u64::from(odds.keep) + u64::from(odds.tear);
+        assert!(
+            total > 0,
+            "at least one crash outcome must have a non-zero weight"
+        );
+        let st = self.state.lock();
+        let mut image = st.durable.clone();
+        let mut rng = SplitMix64::new(seed);
+        let sector = u64::from(self.sector_size);
+        for w in st.unflushed.iter().chain(st.in_flight.iter()) {
+            let pick = rng.below(total);
+            if pick < u64::from(odds.drop) {
+                continue;
+            }
+            if pick < u64::from(odds.drop) + u64::from(odds.keep) {
+                w.apply(&mut image);
+                continue;
+            }
+            // Tear: each sector independently reaches the media or not.
+            let mut from = 0;
+            while from < w.len() {
+                let to = (from + sector).min(w.len());
+                if rng.next() & 1 == 1 {
+                    w.apply_range(&mut image, from, to);
+                }
+                from = to;
+            }
+        }
+        image
+    }
+
+    /// Decides the fate of a mutating op; counts the attempt.
+    fn admit(st: &mut State) -> Admission {
+        if st.powered_off {
+            return Admission::PoweredOff;
+        }
+        let attempt = st.attempts;
+        st.attempts += 1;
+        if st.crash_at_ops == Some(st.ops) {
+            st.powered_off = true;
+            return Admission::CutNow;
+        }
+        if st.fail_at_attempts.remove(&attempt) {
+            return Admission::Injected;
+        }
+        Admission::Proceed
+    }
+
+    /// Runs a write-like op (`what` names it for injected errors).
+    fn mutate(&self, what: &'static str, offset: u64, len: u64, payload: Payload) -> Result<()> {
+        check_request(self.size_bytes, self.sector_size, offset, len)?;
+        let mut st = self.state.lock();
+        let w = PendingWrite { offset, payload };
+        match Self::admit(&mut st) {
+            Admission::CutNow => {
+                // Only the op that meets the cut is "in flight"; ops after it
+                // never reach the device.
+                st.in_flight = Some(w);
+                Err(DeviceError::PowerCut)
+            }
+            Admission::PoweredOff => Err(DeviceError::PowerCut),
+            Admission::Injected => Err(DeviceError::Injected(what)),
+            Admission::Proceed => {
+                w.apply(&mut st.live);
+                st.unflushed.push(w);
+                st.ops += 1;
+                Ok(())
+            }
+        }
+    }
+}
+
+impl BlockDevice for FaultDevice {
+    fn size_bytes(&self) -> u64 {
+        self.size_bytes
+    }
+
+    fn logical_block_size(&self) -> u32 {
+        self.sector_size
+    }
+
+    fn read_vectored_at(&self, bufs: &mut [IoSliceMut<'_>], offset: u64) -> Result<()> {
+        check_request(self.size_bytes, self.sector_size, offset, iov_len_mut(bufs))?;
+        let st = self.state.lock();
+        if st.powered_off {
+            return Err(DeviceError::PowerCut);
+        }
+        let mut pos = offset as usize;
+        for b in bufs.iter_mut() {
+            let n = b.len();
+            b.copy_from_slice(&st.live[pos..pos + n]);
+            pos += n;
+        }
+        Ok(())
+    }
+
+    fn write_vectored_at(
+        &self,
+        bufs: &[IoSlice<'_>],
+        offset: u64,
+        _prio: IoPriority,
+    ) -> Result<()> {
+        let len = iov_len(bufs);
+        check_request(self.size_bytes, self.sector_size, offset, len)?;
+        let mut data = Vec::with_capacity(len as usize);
+        for b in bufs {
+            data.extend_from_slice(b);
+        }
+        self.mutate("write", offset, len, Payload::Bytes(data))
+    }
+
+    fn flush(&self) -> Result<()> {
+        let mut st = self.state.lock();
+        match Self::admit(&mut st) {
+            Admission::CutNow | Admission::PoweredOff => Err(DeviceError::PowerCut),
+            Admission::Injected => Err(DeviceError::Injected("flush")),
+            Admission::Proceed => {
+                // IMPORTANT: the lock is held from admission to here, so
+                // exactly the writes completed before this flush become durable.
+                let pending = std::mem::take(&mut st.unflushed);
+                for w in &pending {
+                    w.apply(&mut st.durable);
+                }
+                st.ops += 1;
+                Ok(())
+            }
+        }
+    }
+
+    fn write_zeroes(&self, offset: u64, len: u64) -> Result<()> {
+        self.mutate("write_zeroes", offset, len, Payload::Zeroes(len))
+    }
+
+    fn backend_name(&self) -> &'static str {
+        "fault"
+    }
+}
+
+/// A tiny deterministic generator (SplitMix64): crash images must not change
+/// when a dependency's RNG algorithm does.
+struct SplitMix64(u64);
+
+impl SplitMix64 {
+    fn new(seed: u64) -> Self {
+        Self(seed)
+    }
+
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// A value in `[0, n)`; `n > 0`. The modulo bias is irrelevant here.
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    const SECTOR: u32 = 512;
+
+    /// A sector's worth of bytes that names the write (`id`) and the sector
+    /// index inside it, so a crash image shows where each sector came from.
+    fn pattern(id: u8, sectors: usize) -> Vec<u8> {
+        let mut v = Vec::with_capacity(sectors * SECTOR as usize);
+        for s in 0..sectors {
+            let mut sec = vec![id; SECTOR as usize];
+            sec[0] = s as u8;
+            v.extend_from_slice(&sec);
+        }
+        v
+    }
+
+    fn w(d: &FaultDevice, buf: &[u8], offset: u64) -> Result<()> {
+        d.write_at(buf, offset, IoPriority::Urgent)
+    }
+
+    #[test]
+    fn flush_makes_everything_durable() {
+        let d = FaultDevice::new(64 * 1024, SECTOR);
+        w(&d, &pattern(1, 4), 0).unwrap();
+        w(&d, &pattern(2, 2), 4096).unwrap();
+        d.write_zeroes(512, 1024).unwrap();
+        assert_eq!(d.unflushed_writes(), 3);
+        assert_ne!(d.durable_image(), d.live_image());
+        d.flush().unwrap();
+        assert_eq!(d.unflushed_writes(), 0);
+        assert_eq!(d.durable_image(), d.live_image());
+        for seed in 0..20 {
+            assert_eq!(d.crash_image(seed), d.live_image());
+        }
+        // Read-back matches the live image.
+        let mut b = vec![0u8; 4096];
+        d.read_at(&mut b, 0).unwrap();
+        assert_eq!(&b[..], &d.live_image()[..4096]);
+        assert!(b[512..1536].iter().all(|&x| x == 0));
+    }
+
+    #[test]
+    fn odds_extremes_give_durable_or_live() {
+        let d = FaultDevice::from_image(vec![9u8; 8192], SECTOR);
+        w(&d, &pattern(1, 4), 1024).unwrap();
+        for seed in 0..10 {
+            assert_eq!(
+                d.crash_image_with(seed, CrashOdds::LOSE_ALL),
+                vec![9u8; 8192]
+            );
+            assert_eq!(
+                d.crash_image_with(seed, CrashOdds::KEEP_ALL),
+                d.live_image()
+            );
+        }
+        d.set_crash_odds(CrashOdds::LOSE_ALL);
+        assert_eq!(d.crash_image(77), d.durable_image());
+    }
+
+    #[test]
+    fn crash_image_is_deterministic() {
+        let build = || {
+            let d = FaultDevice::new(32 * 1024, SECTOR);
+            for i in 0..10u8 {
+                w(&d, &pattern(i + 1, 3), u64::from(i) * 1024).unwrap();
+            }
+            d
+        };
+        let (a, b) = (build(), build());
+        let mut distinct = std::collections::HashSet::new();
+        for seed in 0..50 {
+            let img = a.crash_image(seed);
+            assert_eq!(img, a.crash_image(seed), "same device, same seed");
+            assert_eq!(img, b.crash_image(seed), "same history, same seed");
+            distinct.insert(img);
+        }
+        // The seed matters: 10 overlapping writes give many possible images.
+        assert!(
+            distinct.len() > 10,
+            "only {} distinct images",
+            distinct.len()
+        );
+    }
+
+    #[test]
+    fn tearing_happens_for_multi_sector_writes() {
+        let d = FaultDevice::new(16 * 1024, SECTOR);
+        let data = pattern(0xAB, 8);
+        w(&d, &data, 0).unwrap();
+        let mut torn = 0;
+        for seed in 0..300 {
+            let img = d.crash_image(seed);
+            let written = (0..8)
+                .filter(|&s| {
+                    let r = s * SECTOR as usize..(s + 1) * SECTOR as usize;
+                    img[r.clone()] == data[r]
+                })
+                .count();
+            if written > 0 && written < 8 {
+                torn += 1;
+            }
+        }
+        // With 1/3 tear odds and 8 sectors, ~99% of tears are partial.
+        assert!(torn > 30, "only {torn} torn images in 300 seeds");
+    }
+
+    #[test]
+    fn reordering_shows_up() {
+        // Two writes to different sectors: some seed keeps the later one and
+        // drops the earlier one.
+        let d = FaultDevice::new(4096, SECTOR);
+        w(&d, &pattern(1, 1), 0).unwrap();
+        w(&d, &pattern(2, 1), 512).unwrap();
+        let later_only = (0..200).any(|seed| {
+            let img = d.crash_image(seed);
+            img[..512].iter().all(|&x| x == 0) && img[512..1024] == pattern(2, 1)[..]
+        });
+        assert!(later_only);
+    }
+
+    #[test]
+    fn crash_after_ops_fails_exactly_the_right_op() {
+        let d = FaultDevice::new(8192, SECTOR);
+        d.crash_after_ops(3);
+        w(&d, &pattern(1, 1), 0).unwrap();
+        d.flush().unwrap();
+        d.write_zeroes(0, 512).unwrap();
+        assert!(!d.is_powered_off());
+        let mut b = [0u8; 512];
+        d.read_at(&mut b, 0).unwrap(); // reads are not mutating ops
+        assert_eq!(d.ops(), 3);
+        assert!(matches!(
+            w(&d, &pattern(2, 1), 512),
+            Err(DeviceError::PowerCut)
+        ));
+        assert!(d.is_powered_off());
+        assert_eq!(d.ops(), 3);
+        assert!(matches!(d.read_at(&mut b, 0), Err(DeviceError::PowerCut)));
+        assert!(matches!(d.flush(), Err(DeviceError::PowerCut)));
+        assert!(matches!(d.write_zeroes(0, 512), Err(DeviceError::PowerCut)));
+        // The failed write never reached the live image...
+        assert!(d.live_image()[512..1024].iter().all(|&x| x == 0));
+        // ...but it was in flight: a crash image may contain it.
+        assert_eq!(d.unflushed_writes(), 2);
+        let img = d.crash_image_with(0, CrashOdds::KEEP_ALL);
+        assert_eq!(&img[512..1024], &pattern(2, 1)[..]);
+        assert!(img[..512].iter().all(|&x| x == 0));
+        // Durable: the first write (flushed), not the zeroing.
+        assert_eq!(&d.durable_image()[..512], &pattern(1, 1)[..]);
+    }
+
+    #[test]
+    fn crash_after_zero_ops_cuts_at_next_flush() {
+        let d = FaultDevice::new(4096, SECTOR);
+        w(&d, &pattern(1, 1), 0).unwrap();
+        d.crash_after_ops(0);
+        assert!(matches!(d.flush(), Err(DeviceError::PowerCut)));
+        // The flush never happened: the write is still unflushed.
+        assert!(d.durable_image().iter().all(|&x| x == 0));
+        assert_eq!(d.unflushed_writes(), 1);
+    }
+
+    #[test]
+    fn cut_power_now() {
+        let d = FaultDevice::new(4096, SECTOR);
+        d.cut_power();
+        assert!(d.is_powered_off());
+        let mut b = [0u8; 512];
+        assert!(matches!(d.read_at(&mut b, 0), Err(DeviceError::PowerCut)));
+        assert!(matches!(w(&d, &b, 0), Err(DeviceError::PowerCut)));
+        assert_eq!(d.unflushed_writes(), 0, "nothing was in flight");
+    }
+
+    #[test]
+    fn fail_op_fails_once_without_effect() {
+        let d = FaultDevice::new(4096, SECTOR);
+        d.fail_op(2);
+        w(&d, &pattern(1, 1), 0).unwrap();
+        assert!(matches!(
+            w(&d, &pattern(2, 1), 512),
+            Err(DeviceError::Injected("write"))
+        ));
+        w(&d, &pattern(3, 1), 1024).unwrap();
+        assert_eq!(d.ops(), 2);
+        assert!(d.live_image()[512..1024].iter().all(|&x| x == 0));
+        assert_eq!(d.unflushed_writes(), 2);
+        d.fail_op(1);
+        assert!(matches!(d.flush(), Err(DeviceError::Injected("flush"))));
+        assert_eq!(d.unflushed_writes(), 2, "failed flush made nothing durable");
+        d.flush().unwrap();
+        assert_eq!(d.durable_image(), d.live_image());
+        assert!(!d.is_powered_off());
+    }
+
+    #[test]
+    fn requests_are_checked() {
+        let d = FaultDevice::new(4096, SECTOR);
+        assert!(matches!(
+            w(&d, &[0u8; 100], 0),
+            Err(DeviceError::Misaligned { .. })
+        ));
+        assert!(matches!(
+            w(&d, &[0u8; 512], 4096),
+            Err(DeviceError::OutOfRange { .. })
+        ));
+        assert!(matches!(
+            d.write_zeroes(u64::MAX - 511, 512),
+            Err(DeviceError::OutOfRange { .. })
+        ));
+        assert_eq!(d.ops(), 0, "refused requests are not ops");
+    }
+
+    #[derive(Clone, Debug)]
+    enum Op {
+        Write { sector: u64, sectors: u64 },
+        Zero { sector: u64, sectors: u64 },
+        Flush,
+    }
+
+    const DEV_SECTORS: u64 = 32;
+
+    fn op_strategy() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            4 => (0..DEV_SECTORS, 1..8u64).prop_map(|(sector, sectors)| Op::Write {
+                sector,
+                sectors: sectors.min(DEV_SECTORS - sector)
+            }),
+            1 => (0..DEV_SECTORS, 1..8u64).prop_map(|(sector, sectors)| Op::Zero {
+                sector,
+                sectors: sectors.min(DEV_SECTORS - sector)
+            }),
+            1 => Just(Op::Flush),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+
+        /// Per sector, a crash image holds the durable content or the content
+        /// of some unflushed write to that sector; and the device agrees with
+        /// a simple model of live/durable images.
+        #[test]
+        fn crash_images_only_hold_durable_or_unflushed_content(
+            ops in proptest::collection::vec(op_strategy(), 1..40),
+            crash_at in proptest::option::of(0..40u64),
+            seeds in proptest::collection::vec(any::<u64>(), 1..8),
+        ) {
+            let ss = SECTOR as usize;
+            let d = FaultDevice::new(DEV_SECTORS * u64::from(SECTOR), SECTOR);
+            if let Some(n) = crash_at {
+                d.crash_after_ops(n);
+            }
+            let mut live = vec![0u8; d.size_bytes() as usize];
+            let mut durable = live.clone();
+            // Per sector: contents written by ops since the last flush
+            // (including a write in flight at the power cut).
+            let mut candidates: Vec<Vec<Vec<u8>>> = vec![Vec::new(); DEV_SECTORS as usize];
+            for (i, op) in ops.iter().enumerate() {
+                let id = (i + 1) as u8;
+                let (res, range, data) = match *op {
+                    Op::Write { sector, sectors } => {
+                        let data = pattern(id, sectors as usize);
+                        (w(&d, &data, sector * u64::from(SECTOR)), Some((sector, sectors)), data)
+                    }
+                    Op::Zero { sector, sectors } => (
+                        d.write_zeroes(sector * u64::from(SECTOR), sectors * u64::from(SECTOR)),
+                        Some((sector, sectors)),
+                        vec![0; sectors as usize * ss],
+                    ),
+                    Op::Flush => (d.flush(), None, Vec::new()),
+                };
+                match res {
+                    Ok(()) => match range {
+                        Some((sector, sectors)) => {
+                            let at = sector as usize * ss;
+                            live[at..at + data.len()].copy_from_slice(&data);
+                            for s in 0..sectors as usize {
+                                candidates[sector as usize + s]
+                                    .push(data[s * ss..(s + 1) * ss].to_vec());
+                            }
+                        }
+                        None => {
+                            durable.clone_from(&live);
+                            candidates.iter_mut().for_each(Vec::clear);
+                        }
+                    },
+                    Err(DeviceError::PowerCut) => {
+                        prop_assert!(d.is_powered_off());
+                        if let Some((sector, sectors)) = range {
+                            for s in 0..sectors as usize {
+                                candidates[sector as usize + s]
+                                    .push(data[s * ss..(s + 1) * ss].to_vec());
+                            }
+                        }
+                        break;
+                    }
+                    Err(e) => prop_assert!(false, "unexpected error {e}"),
+                }
+            }
+            prop_assert_eq!(&d.live_image(), &live);
+            prop_assert_eq!(&d.durable_image(), &durable);
+            for seed in seeds {
+                let img = d.crash_image(seed);
+                prop_assert_eq!(&img, &d.crash_image(seed));
+                for s in 0..DEV_SECTORS as usize {
+                    let got = &img[s * ss..(s + 1) * ss];
+                    prop_assert!(
+                        got == &durable[s * ss..(s + 1) * ss]
+                            || candidates[s].iter().any(|c| c == got),
+                        "sector {} holds content that is neither durable nor unflushed", s
+                    );
+                }
+            }
+        }
+    }
+}

@@ -97,6 +97,6 @@ mod tests {
             t.join().unwrap();
         }
         let n = fc.flushes_issued();
-        assert!(n >= 100 && n <= 800, "flushes issued: {n}");
+        assert!((100..=800).contains(&n), "flushes issued: {n}");
     }
 }

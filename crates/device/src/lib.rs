@@ -115,7 +115,7 @@ pub struct Extent {
 /// Checks the common request contract; returns the total length.
 pub fn check_request(dev_size: u64, lbs: u32, offset: u64, len: u64) -> Result<()> {
     let lbs = u64::from(lbs);
-    if offset % lbs != 0 || len % lbs != 0 {
+    if !offset.is_multiple_of(lbs) || !len.is_multiple_of(lbs) {
         return Err(DeviceError::Misaligned {
             offset,
             len,
