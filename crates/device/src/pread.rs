@@ -18,7 +18,11 @@ pub struct DeviceFile {
     pub size_bytes: u64,
     pub logical_block_size: u32,
     pub is_block_device: bool,
+    /// True if O_DIRECT is in effect (it may have been refused: see
+    /// [`open_file`]).
     pub direct: bool,
+    /// True if opened without write access; writes are refused.
+    pub read_only: bool,
 }
 
 impl DeviceFile {
@@ -64,11 +68,19 @@ pub fn open_file(path: &Path, opts: &OpenOptions) -> Result<DeviceFile> {
     let (file, direct) = match open(opts.direct) {
         Ok(f) => (f, opts.direct),
         Err(e) if opts.direct && e.raw_os_error() == Some(libc::EINVAL) => {
-            tracing::warn!("{what}: the filesystem refuses O_DIRECT; using buffered I/O");
-            (
-                open(false).map_err(|e| DeviceError::io("open", what.clone(), e))?,
-                false,
-            )
+            // IMPORTANT: buffered I/O is still durable after flush (fdatasync),
+            // only slower and double-cached; say so once per open.
+            tracing::warn!(
+                "{what}: the filesystem refuses O_DIRECT; using buffered I/O \
+                 (durability unchanged; put the image on ext4/xfs for direct I/O)"
+            );
+            match open(false) {
+                Ok(f) => (f, false),
+                Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {
+                    return Err(DeviceError::Busy(what))
+                }
+                Err(e) => return Err(DeviceError::io("open", what, e)),
+            }
         }
         Err(e) if e.raw_os_error() == Some(libc::EBUSY) => return Err(DeviceError::Busy(what)),
         Err(e) => return Err(DeviceError::io("open", what, e)),
@@ -79,9 +91,16 @@ pub fn open_file(path: &Path, opts: &OpenOptions) -> Result<DeviceFile> {
         } else {
             libc::LOCK_EX
         };
+        // flock locks belong to the open file description, so a second open
+        // in this same process conflicts too, like one in another process.
+        // The lock goes away when `file` is closed.
         // SAFETY: flock on a valid, owned descriptor.
         if unsafe { libc::flock(file.as_raw_fd(), op | libc::LOCK_NB) } != 0 {
-            return Err(DeviceError::Busy(what));
+            let e = io::Error::last_os_error();
+            if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
+                return Err(DeviceError::Busy(what));
+            }
+            return Err(DeviceError::io("flock", what, e));
         }
     }
     let (mut size_bytes, logical_block_size) = if is_block_device {
@@ -94,7 +113,14 @@ pub fn open_file(path: &Path, opts: &OpenOptions) -> Result<DeviceFile> {
             .metadata()
             .map_err(|e| DeviceError::io("stat", what.clone(), e))?
             .len();
-        (len, 512)
+        (
+            len,
+            if direct {
+                file_dio_block_size(&file)
+            } else {
+                512
+            },
+        )
     };
     if let Some(want) = opts.create_size {
         if !is_block_device && size_bytes < want {
@@ -111,14 +137,61 @@ pub fn open_file(path: &Path, opts: &OpenOptions) -> Result<DeviceFile> {
         logical_block_size,
         is_block_device,
         direct,
+        read_only: opts.read_only,
     })
 }
 
+/// `_IOR(0x12, 114, size_t)`: the direction bits and their position differ
+/// between architectures, so build it like the kernel headers do.
+const BLKGETSIZE64: libc::c_ulong = {
+    #[cfg(any(
+        target_arch = "mips",
+        target_arch = "mips64",
+        target_arch = "powerpc",
+        target_arch = "powerpc64",
+        target_arch = "sparc",
+        target_arch = "sparc64"
+    ))]
+    const IOC_READ: libc::c_ulong = 2 << 29;
+    #[cfg(not(any(
+        target_arch = "mips",
+        target_arch = "mips64",
+        target_arch = "powerpc",
+        target_arch = "powerpc64",
+        target_arch = "sparc",
+        target_arch = "sparc64"
+    )))]
+    const IOC_READ: libc::c_ulong = 2 << 30;
+    IOC_READ | ((std::mem::size_of::<usize>() as libc::c_ulong) << 16) | (0x12 << 8) | 114
+};
+
+/// `_IO(0x12, 127)`: "no direction" is 0 on most architectures but
+/// `1 << 29` on mips/powerpc/sparc.
+const BLKZEROOUT: libc::c_ulong = {
+    #[cfg(any(
+        target_arch = "mips",
+        target_arch = "mips64",
+        target_arch = "powerpc",
+        target_arch = "powerpc64",
+        target_arch = "sparc",
+        target_arch = "sparc64"
+    ))]
+    const IOC_NONE: libc::c_ulong = 1 << 29;
+    #[cfg(not(any(
+        target_arch = "mips",
+        target_arch = "mips64",
+        target_arch = "powerpc",
+        target_arch = "powerpc64",
+        target_arch = "sparc",
+        target_arch = "sparc64"
+    )))]
+    const IOC_NONE: libc::c_ulong = 0;
+    IOC_NONE | (0x12 << 8) | 127
+};
+
 fn blkdev_size(file: &File, what: &str) -> Result<u64> {
     let mut size: u64 = 0;
-    // BLKGETSIZE64 = _IOR(0x12, 114, size_t)
-    const BLKGETSIZE64: libc::c_ulong = 0x8008_1272;
-    // SAFETY: the ioctl writes one u64 through a valid pointer.
+    // SAFETY: BLKGETSIZE64 writes one u64 through the valid pointer we pass.
     let r = unsafe { libc::ioctl(file.as_raw_fd(), BLKGETSIZE64 as _, &mut size as *mut u64) };
     if r != 0 {
         return Err(DeviceError::io(
@@ -132,35 +205,70 @@ fn blkdev_size(file: &File, what: &str) -> Result<u64> {
 
 fn blkdev_logical_block_size(file: &File, what: &str) -> Result<u32> {
     let mut lbs: libc::c_int = 0;
-    // BLKSSZGET = _IO(0x12, 104)
-    const BLKSSZGET: libc::c_ulong = 0x1268;
-    // SAFETY: the ioctl writes one int through a valid pointer.
+    // SAFETY: BLKSSZGET writes one int through the valid pointer we pass.
     let r = unsafe {
         libc::ioctl(
             file.as_raw_fd(),
-            BLKSSZGET as _,
+            libc::BLKSSZGET as _,
             &mut lbs as *mut libc::c_int,
         )
     };
-    if r != 0 || lbs <= 0 {
+    if r != 0 {
         return Err(DeviceError::io(
             "ioctl(BLKSSZGET)",
             what,
             io::Error::last_os_error(),
         ));
     }
-    Ok(lbs as u32)
+    valid_block_size(lbs as i64).ok_or_else(|| {
+        DeviceError::Invalid(format!(
+            "{what} reports a logical block size of {lbs} bytes; expected a power of two from 512 to {}",
+            crate::MAX_ALIGN
+        ))
+    })
+}
+
+/// `n` if it is a block size this crate supports (power of two, 512..=MAX_ALIGN).
+fn valid_block_size(n: i64) -> Option<u32> {
+    (512..=crate::MAX_ALIGN as i64)
+        .contains(&n)
+        .then_some(n as u32)
+        .filter(|n| n.is_power_of_two())
+}
+
+/// The O_DIRECT offset alignment of a regular file (statx `STATX_DIOALIGN`,
+/// Linux 6.1+), or 512 when the kernel does not say: 512 works on every
+/// filesystem that accepts O_DIRECT on 512-byte-sector storage.
+fn file_dio_block_size(file: &File) -> u32 {
+    // SAFETY: statx is plain old data; all-zero is a valid value.
+    let mut stx: libc::statx = unsafe { std::mem::zeroed() };
+    // SAFETY: statx on a valid descriptor with an empty path and
+    // AT_EMPTY_PATH fills `stx`, which outlives the call.
+    let r = unsafe {
+        libc::statx(
+            file.as_raw_fd(),
+            c"".as_ptr(),
+            libc::AT_EMPTY_PATH,
+            libc::STATX_DIOALIGN,
+            &mut stx,
+        )
+    };
+    if r == 0 && stx.stx_mask & libc::STATX_DIOALIGN != 0 {
+        if let Some(n) = valid_block_size(i64::from(stx.stx_dio_offset_align)) {
+            return n;
+        }
+    }
+    512
 }
 
 /// Zeroes a range of a file or block device (hole punch / BLKZEROOUT).
 pub(crate) fn zero_range(f: &DeviceFile, offset: u64, len: u64) -> Result<()> {
+    check_writable(f)?;
     if len == 0 {
         return Ok(());
     }
     let fd = f.file.as_raw_fd();
     if f.is_block_device {
-        // BLKZEROOUT = _IO(0x12, 127)
-        const BLKZEROOUT: libc::c_ulong = 0x127f;
         let range: [u64; 2] = [offset, len];
         // SAFETY: the ioctl reads two u64 through a valid pointer.
         let r = unsafe { libc::ioctl(fd, BLKZEROOUT as _, range.as_ptr()) };
@@ -208,6 +316,11 @@ pub(crate) fn allocation(f: &DeviceFile, offset: u64, len: u64) -> Result<Vec<cr
         // SAFETY: lseek on a valid descriptor.
         let data = unsafe { libc::lseek(fd, pos as libc::off_t, libc::SEEK_DATA) };
         let data = if data < 0 {
+            let e = io::Error::last_os_error();
+            // ENXIO: no data at or after `pos`, the rest is a hole.
+            if e.raw_os_error() != Some(libc::ENXIO) {
+                return Err(DeviceError::io("lseek(SEEK_DATA)", f.what(), e));
+            }
             end
         } else {
             (data as u64).min(end)
@@ -224,7 +337,11 @@ pub(crate) fn allocation(f: &DeviceFile, offset: u64, len: u64) -> Result<Vec<cr
         // SAFETY: as above.
         let hole = unsafe { libc::lseek(fd, pos as libc::off_t, libc::SEEK_HOLE) };
         let hole = if hole < 0 {
-            end
+            return Err(DeviceError::io(
+                "lseek(SEEK_HOLE)",
+                f.what(),
+                io::Error::last_os_error(),
+            ));
         } else {
             (hole as u64).min(end)
         };
@@ -239,85 +356,165 @@ pub(crate) fn allocation(f: &DeviceFile, offset: u64, len: u64) -> Result<Vec<cr
     Ok(out)
 }
 
-/// Writes all of `bufs` at `offset`, looping over short writes.
-pub(crate) fn pwrite_all(f: &DeviceFile, bufs: &[IoSlice<'_>], offset: u64) -> Result<()> {
-    // Flatten into one aligned buffer if any slice is unaligned for O_DIRECT.
+/// Most iovecs one `preadv`/`pwritev` (or io_uring readv/writev) may carry
+/// (Linux `UIO_MAXIOV`).
+pub(crate) const IOV_MAX: usize = 1024;
+
+/// Retries of a syscall failing with `EINTR`/`EAGAIN` before giving up.
+const RETRIES_MAX: u32 = 100;
+
+/// Moves the cursor `iovs[idx..]` past `done` bytes; returns the new index.
+/// Consumed iovecs get length 0; a partly consumed one is shrunk in place.
+pub(crate) fn advance_iovecs(iovs: &mut [libc::iovec], mut idx: usize, mut done: usize) -> usize {
+    while done > 0 && idx < iovs.len() {
+        let iov = &mut iovs[idx];
+        if done >= iov.iov_len {
+            done -= iov.iov_len;
+            iov.iov_len = 0;
+            idx += 1;
+        } else {
+            // `wrapping_add` keeps this safe code; since `done < iov_len` the
+            // new base stays inside the same buffer.
+            iov.iov_base = iov.iov_base.cast::<u8>().wrapping_add(done).cast();
+            iov.iov_len -= done;
+            done = 0;
+        }
+    }
+    idx
+}
+
+/// True if `O_DIRECT` needs these buffers copied into an aligned one: every
+/// segment's address and length must be a multiple of the logical block size.
+pub(crate) fn needs_bounce<'a>(f: &DeviceFile, bufs: impl IntoIterator<Item = &'a [u8]>) -> bool {
     let lbs = f.logical_block_size as usize;
-    let needs_bounce = f.direct
+    f.direct
         && bufs
-            .iter()
-            .any(|b| !AlignedBuf::is_aligned(b.as_ptr(), lbs) || b.len() % lbs != 0);
-    if needs_bounce {
+            .into_iter()
+            .any(|b| !AlignedBuf::is_aligned(b.as_ptr(), lbs) || b.len() % lbs != 0)
+}
+
+/// Refuses writes to a device opened read-only, before the kernel does with
+/// a less helpful `EBADF`.
+pub(crate) fn check_writable(f: &DeviceFile) -> Result<()> {
+    if f.read_only {
+        return Err(DeviceError::io(
+            "write",
+            f.what(),
+            io::Error::from_raw_os_error(libc::EROFS),
+        ));
+    }
+    Ok(())
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Dir {
+    Read,
+    Write,
+}
+
+/// `preadv`/`pwritev` of all of `iovs` at `offset`, at most [`IOV_MAX`]
+/// iovecs per call, continuing after short transfers.
+///
+/// # Safety
+///
+/// Every iovec must describe memory valid for the whole call: readable for
+/// `Dir::Write`, writable and not otherwise accessed for `Dir::Read`.
+unsafe fn transfer(
+    f: &DeviceFile,
+    dir: Dir,
+    iovs: &mut [libc::iovec],
+    mut offset: u64,
+) -> Result<()> {
+    let op = match dir {
+        Dir::Read => "preadv",
+        Dir::Write => "pwritev",
+    };
+    let fd = f.file.as_raw_fd();
+    let mut idx = 0;
+    let mut retries = 0;
+    while idx < iovs.len() {
+        if iovs[idx].iov_len == 0 {
+            idx += 1;
+            continue;
+        }
+        let chunk = &iovs[idx..(idx + IOV_MAX).min(iovs.len())];
+        let off = libc::off_t::try_from(offset).map_err(|_| {
+            DeviceError::io(op, f.what(), io::Error::from_raw_os_error(libc::EOVERFLOW))
+        })?;
+        // SAFETY: `chunk` points at at most IOV_MAX iovecs that describe
+        // memory valid per this function's contract; the call is synchronous.
+        let n = unsafe {
+            match dir {
+                Dir::Read => libc::preadv(fd, chunk.as_ptr(), chunk.len() as libc::c_int, off),
+                Dir::Write => libc::pwritev(fd, chunk.as_ptr(), chunk.len() as libc::c_int, off),
+            }
+        };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if matches!(e.raw_os_error(), Some(libc::EINTR) | Some(libc::EAGAIN))
+                && retries < RETRIES_MAX
+            {
+                retries += 1;
+                continue;
+            }
+            return Err(DeviceError::io(op, f.what(), e));
+        }
+        if n == 0 {
+            let kind = match dir {
+                Dir::Read => io::ErrorKind::UnexpectedEof,
+                Dir::Write => io::ErrorKind::WriteZero,
+            };
+            return Err(DeviceError::io(op, f.what(), kind.into()));
+        }
+        offset += n as u64;
+        idx = advance_iovecs(iovs, idx, n as usize);
+    }
+    Ok(())
+}
+
+/// Writes all of `bufs` at `offset` (one `pwritev` per [`IOV_MAX`] slices,
+/// looping over short writes), bouncing through an aligned buffer if
+/// O_DIRECT needs it.
+pub(crate) fn pwrite_all(f: &DeviceFile, bufs: &[IoSlice<'_>], offset: u64) -> Result<()> {
+    check_writable(f)?;
+    if needs_bounce(f, bufs.iter().map(|b| &**b)) {
         let mut bounce = AlignedBuf::zeroed(iov_len(bufs) as usize);
         let mut pos = 0;
         for b in bufs {
             bounce[pos..pos + b.len()].copy_from_slice(b);
             pos += b.len();
         }
-        return write_one(f, &bounce, offset);
+        let mut iov = [libc::iovec {
+            iov_base: bounce.as_mut_ptr().cast(),
+            iov_len: bounce.len(),
+        }];
+        // SAFETY: `bounce` is owned here and outlives the call.
+        return unsafe { transfer(f, Dir::Write, &mut iov, offset) };
     }
-    let mut pos = offset;
-    for b in bufs {
-        write_one(f, b, pos)?;
-        pos += b.len() as u64;
-    }
-    Ok(())
+    let mut iovs: Vec<libc::iovec> = bufs
+        .iter()
+        .map(|b| libc::iovec {
+            // pwritev only reads through the iovec.
+            iov_base: b.as_ptr().cast_mut().cast(),
+            iov_len: b.len(),
+        })
+        .collect();
+    // SAFETY: the iovecs describe `bufs`, borrowed for the whole call.
+    unsafe { transfer(f, Dir::Write, &mut iovs, offset) }
 }
 
-fn write_one(f: &DeviceFile, mut buf: &[u8], mut offset: u64) -> Result<()> {
-    use std::os::unix::fs::FileExt;
-    while !buf.is_empty() {
-        match f.file.write_at(buf, offset) {
-            Ok(0) => {
-                return Err(DeviceError::io(
-                    "pwrite",
-                    f.what(),
-                    io::ErrorKind::WriteZero.into(),
-                ))
-            }
-            Ok(n) => {
-                buf = &buf[n..];
-                offset += n as u64;
-            }
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(DeviceError::io("pwrite", f.what(), e)),
-        }
-    }
-    Ok(())
-}
-
-fn read_one(f: &DeviceFile, mut buf: &mut [u8], mut offset: u64) -> Result<()> {
-    use std::os::unix::fs::FileExt;
-    while !buf.is_empty() {
-        match f.file.read_at(buf, offset) {
-            Ok(0) => {
-                return Err(DeviceError::io(
-                    "pread",
-                    f.what(),
-                    io::ErrorKind::UnexpectedEof.into(),
-                ))
-            }
-            Ok(n) => {
-                buf = &mut buf[n..];
-                offset += n as u64;
-            }
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(DeviceError::io("pread", f.what(), e)),
-        }
-    }
-    Ok(())
-}
-
-/// Reads all of `bufs` at `offset`, bouncing through an aligned buffer if needed.
+/// Reads all of `bufs` at `offset`, bouncing through an aligned buffer if
+/// O_DIRECT needs it.
 pub(crate) fn pread_all(f: &DeviceFile, bufs: &mut [IoSliceMut<'_>], offset: u64) -> Result<()> {
-    let lbs = f.logical_block_size as usize;
-    let needs_bounce = f.direct
-        && bufs
-            .iter()
-            .any(|b| !AlignedBuf::is_aligned(b.as_ptr(), lbs) || b.len() % lbs != 0);
-    if needs_bounce {
+    if needs_bounce(f, bufs.iter().map(|b| &**b)) {
         let mut bounce = AlignedBuf::zeroed(iov_len_mut(bufs) as usize);
-        read_one(f, &mut bounce, offset)?;
+        let mut iov = [libc::iovec {
+            iov_base: bounce.as_mut_ptr().cast(),
+            iov_len: bounce.len(),
+        }];
+        // SAFETY: `bounce` is owned here, outlives the call, and nothing else
+        // touches it meanwhile.
+        unsafe { transfer(f, Dir::Read, &mut iov, offset) }?;
         let mut pos = 0;
         for b in bufs.iter_mut() {
             let n = b.len();
@@ -326,12 +523,16 @@ pub(crate) fn pread_all(f: &DeviceFile, bufs: &mut [IoSliceMut<'_>], offset: u64
         }
         return Ok(());
     }
-    let mut pos = offset;
-    for b in bufs.iter_mut() {
-        read_one(f, b, pos)?;
-        pos += b.len() as u64;
-    }
-    Ok(())
+    let mut iovs: Vec<libc::iovec> = bufs
+        .iter_mut()
+        .map(|b| libc::iovec {
+            iov_base: b.as_mut_ptr().cast(),
+            iov_len: b.len(),
+        })
+        .collect();
+    // SAFETY: the iovecs describe `bufs`, borrowed mutably (exclusively) for
+    // the whole call.
+    unsafe { transfer(f, Dir::Read, &mut iovs, offset) }
 }
 
 /// The portable backend.

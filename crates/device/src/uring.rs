@@ -40,13 +40,10 @@ use std::sync::{Once, OnceLock};
 
 use io_uring::{opcode, squeue, types, IoUring};
 
-use crate::pread::DeviceFile;
+use crate::pread::{advance_iovecs, check_writable, needs_bounce, DeviceFile, IOV_MAX};
 use crate::{
     check_request, iov_len, iov_len_mut, AlignedBuf, BlockDevice, DeviceError, IoPriority, Result,
 };
-
-/// Most iovecs one readv/writev may carry (Linux `UIO_MAXIOV`).
-const IOV_MAX: usize = 1024;
 
 /// Submission queue size of each per-thread ring. One request is in flight
 /// at a time; a few spare slots cost nothing.
@@ -298,38 +295,9 @@ unsafe fn transfer(
             return Err(DeviceError::io(dir.op_name(), what, kind.into()));
         }
         offset += res as u64;
-        idx = advance(iovs, idx, res as usize);
+        idx = advance_iovecs(iovs, idx, res as usize);
     }
     Ok(())
-}
-
-/// Moves the cursor `iovs[idx..]` past `done` bytes; returns the new index.
-/// Consumed iovecs get length 0; a partly consumed one is shrunk in place.
-fn advance(iovs: &mut [libc::iovec], mut idx: usize, mut done: usize) -> usize {
-    while done > 0 && idx < iovs.len() {
-        let iov = &mut iovs[idx];
-        if done >= iov.iov_len {
-            done -= iov.iov_len;
-            iov.iov_len = 0;
-            idx += 1;
-        } else {
-            // `wrapping_add` keeps this safe code; since `done < iov_len` the
-            // new base stays inside the same buffer.
-            iov.iov_base = iov.iov_base.cast::<u8>().wrapping_add(done).cast();
-            iov.iov_len -= done;
-            done = 0;
-        }
-    }
-    idx
-}
-
-/// True if `O_DIRECT` needs these buffers copied into an aligned one.
-fn needs_bounce<'a>(f: &DeviceFile, bufs: impl IntoIterator<Item = &'a [u8]>) -> bool {
-    let lbs = f.logical_block_size as usize;
-    f.direct
-        && bufs
-            .into_iter()
-            .any(|b| !AlignedBuf::is_aligned(b.as_ptr(), lbs) || b.len() % lbs != 0)
 }
 
 fn ioprio_of(prio: IoPriority) -> u16 {
@@ -484,6 +452,7 @@ impl BlockDevice for UringDevice {
             offset,
             iov_len(bufs),
         )?;
+        check_writable(&self.f)?;
         if iov_len(bufs) == 0 {
             return Ok(());
         }
@@ -627,18 +596,18 @@ mod tests {
             })
             .collect();
         // 4 bytes: still inside the first iovec.
-        assert_eq!(advance(&mut iovs, 0, 4), 0);
+        assert_eq!(advance_iovecs(&mut iovs, 0, 4), 0);
         assert_eq!(iovs[0].iov_len, 6);
         assert_eq!(iovs[0].iov_base.cast::<u8>(), base.wrapping_add(4));
         // 6 + 5 + 3 bytes: finishes two iovecs, 3 into the third.
-        assert_eq!(advance(&mut iovs, 0, 14), 2);
+        assert_eq!(advance_iovecs(&mut iovs, 0, 14), 2);
         assert_eq!(
             (iovs[0].iov_len, iovs[1].iov_len, iovs[2].iov_len),
             (0, 0, 12)
         );
         assert_eq!(iovs[2].iov_base.cast::<u8>(), base.wrapping_add(18));
         // The rest: past the end.
-        assert_eq!(advance(&mut iovs, 2, 12), 3);
+        assert_eq!(advance_iovecs(&mut iovs, 2, 12), 3);
     }
 
     #[test]

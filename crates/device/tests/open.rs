@@ -1,0 +1,192 @@
+//! `open_device` option handling: missing paths, directories, exclusivity,
+//! creation, read-only, backend choice.
+
+mod common;
+
+use common::{image_path, temp_dir, LoopDevice};
+use jbdev_device::{open_device, Backend, DeviceError, IoPriority, OpenOptions};
+
+fn opts(backend: Backend) -> OpenOptions {
+    OpenOptions {
+        backend,
+        ..OpenOptions::default()
+    }
+}
+
+fn backends() -> Vec<Backend> {
+    let mut v = vec![Backend::Pread, Backend::Auto];
+    if jbdev_device::uring::probe().is_ok() {
+        v.push(Backend::Uring);
+    } else {
+        println!("SKIP (io_uring part): io_uring unavailable here");
+    }
+    v
+}
+
+#[test]
+fn nonexistent_path_without_create_is_a_not_found_error() {
+    let dir = temp_dir();
+    let path = dir.path().join("missing.img");
+    for b in backends() {
+        match open_device(&path, &opts(b)) {
+            Err(DeviceError::Io { source, .. }) => {
+                assert_eq!(source.kind(), std::io::ErrorKind::NotFound)
+            }
+            Err(e) => panic!("{b:?}: unexpected error {e}"),
+            Ok(_) => panic!("{b:?}: opened a missing path"),
+        }
+        assert!(!path.exists(), "a failed open must not create the file");
+    }
+}
+
+#[test]
+fn directory_is_refused() {
+    let dir = temp_dir();
+    for b in backends() {
+        let mut o = opts(b);
+        o.create_size = Some(1 << 20);
+        match open_device(dir.path(), &o) {
+            Err(DeviceError::Invalid(msg)) => assert!(msg.contains("neither"), "{msg}"),
+            Err(e) => panic!("{b:?}: unexpected error {e}"),
+            Ok(_) => panic!("{b:?}: opened a directory"),
+        }
+    }
+}
+
+#[test]
+fn create_size_creates_and_extends_but_never_shrinks() {
+    let dir = temp_dir();
+    let path = image_path(dir.path());
+    let mut o = opts(Backend::Pread);
+    o.create_size = Some(1 << 20);
+    let d = open_device(&path, &o).unwrap();
+    assert_eq!(d.device.size_bytes(), 1 << 20);
+    assert!(!d.is_block_device);
+    assert_eq!(std::fs::metadata(&path).unwrap().len(), 1 << 20);
+    drop(d);
+    o.create_size = Some(2 << 20);
+    assert_eq!(open_device(&path, &o).unwrap().device.size_bytes(), 2 << 20);
+    o.create_size = Some(4096);
+    assert_eq!(open_device(&path, &o).unwrap().device.size_bytes(), 2 << 20);
+    o.create_size = None;
+    assert_eq!(open_device(&path, &o).unwrap().device.size_bytes(), 2 << 20);
+}
+
+#[test]
+fn a_second_open_of_the_same_file_is_busy() {
+    let dir = temp_dir();
+    let path = image_path(dir.path());
+    for first in backends() {
+        for second in backends() {
+            let mut o = opts(first);
+            o.create_size = Some(1 << 20);
+            let held = open_device(&path, &o).unwrap();
+            match open_device(&path, &opts(second)) {
+                Err(DeviceError::Busy(what)) => assert!(what.contains("device.img")),
+                Err(e) => panic!("{first:?} then {second:?}: unexpected error {e}"),
+                Ok(_) => panic!("{first:?} then {second:?}: second open succeeded"),
+            }
+            // A read-only opener is refused too while a writer holds it.
+            let mut ro = opts(second);
+            ro.read_only = true;
+            assert!(matches!(open_device(&path, &ro), Err(DeviceError::Busy(_))));
+            drop(held);
+            // Closing releases the lock.
+            drop(open_device(&path, &opts(second)).unwrap());
+        }
+    }
+}
+
+#[test]
+fn non_exclusive_opens_may_share() {
+    let dir = temp_dir();
+    let path = image_path(dir.path());
+    let mut o = opts(Backend::Pread);
+    o.create_size = Some(1 << 20);
+    o.exclusive = false;
+    let a = open_device(&path, &o).unwrap();
+    let b = open_device(&path, &o).unwrap();
+    drop((a, b));
+    // Two shared (read-only, exclusive) openers coexist.
+    let mut ro = opts(Backend::Pread);
+    ro.read_only = true;
+    let a = open_device(&path, &ro).unwrap();
+    let b = open_device(&path, &ro).unwrap();
+    // ...but keep writers out.
+    assert!(matches!(
+        open_device(&path, &opts(Backend::Pread)),
+        Err(DeviceError::Busy(_))
+    ));
+    drop((a, b));
+}
+
+#[test]
+fn read_only_refuses_writes_but_reads() {
+    let dir = temp_dir();
+    let path = image_path(dir.path());
+    std::fs::write(&path, vec![5u8; 64 << 10]).unwrap();
+    for b in backends() {
+        let mut o = opts(b);
+        o.read_only = true;
+        let d = open_device(&path, &o).unwrap().device;
+        let mut buf = jbdev_device::AlignedBuf::zeroed(4096);
+        d.read_at(&mut buf, 4096).unwrap();
+        assert!(buf.iter().all(|&x| x == 5));
+        for r in [
+            d.write_at(&buf, 0, IoPriority::Urgent),
+            d.write_zeroes(0, 4096),
+        ] {
+            match r {
+                Err(DeviceError::Io { source, .. }) => {
+                    assert_eq!(source.raw_os_error(), Some(libc::EROFS), "{b:?}")
+                }
+                other => panic!("{b:?}: write on a read-only device gave {other:?}"),
+            }
+        }
+    }
+    assert!(std::fs::read(&path).unwrap().iter().all(|&x| x == 5));
+}
+
+#[test]
+fn backend_choice_is_honoured() {
+    let dir = temp_dir();
+    let path = image_path(dir.path());
+    let mut o = opts(Backend::Pread);
+    o.create_size = Some(1 << 20);
+    let d = open_device(&path, &o).unwrap();
+    assert_eq!(d.device.backend_name(), "pread");
+    assert!(d.direct, "the temp filesystem should accept O_DIRECT");
+    drop(d);
+    let auto = open_device(&path, &opts(Backend::Auto)).unwrap();
+    let want = if jbdev_device::uring::probe().is_ok() {
+        "io_uring"
+    } else {
+        "pread"
+    };
+    assert_eq!(auto.device.backend_name(), want);
+    drop(auto);
+    let mut buffered = opts(Backend::Pread);
+    buffered.direct = false;
+    assert!(!open_device(&path, &buffered).unwrap().direct);
+    assert_eq!("io-uring".parse::<Backend>().unwrap(), Backend::Uring);
+    assert_eq!("auto".parse::<Backend>().unwrap(), Backend::Auto);
+    assert!("spdk".parse::<Backend>().is_err());
+}
+
+#[test]
+fn a_second_open_of_a_loop_device_is_busy() {
+    let Some(lo) = LoopDevice::new(4 << 20, 512) else {
+        return;
+    };
+    for b in backends() {
+        let held = open_device(&lo.path, &opts(b)).unwrap();
+        assert!(held.is_block_device);
+        match open_device(&lo.path, &opts(b)) {
+            Err(DeviceError::Busy(_)) => {}
+            Err(e) => panic!("{b:?}: unexpected error {e}"),
+            Ok(_) => panic!("{b:?}: second O_EXCL open of a block device succeeded"),
+        }
+        drop(held);
+        drop(open_device(&lo.path, &opts(b)).unwrap());
+    }
+}
