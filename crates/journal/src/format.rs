@@ -949,7 +949,7 @@ impl RevokeBlock {
         let r_count = get_be32(block, REVOKE_COUNT_OFF) as usize;
         if r_count < REVOKE_HEADER_LEN
             || r_count > tail
-            || (r_count - REVOKE_HEADER_LEN) % REVOKE_RECORD_LEN != 0
+            || !(r_count - REVOKE_HEADER_LEN).is_multiple_of(REVOKE_RECORD_LEN)
         {
             return invalid(format_args!(
                 "revoke r_count {r_count} (header {REVOKE_HEADER_LEN} + k*{REVOKE_RECORD_LEN}, at most {tail})"
