@@ -106,6 +106,9 @@ struct Ring {
     ring: IoUring,
     /// Tag of the next request; only this thread touches it.
     next_user_data: u64,
+    /// An entry is stuck in the submission queue: never submit on this ring
+    /// again; `with_ring` drops it (the kernel never runs unsubmitted entries).
+    poisoned: bool,
 }
 
 enum RingSlot {
@@ -130,6 +133,7 @@ fn with_ring<R>(f: impl FnOnce(&mut Ring) -> R) -> Option<R> {
                 Ok(ring) => RingSlot::Ready(Box::new(Ring {
                     ring,
                     next_user_data: 0,
+                    poisoned: false,
                 })),
                 Err(e) => {
                     log_thread_fallback_once(&e);
@@ -137,10 +141,15 @@ fn with_ring<R>(f: impl FnOnce(&mut Ring) -> R) -> Option<R> {
                 }
             };
         }
-        match &mut *slot {
-            RingSlot::Ready(ring) => Some(f(ring)),
-            _ => None,
+        let RingSlot::Ready(ring) = &mut *slot else {
+            return None;
+        };
+        let out = f(ring);
+        if ring.poisoned {
+            // Dropping the ring closes it; the next call creates a fresh one.
+            *slot = RingSlot::Uninit;
         }
+        Some(out)
     })
 }
 
@@ -183,17 +192,22 @@ impl Ring {
             return Err(io::Error::other("io_uring submission queue full"));
         }
         let mut submitted = false;
+        let mut retries = 0;
         loop {
             match self.ring.submit_and_wait(1) {
                 Ok(n) => submitted |= n > 0,
-                Err(e) if is_transient(&e) => {}
+                // Once the kernel has the entry we must keep waiting (each
+                // wait blocks in the kernel); before that, give up eventually.
+                Err(e) if is_transient(&e) && (submitted || retries < RETRIES_MAX) => {
+                    retries += 1;
+                }
                 Err(e) => {
                     let taken = submitted || self.ring.submission().is_empty();
                     if !taken {
-                        // The kernel never saw the entry: discard the ring so
-                        // the stale entry (pointing at memory we are about to
-                        // give back) can never be submitted later.
-                        self.ring = new_ring()?;
+                        // The kernel never saw the entry. The ring must go
+                        // (see `with_ring`): a later submit would send this
+                        // stale entry, pointing at memory we give back now.
+                        self.poisoned = true;
                         return Err(e);
                     }
                     // IMPORTANT: the kernel owns the caller's memory until the
