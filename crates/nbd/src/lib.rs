@@ -1,2 +1,45 @@
-//! NBD protocol layer and server (being written).
+//! jbdev's NBD server: the protocol of `doc/proto.md` of the reference
+//! implementation (fixed newstyle, structured replies, `base:allocation`),
+//! written for this project, serving [`jbdev_volume::Volume`]s.
+//!
+//! Layers, bottom up:
+//! * [`proto`] — constants; [`codec`] — pure, fuzzed encoders/decoders;
+//! * [`backend`] — the [`Backend`] trait the server serves (a volume, or
+//!   memory for tests);
+//! * [`handshake`] — option haggling; [`conn`] — the transmission phase of
+//!   one connection; [`pool`] — the worker threads; [`server`] — listeners,
+//!   socket activation, stdio mode and shutdown;
+//! * [`client`] — a small client for the load generator and tests.
+//!
+//! Durability mapping: a WRITE is answered when `write_at` returns (the data
+//! is in the volume's running transaction and visible to every connection);
+//! a FUA request or a FLUSH is answered only when the volume says it is
+//! durable. Requests of all connections run concurrently on the worker
+//! pool, so FUAs and flushes from everywhere share group commits. Because
+//! every connection to an export shares one volume, `CAN_MULTI_CONN` is
+//! honest: a FLUSH on any connection covers every write already answered on
+//! every connection.
+//!
+//! Growth points. *TLS*: STARTTLS is answered `ERR_POLICY` today; the
+//! handshake reads and writes through `dyn Read`/`dyn Write` and the
+//! transmission phase through a [`server::Stream`]'s halves, so TLS means a
+//! `Stream` whose halves are backed by one TLS session (rustls, X.509 or
+//! PSK), swapped in when STARTTLS is acknowledged, with negotiation state
+//! reset as the spec requires. *Extended headers*: requests carry 64-bit
+//! lengths already ([`codec::Request`]); [`codec::HeaderMode`] selects the
+//! header layout per connection, so `NBD_OPT_EXTENDED_HEADERS` adds a
+//! decoder variant, extended reply headers and 64-bit block-status
+//! descriptors without touching the executor or the bounds.
 #![deny(unsafe_code)]
+
+pub mod backend;
+pub mod client;
+pub mod codec;
+pub mod conn;
+pub mod handshake;
+pub mod pool;
+pub mod proto;
+pub mod server;
+
+pub use backend::{Backend, BackendError, Extent, MemBackend, VolumeBackend};
+pub use server::{Export, ExportSet, Listener, Server, ServerConfig, ShutdownHandle, Stream};

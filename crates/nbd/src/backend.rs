@@ -1,0 +1,402 @@
+//! What the server serves: the [`Backend`] trait, its implementation for
+//! [`jbdev_volume::Volume`], and an in-memory one for tests.
+//!
+//! The protocol layer validates ranges and flags before it calls a backend,
+//! so a backend sees only in-range requests; it still returns errors (never
+//! panics) for anything else that goes wrong.
+
+use std::sync::Arc;
+
+use parking_lot::RwLock;
+
+use crate::proto;
+
+/// A failed backend call, carrying the NBD error value to reply with.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{message} (nbd error {errno})")]
+pub struct BackendError {
+    /// Protocol error value (`proto::EIO`, `proto::ENOSPC`, ...).
+    pub errno: u32,
+    pub message: String,
+}
+
+impl BackendError {
+    pub fn new(errno: u32, message: impl Into<String>) -> Self {
+        Self {
+            errno,
+            message: message.into(),
+        }
+    }
+}
+
+pub type BackendResult<T> = Result<T, BackendError>;
+
+/// A run of bytes in one allocation state.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Extent {
+    pub offset: u64,
+    pub length: u64,
+    /// Reads as zeroes (never written, trimmed or zeroed).
+    pub zero: bool,
+}
+
+/// A block device the server exports. Called from many worker threads at
+/// once; implementations must not serialize independent requests.
+///
+/// Durability contract (what the server relies on to answer FLUSH and FUA
+/// honestly, across all connections):
+/// * once `write_at`/`trim`/`write_zeroes` return, every later read on any
+///   thread sees the new content;
+/// * a call with `fua = true` returns only once its data is durable;
+/// * `flush` returns only once every write that had returned before it was
+///   called is durable.
+pub trait Backend: Send + Sync + 'static {
+    fn size_bytes(&self) -> u64;
+    /// Preferred I/O size (the volume's block size).
+    fn preferred_block_bytes(&self) -> u32;
+    fn read_only(&self) -> bool;
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> BackendResult<()>;
+    fn write_at(&self, buf: &[u8], offset: u64, fua: bool) -> BackendResult<()>;
+    fn flush(&self) -> BackendResult<()>;
+    /// Deallocates; the range then reads as zeroes.
+    fn trim(&self, offset: u64, length: u64, fua: bool) -> BackendResult<()>;
+    fn write_zeroes(&self, offset: u64, length: u64, fua: bool) -> BackendResult<()>;
+    /// Whether `write_zeroes` is cheaper than writing zero bytes (decides the
+    /// answer to `NBD_CMD_FLAG_FAST_ZERO`).
+    fn zeroes_are_fast(&self) -> bool;
+    /// Allocation map of `[offset, offset+length)`: consecutive extents
+    /// starting at `offset`, covering at least one byte.
+    fn block_status(&self, offset: u64, length: u64) -> BackendResult<Vec<Extent>>;
+}
+
+impl<B: Backend + ?Sized> Backend for Arc<B> {
+    fn size_bytes(&self) -> u64 {
+        (**self).size_bytes()
+    }
+    fn preferred_block_bytes(&self) -> u32 {
+        (**self).preferred_block_bytes()
+    }
+    fn read_only(&self) -> bool {
+        (**self).read_only()
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> BackendResult<()> {
+        (**self).read_at(buf, offset)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64, fua: bool) -> BackendResult<()> {
+        (**self).write_at(buf, offset, fua)
+    }
+    fn flush(&self) -> BackendResult<()> {
+        (**self).flush()
+    }
+    fn trim(&self, offset: u64, length: u64, fua: bool) -> BackendResult<()> {
+        (**self).trim(offset, length, fua)
+    }
+    fn write_zeroes(&self, offset: u64, length: u64, fua: bool) -> BackendResult<()> {
+        (**self).write_zeroes(offset, length, fua)
+    }
+    fn zeroes_are_fast(&self) -> bool {
+        (**self).zeroes_are_fast()
+    }
+    fn block_status(&self, offset: u64, length: u64) -> BackendResult<Vec<Extent>> {
+        (**self).block_status(offset, length)
+    }
+}
+
+// ------------------------------------------------------------------ volume
+
+/// A [`jbdev_volume::Volume`] as an NBD backend.
+pub struct VolumeBackend {
+    volume: Arc<jbdev_volume::Volume>,
+    read_only: bool,
+}
+
+impl VolumeBackend {
+    pub fn new(volume: Arc<jbdev_volume::Volume>, read_only: bool) -> Self {
+        Self { volume, read_only }
+    }
+
+    pub fn volume(&self) -> &Arc<jbdev_volume::Volume> {
+        &self.volume
+    }
+
+    /// Largest piece handed to the volume in one call: a write may not exceed
+    /// one journal transaction (`VolumeError::TooLarge`); NBD does not
+    /// promise atomicity of a request, so larger ones are split.
+    fn chunk_bytes(&self) -> u64 {
+        self.volume.max_transaction_bytes().max(1 << 20)
+    }
+
+    /// Runs `op` over `[offset, offset+length)` in chunks. With `fua`, a
+    /// single-chunk request keeps its FUA (so it joins the group commit);
+    /// a split one is made durable by one flush at the end.
+    fn chunked(
+        &self,
+        offset: u64,
+        length: u64,
+        fua: bool,
+        mut op: impl FnMut(u64, u64, jbdev_volume::WriteFlags) -> jbdev_volume::Result<()>,
+    ) -> BackendResult<()> {
+        let chunk = self.chunk_bytes();
+        if length <= chunk {
+            let flags = jbdev_volume::WriteFlags { fua };
+            return op(offset, length, flags).map_err(map_volume_error);
+        }
+        let mut done = 0;
+        while done < length {
+            let n = (length - done).min(chunk);
+            op(offset + done, n, jbdev_volume::WriteFlags::NONE).map_err(map_volume_error)?;
+            done += n;
+        }
+        if fua {
+            self.volume.flush().map_err(map_volume_error)?;
+        }
+        Ok(())
+    }
+}
+
+/// Maps a volume error to the NBD error value the spec asks for.
+pub fn map_volume_error(e: jbdev_volume::VolumeError) -> BackendError {
+    use jbdev_volume::VolumeError as V;
+    let errno = match &e {
+        V::OutOfRange { .. } | V::TooLarge { .. } => proto::ENOSPC,
+        V::ReadOnly => proto::EPERM,
+        V::InvalidArgument(_) => proto::EINVAL,
+        V::Closed => proto::ESHUTDOWN,
+        _ => proto::EIO,
+    };
+    BackendError::new(errno, e.to_string())
+}
+
+impl Backend for VolumeBackend {
+    fn size_bytes(&self) -> u64 {
+        self.volume.size()
+    }
+    fn preferred_block_bytes(&self) -> u32 {
+        self.volume.block_size()
+    }
+    fn read_only(&self) -> bool {
+        self.read_only
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> BackendResult<()> {
+        self.volume.read_at(buf, offset).map_err(map_volume_error)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64, fua: bool) -> BackendResult<()> {
+        let vol = &self.volume;
+        self.chunked(offset, buf.len() as u64, fua, |off, len, flags| {
+            let start = (off - offset) as usize;
+            vol.write_at(&buf[start..start + len as usize], off, flags)
+        })
+    }
+    fn flush(&self) -> BackendResult<()> {
+        self.volume.flush().map_err(map_volume_error)
+    }
+    fn trim(&self, offset: u64, length: u64, fua: bool) -> BackendResult<()> {
+        let vol = &self.volume;
+        self.chunked(offset, length, fua, |off, len, flags| {
+            vol.trim(off, len, flags)
+        })
+    }
+    fn write_zeroes(&self, offset: u64, length: u64, fua: bool) -> BackendResult<()> {
+        let vol = &self.volume;
+        self.chunked(offset, length, fua, |off, len, flags| {
+            vol.write_zeroes(off, len, flags)
+        })
+    }
+    fn zeroes_are_fast(&self) -> bool {
+        // The journaled engine zeroes by metadata (revoke + unmap), never by
+        // writing zero blocks through the journal.
+        true
+    }
+    fn block_status(&self, offset: u64, length: u64) -> BackendResult<Vec<Extent>> {
+        let extents = self
+            .volume
+            .block_status(offset, length)
+            .map_err(map_volume_error)?;
+        Ok(extents
+            .into_iter()
+            .map(|e| Extent {
+                offset: e.offset,
+                length: e.len,
+                zero: e.state == jbdev_volume::ExtentState::Zero,
+            })
+            .collect())
+    }
+}
+
+// ------------------------------------------------------------------ memory
+
+/// Allocation granule of [`MemBackend`]'s block map.
+const MEM_BLOCK_BYTES: u64 = 4096;
+
+/// An in-memory backend for protocol tests: contents plus a per-4-KiB
+/// "allocated" map, so block status and holes can be tested.
+pub struct MemBackend {
+    state: RwLock<MemState>,
+    read_only: bool,
+}
+
+struct MemState {
+    data: Vec<u8>,
+    allocated: Vec<bool>,
+    flushes: u64,
+}
+
+impl MemBackend {
+    pub fn new(size_bytes: usize, read_only: bool) -> Self {
+        let blocks = (size_bytes as u64).div_ceil(MEM_BLOCK_BYTES) as usize;
+        Self {
+            state: RwLock::new(MemState {
+                data: vec![0; size_bytes],
+                allocated: vec![false; blocks],
+                flushes: 0,
+            }),
+            read_only,
+        }
+    }
+
+    /// How many flushes (explicit or FUA) reached the backend.
+    pub fn flush_count(&self) -> u64 {
+        self.state.read().flushes
+    }
+
+    /// A copy of the contents.
+    pub fn snapshot(&self) -> Vec<u8> {
+        self.state.read().data.clone()
+    }
+
+    fn check(&self, offset: u64, length: u64) -> BackendResult<()> {
+        let size = self.size_bytes();
+        match offset.checked_add(length) {
+            Some(end) if end <= size => Ok(()),
+            _ => Err(BackendError::new(proto::EINVAL, "out of range")),
+        }
+    }
+
+    fn fill(&self, offset: u64, length: u64, allocate: bool) -> BackendResult<()> {
+        self.check(offset, length)?;
+        if self.read_only {
+            return Err(BackendError::new(proto::EPERM, "read-only"));
+        }
+        let mut st = self.state.write();
+        st.data[offset as usize..(offset + length) as usize].fill(0);
+        if length > 0 {
+            let first = offset / MEM_BLOCK_BYTES;
+            let last = (offset + length - 1) / MEM_BLOCK_BYTES;
+            for b in first..=last {
+                let b_start = b * MEM_BLOCK_BYTES;
+                let whole = b_start >= offset && b_start + MEM_BLOCK_BYTES <= offset + length;
+                if whole {
+                    st.allocated[b as usize] = allocate;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Backend for MemBackend {
+    fn size_bytes(&self) -> u64 {
+        self.state.read().data.len() as u64
+    }
+    fn preferred_block_bytes(&self) -> u32 {
+        MEM_BLOCK_BYTES as u32
+    }
+    fn read_only(&self) -> bool {
+        self.read_only
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> BackendResult<()> {
+        self.check(offset, buf.len() as u64)?;
+        let st = self.state.read();
+        buf.copy_from_slice(&st.data[offset as usize..offset as usize + buf.len()]);
+        Ok(())
+    }
+    fn write_at(&self, buf: &[u8], offset: u64, fua: bool) -> BackendResult<()> {
+        self.check(offset, buf.len() as u64)?;
+        if self.read_only {
+            return Err(BackendError::new(proto::EPERM, "read-only"));
+        }
+        let mut st = self.state.write();
+        st.data[offset as usize..offset as usize + buf.len()].copy_from_slice(buf);
+        if !buf.is_empty() {
+            let first = offset / MEM_BLOCK_BYTES;
+            let last = (offset + buf.len() as u64 - 1) / MEM_BLOCK_BYTES;
+            for b in first..=last {
+                st.allocated[b as usize] = true;
+            }
+        }
+        if fua {
+            st.flushes += 1;
+        }
+        Ok(())
+    }
+    fn flush(&self) -> BackendResult<()> {
+        self.state.write().flushes += 1;
+        Ok(())
+    }
+    fn trim(&self, offset: u64, length: u64, _fua: bool) -> BackendResult<()> {
+        self.fill(offset, length, false)
+    }
+    fn write_zeroes(&self, offset: u64, length: u64, _fua: bool) -> BackendResult<()> {
+        self.fill(offset, length, false)
+    }
+    fn zeroes_are_fast(&self) -> bool {
+        true
+    }
+    fn block_status(&self, offset: u64, length: u64) -> BackendResult<Vec<Extent>> {
+        self.check(offset, length)?;
+        let st = self.state.read();
+        let end = offset + length;
+        let mut out: Vec<Extent> = Vec::new();
+        let mut pos = offset;
+        while pos < end {
+            let b = pos / MEM_BLOCK_BYTES;
+            let b_end = ((b + 1) * MEM_BLOCK_BYTES).min(end);
+            let zero = !st.allocated[b as usize];
+            match out.last_mut() {
+                Some(last) if last.zero == zero => last.length += b_end - pos,
+                _ => out.push(Extent {
+                    offset: pos,
+                    length: b_end - pos,
+                    zero,
+                }),
+            }
+            pos = b_end;
+        }
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mem_backend_tracks_allocation() {
+        let m = MemBackend::new(64 << 10, false);
+        assert_eq!(
+            m.block_status(0, 64 << 10).unwrap(),
+            vec![Extent {
+                offset: 0,
+                length: 64 << 10,
+                zero: true
+            }]
+        );
+        m.write_at(&[7; 10], 8192 + 5, false).unwrap();
+        let ext = m.block_status(0, 64 << 10).unwrap();
+        assert_eq!(ext.len(), 3);
+        assert_eq!(
+            ext[1],
+            Extent {
+                offset: 8192,
+                length: 4096,
+                zero: false
+            }
+        );
+        m.trim(8192, 4096, false).unwrap();
+        assert_eq!(m.block_status(0, 64 << 10).unwrap().len(), 1);
+        let mut b = [1u8; 16];
+        m.read_at(&mut b, 8192).unwrap();
+        assert_eq!(b, [0; 16]);
+        assert!(m.read_at(&mut b, 64 << 10).is_err());
+    }
+}

@@ -1,0 +1,364 @@
+//! The fixed-newstyle handshake (option haggling), server side.
+//!
+//! Runs on the connection's reader thread before transmission starts. It
+//! reads with a bounded buffer: option data larger than
+//! [`MAX_OPTION_DATA_BYTES`] is consumed without being stored and answered
+//! `ERR_TOO_BIG` (or dropped past [`MAX_OPTION_DISCARD_BYTES`]), and a client
+//! that sends more than `max_options` options is dropped, so haggling cannot
+//! exhaust memory or a thread forever.
+
+use std::io::{self, Read, Write};
+use std::sync::Arc;
+
+use crate::codec::{self, ClientOption, HeaderMode, InfoRequest, MetaQuery, OptionHeader};
+use crate::proto::*;
+use crate::server::{Export, ExportSet};
+
+/// Option data we buffer and parse; larger options are refused.
+pub const MAX_OPTION_DATA_BYTES: u32 = 64 << 10;
+/// Largest option data we skip to stay in sync; beyond it we hang up.
+pub const MAX_OPTION_DISCARD_BYTES: u32 = 16 << 20;
+
+/// What the transmission phase needs from the handshake.
+pub struct Session {
+    pub export: Arc<Export>,
+    pub structured_replies: bool,
+    /// `base:allocation` was selected for this export.
+    pub base_allocation: bool,
+    pub header_mode: HeaderMode,
+}
+
+/// How the handshake ended.
+pub enum Outcome {
+    Transmission(Session),
+    /// The client aborted or went away, or was dropped for a protocol
+    /// violation (already logged).
+    Closed,
+}
+
+/// Per-connection negotiation state.
+struct State {
+    no_zeroes: bool,
+    structured: bool,
+    /// Export name the last SET_META_CONTEXT selected `base:allocation` for.
+    meta_export: Option<String>,
+}
+
+/// Knobs of the handshake.
+#[derive(Clone, Debug)]
+pub struct HandshakeLimits {
+    pub max_options: u32,
+}
+
+/// Runs the handshake. `Err` is an I/O error (connection gone).
+pub fn negotiate(
+    reader: &mut dyn Read,
+    writer: &mut dyn Write,
+    exports: &ExportSet,
+    limits: &HandshakeLimits,
+    shutting_down: &dyn Fn() -> bool,
+) -> io::Result<Outcome> {
+    let mut hello = Vec::with_capacity(18);
+    hello.extend_from_slice(&INIT_PASSWD.to_be_bytes());
+    hello.extend_from_slice(&IHAVEOPT.to_be_bytes());
+    hello.extend_from_slice(&(FLAG_FIXED_NEWSTYLE | FLAG_NO_ZEROES).to_be_bytes());
+    writer.write_all(&hello)?;
+    writer.flush()?;
+
+    let mut cf = [0u8; 4];
+    reader.read_exact(&mut cf)?;
+    let client_flags = u32::from_be_bytes(cf);
+    if client_flags & !(FLAG_C_FIXED_NEWSTYLE | FLAG_C_NO_ZEROES) != 0 {
+        tracing::info!("dropping client with unknown handshake flags 0x{client_flags:x}");
+        return Ok(Outcome::Closed);
+    }
+    let mut st = State {
+        no_zeroes: client_flags & FLAG_C_NO_ZEROES != 0,
+        structured: false,
+        meta_export: None,
+    };
+
+    let mut data = Vec::new();
+    for _ in 0..limits.max_options {
+        let mut hb = [0u8; OPTION_HEADER_BYTES];
+        reader.read_exact(&mut hb)?;
+        let head = match OptionHeader::decode(&hb) {
+            Ok(h) => h,
+            Err(e) => {
+                tracing::info!("dropping client during haggling: {e}");
+                return Ok(Outcome::Closed);
+            }
+        };
+        if head.length > MAX_OPTION_DATA_BYTES {
+            if head.length > MAX_OPTION_DISCARD_BYTES {
+                tracing::info!(
+                    "dropping client: option {} carries {} bytes",
+                    head.option,
+                    head.length
+                );
+                return Ok(Outcome::Closed);
+            }
+            discard(reader, head.length.into())?;
+            send_error(
+                writer,
+                head.option,
+                REP_ERR_TOO_BIG,
+                "option data too large",
+            )?;
+            continue;
+        }
+        data.clear();
+        data.resize(head.length as usize, 0);
+        reader.read_exact(&mut data)?;
+
+        if shutting_down() && head.option != OPT_ABORT {
+            send_error(
+                writer,
+                head.option,
+                REP_ERR_SHUTDOWN,
+                "server is shutting down",
+            )?;
+            continue;
+        }
+        let opt = match codec::parse_option(head.option, &data) {
+            Ok(o) => o,
+            Err(e) => {
+                if matches!(head.option, OPT_SET_META_CONTEXT) {
+                    st.meta_export = None; // a failed SET still replaces the set
+                }
+                send_error(writer, head.option, e.reply_type(), &e.to_string())?;
+                continue;
+            }
+        };
+        match opt {
+            ClientOption::ExportName(name) => {
+                let Some(export) = name.as_deref().and_then(|n| exports.find(n)) else {
+                    tracing::info!("dropping client: EXPORT_NAME of an unknown export");
+                    return Ok(Outcome::Closed);
+                };
+                let flags = transmission_flags(&export, &st);
+                let mut out = Vec::with_capacity(10 + 124);
+                out.extend_from_slice(&export.size_bytes().to_be_bytes());
+                out.extend_from_slice(&flags.to_be_bytes());
+                if !st.no_zeroes {
+                    out.extend_from_slice(&[0u8; 124]);
+                }
+                writer.write_all(&out)?;
+                writer.flush()?;
+                return Ok(Outcome::Transmission(session(export, &st, name.as_deref())));
+            }
+            ClientOption::Abort => {
+                // The client may already have hung up; that is fine.
+                let _ = send(writer, &codec::encode_option_reply(OPT_ABORT, REP_ACK, &[]));
+                return Ok(Outcome::Closed);
+            }
+            ClientOption::List => {
+                for e in exports.iter() {
+                    let mut d = Vec::new();
+                    d.extend_from_slice(&(e.name.len() as u32).to_be_bytes());
+                    d.extend_from_slice(e.name.as_bytes());
+                    d.extend_from_slice(e.description.as_bytes());
+                    send(
+                        writer,
+                        &codec::encode_option_reply(OPT_LIST, REP_SERVER, &d),
+                    )?;
+                }
+                send(writer, &codec::encode_option_reply(OPT_LIST, REP_ACK, &[]))?;
+            }
+            ClientOption::StartTls => {
+                // TLS is not configured: refuse by policy (NOTLS mode). With
+                // TLS, this is where the stream would be wrapped and `st`
+                // reset; see the crate docs.
+                send_error(writer, OPT_STARTTLS, REP_ERR_POLICY, "TLS is not enabled")?;
+            }
+            ClientOption::Info(req) | ClientOption::Go(req) => {
+                let go = head.option == OPT_GO;
+                if let Some(export) = answer_info(writer, head.option, &req, exports, &st)? {
+                    if go {
+                        return Ok(Outcome::Transmission(session(
+                            export,
+                            &st,
+                            Some(req.export.as_str()),
+                        )));
+                    }
+                }
+            }
+            ClientOption::StructuredReply => {
+                if st.structured {
+                    send_error(
+                        writer,
+                        head.option,
+                        REP_ERR_INVALID,
+                        "structured replies already negotiated",
+                    )?;
+                } else {
+                    st.structured = true;
+                    send(
+                        writer,
+                        &codec::encode_option_reply(head.option, REP_ACK, &[]),
+                    )?;
+                }
+            }
+            ClientOption::ListMetaContext(q) => {
+                answer_meta(writer, head.option, &q, exports, &mut st, false)?;
+            }
+            ClientOption::SetMetaContext(q) => {
+                answer_meta(writer, head.option, &q, exports, &mut st, true)?;
+            }
+            ClientOption::Unknown(o) => {
+                send_error(writer, o, REP_ERR_UNSUP, "option not supported")?;
+            }
+        }
+    }
+    tracing::info!(
+        "dropping client after {} options without entering transmission",
+        limits.max_options
+    );
+    Ok(Outcome::Closed)
+}
+
+fn session(export: Arc<Export>, st: &State, name: Option<&str>) -> Session {
+    // BLOCK_STATUS is allowed only if the last SET_META_CONTEXT named the
+    // same export that the client went on to select.
+    let base_allocation = st.structured
+        && match (&st.meta_export, name) {
+            (Some(m), Some(n)) => m == n,
+            _ => false,
+        };
+    Session {
+        export,
+        structured_replies: st.structured,
+        base_allocation,
+        header_mode: HeaderMode::Compact,
+    }
+}
+
+/// The transmission flags of `export` for this connection's state.
+fn transmission_flags(export: &Export, st: &State) -> u16 {
+    let mut f = FLAG_HAS_FLAGS
+        | FLAG_SEND_FLUSH
+        | FLAG_SEND_FUA
+        | FLAG_SEND_CACHE
+        // Honest: every connection shares one volume whose flush covers all
+        // writes that returned before it, on any connection.
+        | FLAG_CAN_MULTI_CONN;
+    if export.backend.read_only() {
+        f |= FLAG_READ_ONLY;
+    } else {
+        f |= FLAG_SEND_TRIM | FLAG_SEND_WRITE_ZEROES | FLAG_SEND_FAST_ZERO;
+    }
+    if st.structured {
+        f |= FLAG_SEND_DF;
+    }
+    f
+}
+
+fn answer_info(
+    writer: &mut dyn Write,
+    option: u32,
+    req: &InfoRequest,
+    exports: &ExportSet,
+    st: &State,
+) -> io::Result<Option<Arc<Export>>> {
+    let Some(export) = exports.find(&req.export) else {
+        send_error(writer, option, REP_ERR_UNKNOWN, "no such export")?;
+        return Ok(None);
+    };
+    let mut out = Vec::new();
+    let flags = transmission_flags(&export, st);
+    out.extend(codec::encode_option_reply(
+        option,
+        REP_INFO,
+        &codec::info_export(export.size_bytes(), flags),
+    ));
+    let mut seen = [false; 4];
+    for &t in &req.info_types {
+        let Some(slot) = seen.get_mut(usize::from(t)) else {
+            continue; // unknown information types are ignored
+        };
+        if std::mem::replace(slot, true) {
+            continue;
+        }
+        let payload = match t {
+            INFO_NAME => codec::info_string(INFO_NAME, &export.name),
+            INFO_DESCRIPTION => codec::info_string(INFO_DESCRIPTION, &export.description),
+            INFO_BLOCK_SIZE => codec::info_block_size(
+                export.min_block_bytes,
+                export.backend.preferred_block_bytes().max(512),
+                MAX_PAYLOAD_BYTES,
+            ),
+            _ => continue, // INFO_EXPORT is always sent above
+        };
+        out.extend(codec::encode_option_reply(option, REP_INFO, &payload));
+    }
+    out.extend(codec::encode_option_reply(option, REP_ACK, &[]));
+    send(writer, &out)?;
+    Ok(Some(export))
+}
+
+/// LIST_META_CONTEXT (`set == false`) and SET_META_CONTEXT.
+fn answer_meta(
+    writer: &mut dyn Write,
+    option: u32,
+    q: &MetaQuery,
+    exports: &ExportSet,
+    st: &mut State,
+    set: bool,
+) -> io::Result<()> {
+    if set {
+        st.meta_export = None;
+    }
+    if !st.structured {
+        return send_error(
+            writer,
+            option,
+            REP_ERR_INVALID,
+            "negotiate structured replies first",
+        );
+    }
+    if exports.find(&q.export).is_none() {
+        return send_error(writer, option, REP_ERR_UNKNOWN, "no such export");
+    }
+    let matches = if set {
+        q.queries.iter().any(|s| s == CONTEXT_BASE_ALLOCATION)
+    } else {
+        q.queries.is_empty()
+            || q.queries
+                .iter()
+                .any(|s| s == "base:" || s == CONTEXT_BASE_ALLOCATION)
+    };
+    let mut out = Vec::new();
+    if matches {
+        let id = if set { CONTEXT_ID_BASE_ALLOCATION } else { 0 };
+        let mut d = Vec::new();
+        d.extend_from_slice(&id.to_be_bytes());
+        d.extend_from_slice(CONTEXT_BASE_ALLOCATION.as_bytes());
+        out.extend(codec::encode_option_reply(option, REP_META_CONTEXT, &d));
+        if set {
+            st.meta_export = Some(q.export.clone());
+        }
+    }
+    out.extend(codec::encode_option_reply(option, REP_ACK, &[]));
+    send(writer, &out)
+}
+
+fn send(writer: &mut dyn Write, bytes: &[u8]) -> io::Result<()> {
+    writer.write_all(bytes)?;
+    writer.flush()
+}
+
+fn send_error(writer: &mut dyn Write, option: u32, rep: u32, msg: &str) -> io::Result<()> {
+    send(
+        writer,
+        &codec::encode_option_reply(option, rep, msg.as_bytes()),
+    )
+}
+
+/// Reads and drops `n` bytes with a small fixed buffer.
+fn discard(reader: &mut dyn Read, n: u64) -> io::Result<()> {
+    let copied = io::copy(&mut reader.take(n), &mut io::sink())?;
+    if copied < n {
+        return Err(io::ErrorKind::UnexpectedEof.into());
+    }
+    Ok(())
+}
