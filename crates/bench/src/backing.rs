@@ -1,0 +1,349 @@
+//! Backings: a loop device over a file in /dev/shm (`ram`), a loop device
+//! with direct I/O over a file on disk (`disk`), or a user-given device or
+//! file. Also ext4 mounts on a backing for the kernel's filesystem baselines.
+//!
+//! Every loop device, backing file and mount is owned by a guard registered
+//! in [`crate::cleanup`] before it exists, so it is torn down on success, on
+//! error and on Ctrl-C.
+
+use std::fs::{File, OpenOptions};
+use std::io::{Seek, SeekFrom, Write};
+use std::os::unix::fs::FileTypeExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::cleanup::{self, Action, Cleanup};
+use crate::error::{io_err, BenchError, Result};
+
+/// Which backing to benchmark on.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum BackingKind {
+    /// Loop device over a file in /dev/shm: a fast device (the seed's ramdisk).
+    Ram,
+    /// Loop device with `--direct-io=on` over a file on disk.
+    Disk,
+    /// A block device or regular file the user named (its content is destroyed).
+    Device(PathBuf),
+}
+
+impl BackingKind {
+    /// Short name used in tables, JSON and plot file names.
+    pub fn name(&self) -> &'static str {
+        match self {
+            BackingKind::Ram => "ram",
+            BackingKind::Disk => "disk",
+            BackingKind::Device(_) => "device",
+        }
+    }
+}
+
+impl std::str::FromStr for BackingKind {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "ram" => Ok(Self::Ram),
+            "disk" => Ok(Self::Disk),
+            _ => Err(format!(
+                "unknown backing {s:?} (ram or disk; or use --device PATH)"
+            )),
+        }
+    }
+}
+
+/// Where to put backing files and how big they are.
+#[derive(Clone, Debug)]
+pub struct BackingConfig {
+    pub size_bytes: u64,
+    /// Directory of the `disk` backing file (default /var/tmp).
+    pub disk_dir: PathBuf,
+    /// Directory of the `ram` backing file (default /dev/shm).
+    pub ram_dir: PathBuf,
+}
+
+impl Default for BackingConfig {
+    fn default() -> Self {
+        Self {
+            size_bytes: 1 << 30,
+            disk_dir: PathBuf::from("/var/tmp"),
+            ram_dir: PathBuf::from("/dev/shm"),
+        }
+    }
+}
+
+static SEQ: AtomicU64 = AtomicU64::new(0);
+
+fn unique(prefix: &str) -> String {
+    format!(
+        "{prefix}-{}-{}",
+        std::process::id(),
+        SEQ.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// A set-up backing. Dropping it detaches the loop device and removes the
+/// backing file.
+#[derive(Debug)]
+pub struct Backing {
+    pub kind: BackingKind,
+    /// The path both jbdev and the kernel baselines use: the loop device,
+    /// or the user's device or file.
+    pub path: PathBuf,
+    pub is_block_device: bool,
+    pub size_bytes: u64,
+    /// Human-readable description for the report.
+    pub description: String,
+    // Field order is drop order: detach the loop device before removing the file.
+    _loop: Option<Cleanup>,
+    _file: Option<Cleanup>,
+}
+
+impl Backing {
+    /// Sets up a backing (needs root for `ram` and `disk`).
+    pub fn setup(kind: &BackingKind, cfg: &BackingConfig) -> Result<Backing> {
+        match kind {
+            BackingKind::Ram => Self::setup_loop(kind, &cfg.ram_dir, cfg.size_bytes, false),
+            BackingKind::Disk => Self::setup_loop(kind, &cfg.disk_dir, cfg.size_bytes, true),
+            BackingKind::Device(p) => Self::use_device(p),
+        }
+    }
+
+    fn setup_loop(
+        kind: &BackingKind,
+        dir: &Path,
+        size_bytes: u64,
+        direct: bool,
+    ) -> Result<Backing> {
+        check_tool("losetup")?;
+        let file = dir.join(format!("{}.img", unique("jbdev-bench")));
+        // Registered before creation (see the module invariant in cleanup.rs).
+        let file_guard = Cleanup::register(Action::RemoveFile(file.clone()));
+        fill_file(&file, size_bytes, kind == &BackingKind::Ram)?;
+        let loop_guard = Cleanup::register(Action::DetachLoopsOf(file.clone()));
+        let mut cmd = Command::new("losetup");
+        cmd.arg("--find").arg("--show");
+        if direct {
+            cmd.arg("--direct-io=on");
+        }
+        cmd.arg(&file);
+        let out = run(cmd)?;
+        let dev = PathBuf::from(out.trim());
+        if !dev.starts_with("/dev/") {
+            return Err(BenchError::Setup(format!(
+                "losetup printed {out:?} instead of a device path"
+            )));
+        }
+        let dio = read_loop_dio(&dev);
+        if direct && dio != Some(true) {
+            tracing::warn!(
+                "{}: the loop driver did not enable direct I/O over {}; figures include the host page cache",
+                dev.display(),
+                file.display()
+            );
+        }
+        let description = format!(
+            "{} over {} ({} MiB, loop direct-io {})",
+            dev.display(),
+            file.display(),
+            size_bytes >> 20,
+            match dio {
+                Some(true) => "on",
+                Some(false) => "off",
+                None => "unknown",
+            }
+        );
+        Ok(Backing {
+            kind: kind.clone(),
+            path: dev,
+            is_block_device: true,
+            size_bytes,
+            description,
+            _loop: Some(loop_guard),
+            _file: Some(file_guard),
+        })
+    }
+
+    fn use_device(path: &Path) -> Result<Backing> {
+        let meta = std::fs::metadata(path).map_err(io_err(format!("stat {}", path.display())))?;
+        let is_block_device = meta.file_type().is_block_device();
+        if !is_block_device && !meta.is_file() {
+            return Err(BenchError::InvalidArgument(format!(
+                "{} is neither a block device nor a regular file",
+                path.display()
+            )));
+        }
+        let canon =
+            std::fs::canonicalize(path).map_err(io_err(format!("resolve {}", path.display())))?;
+        if is_block_device && device_is_mounted(&canon) {
+            return Err(BenchError::InvalidArgument(format!(
+                "{} is mounted; refusing to overwrite it",
+                canon.display()
+            )));
+        }
+        let mut f = File::open(path).map_err(io_err(format!("open {}", path.display())))?;
+        let size_bytes = f
+            .seek(SeekFrom::End(0))
+            .map_err(io_err(format!("size of {}", path.display())))?;
+        Ok(Backing {
+            kind: BackingKind::Device(path.to_path_buf()),
+            path: path.to_path_buf(),
+            is_block_device,
+            size_bytes,
+            description: format!(
+                "{} ({}, {} MiB; content destroyed)",
+                path.display(),
+                if is_block_device {
+                    "block device"
+                } else {
+                    "regular file"
+                },
+                size_bytes >> 20
+            ),
+            _loop: None,
+            _file: None,
+        })
+    }
+
+    /// Short name ("ram", "disk", "device").
+    pub fn name(&self) -> &'static str {
+        self.kind.name()
+    }
+
+    /// True if an ext4 filesystem can be made and mounted on this backing
+    /// (block devices only: a regular file would need another loop device,
+    /// which would no longer be the same backing).
+    pub fn can_mount(&self) -> bool {
+        self.is_block_device && tool_exists("mkfs.ext4") && tool_exists("mount")
+    }
+
+    /// Makes a fresh ext4 on the backing and mounts it. Everything on the
+    /// backing is lost.
+    pub fn mount_ext4(&self) -> Result<Ext4Mount> {
+        if !self.can_mount() {
+            return Err(BenchError::Setup(format!(
+                "cannot mount ext4 on {} (needs a block device, mkfs.ext4 and mount)",
+                self.path.display()
+            )));
+        }
+        let mut mkfs = Command::new("mkfs.ext4");
+        // No lazy init: ext4lazyinit would write inode tables in the
+        // background during the measurement.
+        mkfs.args([
+            "-F",
+            "-q",
+            "-E",
+            "lazy_itable_init=0,lazy_journal_init=0,nodiscard",
+        ])
+        .arg(&self.path);
+        run(mkfs)?;
+        let dir = std::env::temp_dir().join(unique("jbdev-bench-mnt"));
+        let guard = Cleanup::register(Action::Unmount(dir.clone()));
+        std::fs::create_dir(&dir).map_err(io_err(format!("mkdir {}", dir.display())))?;
+        let mut mount = Command::new("mount");
+        mount.arg("-t").arg("ext4").arg(&self.path).arg(&dir);
+        run(mount)?;
+        Ok(Ext4Mount { dir, _guard: guard })
+    }
+}
+
+/// A mounted ext4; dropping it unmounts and removes the mount point.
+#[derive(Debug)]
+pub struct Ext4Mount {
+    pub dir: PathBuf,
+    _guard: Cleanup,
+}
+
+/// Creates `path` with `size_bytes` of real (allocated) blocks, so that
+/// neither jbdev nor the kernel pays for block allocation in the host
+/// filesystem during the measurement.
+fn fill_file(path: &Path, size_bytes: u64, ram: bool) -> Result<()> {
+    let mut f = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(path)
+        .map_err(io_err(format!("create {}", path.display())))?;
+    if ram {
+        // tmpfs: fallocate allocates the pages without writing them.
+        drop(f);
+        let mut cmd = Command::new("fallocate");
+        cmd.arg("-l").arg(size_bytes.to_string()).arg(path);
+        run(cmd)?;
+        return Ok(());
+    }
+    let chunk = vec![0u8; 1 << 20];
+    let mut left = size_bytes;
+    while left > 0 {
+        if cleanup::stop_requested() {
+            return Err(BenchError::Interrupted);
+        }
+        let n = left.min(chunk.len() as u64) as usize;
+        f.write_all(&chunk[..n])
+            .map_err(io_err(format!("fill {}", path.display())))?;
+        left -= n as u64;
+    }
+    f.sync_all()
+        .map_err(io_err(format!("fsync {}", path.display())))
+}
+
+fn read_loop_dio(dev: &Path) -> Option<bool> {
+    let name = dev.file_name()?.to_str()?;
+    let s = std::fs::read_to_string(format!("/sys/block/{name}/loop/dio")).ok()?;
+    Some(s.trim() == "1")
+}
+
+fn device_is_mounted(dev: &Path) -> bool {
+    let Ok(mounts) = std::fs::read_to_string("/proc/self/mounts") else {
+        return false;
+    };
+    let want = dev.to_string_lossy();
+    mounts
+        .lines()
+        .any(|l| l.split_whitespace().next() == Some(want.as_ref()))
+}
+
+/// True if `tool` is on PATH (or an absolute path that exists).
+pub fn tool_exists(tool: &str) -> bool {
+    if tool.contains('/') {
+        return Path::new(tool).exists();
+    }
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .chain(["/sbin", "/usr/sbin"].iter().map(PathBuf::from))
+        .any(|d| d.join(tool).is_file())
+}
+
+fn check_tool(tool: &str) -> Result<()> {
+    if tool_exists(tool) {
+        Ok(())
+    } else {
+        Err(BenchError::Setup(format!(
+            "{tool} not found (Debian package util-linux/e2fsprogs); use --device PATH instead"
+        )))
+    }
+}
+
+/// Runs a command, returning its stdout, or a [`BenchError::Command`].
+pub(crate) fn run(mut cmd: Command) -> Result<String> {
+    let shown = format!("{cmd:?}").replace('"', "");
+    let out = cmd.output().map_err(io_err(format!("run {shown}")))?;
+    if !out.status.success() {
+        return Err(BenchError::Command {
+            cmd: shown,
+            status: out.status.to_string(),
+            stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+        });
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// True when loop devices can be set up here (root and losetup present).
+pub fn loop_devices_available() -> bool {
+    tool_exists("losetup")
+        && Path::new("/dev/loop-control").exists()
+        && std::fs::read_to_string("/proc/self/status")
+            .map(|s| {
+                s.lines()
+                    .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0"))
+            })
+            .unwrap_or(false)
+}

@@ -1,0 +1,178 @@
+//! Teardown of everything the benchmark sets up (loop devices, mounts,
+//! backing files), on every exit path.
+//!
+//! Invariant: every resource is registered here *before* it is created
+//! (registration names it by a path the benchmark chose, not by a handle the
+//! kernel returns), so there is no window in which a signal could leave an
+//! unregistered loop device or mount behind. Normal and error paths release
+//! resources through guards ([`Cleanup`]) whose `Drop` runs the action; a
+//! signal sets [`stop_requested`] so load loops end and the guards unwind,
+//! and if that takes too long (or a second signal arrives) the handler
+//! thread runs every registered action itself and exits.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Once;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+
+/// Set once SIGINT/SIGTERM arrived; load loops poll it.
+static STOP: AtomicBool = AtomicBool::new(false);
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+/// Registered teardown actions, in creation order (undone in reverse).
+static REGISTRY: Mutex<Vec<(u64, Action)>> = Mutex::new(Vec::new());
+static HANDLER: Once = Once::new();
+
+/// How long a first signal waits for the normal unwinding before forcing
+/// the teardown.
+const GRACE_PERIOD: Duration = Duration::from_secs(10);
+
+/// True once the user asked to stop (Ctrl-C or SIGTERM).
+pub fn stop_requested() -> bool {
+    STOP.load(Ordering::Relaxed)
+}
+
+/// One teardown step.
+#[derive(Clone, Debug)]
+pub(crate) enum Action {
+    /// `umount` the directory (lazily if busy), then remove it.
+    Unmount(PathBuf),
+    /// Detach every loop device whose backing file is this path.
+    DetachLoopsOf(PathBuf),
+    /// Remove a file.
+    RemoveFile(PathBuf),
+}
+
+impl Action {
+    fn perform(&self) {
+        match self {
+            Action::Unmount(dir) => {
+                if is_mounted(dir) {
+                    let ok = run_quiet("umount", &[dir.as_os_str()]);
+                    if !ok {
+                        // Busy (a worker still holds a file): detach now, the
+                        // kernel finishes the unmount when the last user goes.
+                        run_quiet("umount", &["-l".as_ref(), dir.as_os_str()]);
+                    }
+                }
+                let _ = std::fs::remove_dir(dir);
+            }
+            Action::DetachLoopsOf(file) => {
+                for dev in loops_of(file) {
+                    if !run_quiet("losetup", &["-d".as_ref(), dev.as_os_str()]) {
+                        eprintln!("jbdev bench: could not detach {}", dev.display());
+                    }
+                }
+            }
+            Action::RemoveFile(path) => {
+                let _ = std::fs::remove_file(path);
+            }
+        }
+    }
+}
+
+fn run_quiet(cmd: &str, args: &[&std::ffi::OsStr]) -> bool {
+    Command::new(cmd)
+        .args(args)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false)
+}
+
+/// True if `dir` is a mount point (per /proc/self/mounts).
+pub(crate) fn is_mounted(dir: &Path) -> bool {
+    let Ok(mounts) = std::fs::read_to_string("/proc/self/mounts") else {
+        return false;
+    };
+    let want = dir.to_string_lossy();
+    mounts
+        .lines()
+        .any(|l| l.split_whitespace().nth(1) == Some(want.as_ref()))
+}
+
+/// Loop devices attached to `file` (`losetup -j FILE`).
+pub(crate) fn loops_of(file: &Path) -> Vec<PathBuf> {
+    let Ok(out) = Command::new("losetup").arg("-j").arg(file).output() else {
+        return Vec::new();
+    };
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.split(':').next())
+        .filter(|d| d.starts_with("/dev/"))
+        .map(PathBuf::from)
+        .collect()
+}
+
+/// A registered teardown action, performed when the guard drops.
+#[derive(Debug)]
+pub(crate) struct Cleanup {
+    id: u64,
+}
+
+impl Cleanup {
+    /// Registers `action`; call this *before* creating the resource.
+    pub(crate) fn register(action: Action) -> Cleanup {
+        let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
+        REGISTRY.lock().push((id, action));
+        Cleanup { id }
+    }
+}
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        let action = {
+            let mut reg = REGISTRY.lock();
+            let pos = reg.iter().position(|(id, _)| *id == self.id);
+            pos.map(|p| reg.remove(p).1)
+        };
+        // Already gone if the signal handler forced the teardown.
+        if let Some(a) = action {
+            a.perform();
+        }
+    }
+}
+
+/// Performs every registered action, newest first.
+fn force_teardown() {
+    loop {
+        let next = REGISTRY.lock().pop();
+        match next {
+            Some((_, a)) => a.perform(),
+            None => break,
+        }
+    }
+}
+
+/// Installs the SIGINT/SIGTERM handler (idempotent). The first signal asks
+/// the load to stop and lets the guards unwind; a second one, or the grace
+/// period running out, tears everything down from the handler thread and
+/// exits with status 130.
+pub fn install_signal_handler() {
+    HANDLER.call_once(|| {
+        let res = ctrlc::set_handler(|| {
+            if STOP.swap(true, Ordering::SeqCst) {
+                eprintln!("jbdev bench: second signal, tearing down now");
+                force_teardown();
+                std::process::exit(130);
+            }
+            eprintln!("jbdev bench: stopping; tearing down loop devices and mounts");
+            std::thread::spawn(|| {
+                std::thread::sleep(GRACE_PERIOD);
+                force_teardown();
+                std::process::exit(130);
+            });
+        });
+        if let Err(e) = res {
+            tracing::warn!("cannot install the Ctrl-C handler ({e}); an interrupted run may leave loop devices behind");
+        }
+    });
+}
+
+/// Number of registered (not yet torn down) resources; for tests.
+pub fn registered_count() -> usize {
+    REGISTRY.lock().len()
+}

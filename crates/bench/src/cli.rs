@@ -1,0 +1,224 @@
+//! Command-line arguments of `jbdev bench` (clap), shared with the CLI crate.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use jbdev_device::Backend;
+use jbdev_volume::BatchPolicy;
+
+use crate::backing::BackingKind;
+
+/// `jbdev bench <scenario>`.
+#[derive(clap::Subcommand, Clone, Debug)]
+pub enum BenchCommand {
+    /// N threads each writing 4 KiB with FUA (ops/s, latency percentiles);
+    /// `--baseline kernel` runs O_DIRECT|O_SYNC pwrite on the same backing.
+    SyncWriters(SyncWritersArgs),
+    /// Seeds 000/001: T threads each rewriting its own 64 KiB region
+    /// synchronously; MB/s, per-second series, latency.
+    OsyncWriters(OsyncArgs),
+    /// Seed 003: 4 KiB write + sync at 1..32 threads for each batching
+    /// policy, the kernel's O_DIRECT|O_SYNC path and fs_mark on ext4.
+    FsyncBatch(FsyncBatchArgs),
+    /// Seed 002: 4 KiB random 50/50 read/write, threads × queue depth.
+    MixedIops(MixedArgs),
+    /// Seed 004: 1 MiB read latency under a streaming writer, and sync-write
+    /// throughput under a streaming reader.
+    ReadLatency(ReadLatencyArgs),
+    /// Every scenario above with its defaults (`--quick`: under 3 minutes).
+    All(AllArgs),
+}
+
+/// Options every scenario takes.
+#[derive(clap::Args, Clone, Debug)]
+pub struct CommonArgs {
+    /// Backings, comma separated: ram (loop over /dev/shm), disk (loop with
+    /// direct-io over a file in --backing-dir).
+    #[arg(long, value_delimiter = ',', default_value = "ram,disk")]
+    pub backing: Vec<BackingKind>,
+    /// Benchmark this block device or file instead. ITS CONTENT IS DESTROYED.
+    #[arg(long, value_name = "PATH")]
+    pub device: Option<PathBuf>,
+    /// Size of the backing file of ram/disk.
+    #[arg(long, default_value = "1G", value_parser = parse_size)]
+    pub backing_size: u64,
+    /// Directory of the disk backing file.
+    #[arg(long, default_value = "/var/tmp")]
+    pub backing_dir: PathBuf,
+    /// Seconds per measured run (default 3; 1 with --quick).
+    #[arg(long, value_name = "SECS")]
+    pub duration: Option<f64>,
+    /// Fewer points, samples and seconds.
+    #[arg(long)]
+    pub quick: bool,
+    /// Write every figure as JSON here.
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
+    /// Directory of the SVG and PNG plots.
+    #[arg(long, default_value = "bench-results")]
+    pub plot_dir: PathBuf,
+    /// Do not draw plots.
+    #[arg(long)]
+    pub no_plots: bool,
+    /// Journal size of the volume under test (K/M/G suffix); default: the engine's.
+    #[arg(long, value_parser = parse_size)]
+    pub journal_size: Option<u64>,
+    /// Device backend of the volume under test: auto, uring or pread.
+    #[arg(long, default_value = "auto")]
+    pub backend: Backend,
+    /// Upper bound of adaptive batching, in microseconds (default: the engine's 15 ms).
+    #[arg(long)]
+    pub max_batch_us: Option<u64>,
+    /// No progress bar.
+    #[arg(long)]
+    pub no_progress: bool,
+}
+
+impl CommonArgs {
+    /// Seconds per measured run.
+    pub fn run_duration(&self) -> Duration {
+        Duration::from_secs_f64(
+            self.duration
+                .unwrap_or(if self.quick { 1.0 } else { 3.0 })
+                .clamp(0.05, 3600.0),
+        )
+    }
+}
+
+/// `--baseline`.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Baseline {
+    /// O_DIRECT|O_SYNC pwrite on the same backing.
+    Kernel,
+    /// jbdev only.
+    None,
+}
+
+#[derive(clap::Args, Clone, Debug)]
+pub struct SyncWritersArgs {
+    #[command(flatten)]
+    pub common: CommonArgs,
+    /// Thread counts, comma separated.
+    #[arg(long, value_delimiter = ',', default_value = "1,32")]
+    pub threads: Vec<usize>,
+    #[arg(long, value_enum, default_value = "kernel")]
+    pub baseline: Baseline,
+    /// Batching policy: none, fixed:<us>, adaptive.
+    #[arg(long, default_value = "adaptive")]
+    pub policy: BatchPolicy,
+    /// Bytes per write.
+    #[arg(long, default_value = "4K", value_parser = parse_size)]
+    pub block_size: u64,
+}
+
+#[derive(clap::Args, Clone, Debug)]
+pub struct OsyncArgs {
+    #[command(flatten)]
+    pub common: CommonArgs,
+    #[arg(long, default_value_t = 64)]
+    pub threads: usize,
+    /// Each thread's region, rewritten whole by every write.
+    #[arg(long, default_value = "64K", value_parser = parse_size)]
+    pub region_size: u64,
+    #[arg(long, default_value = "adaptive")]
+    pub policy: BatchPolicy,
+}
+
+#[derive(clap::Args, Clone, Debug)]
+pub struct FsyncBatchArgs {
+    #[command(flatten)]
+    pub common: CommonArgs,
+    /// Thread counts (default 1,2,4,8,16,32; with --quick 1,4,32).
+    #[arg(long, value_delimiter = ',')]
+    pub threads: Option<Vec<usize>>,
+    /// Batching policies to compare.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "none,fixed:1000,adaptive"
+    )]
+    pub policies: Vec<BatchPolicy>,
+    /// Skip the fs_mark reference on ext4.
+    #[arg(long)]
+    pub no_fs_mark: bool,
+}
+
+#[derive(clap::Args, Clone, Debug)]
+pub struct MixedArgs {
+    #[command(flatten)]
+    pub common: CommonArgs,
+    #[arg(long, default_value_t = 4)]
+    pub threads: usize,
+    #[arg(long, default_value_t = 8)]
+    pub iodepth: usize,
+    #[arg(long, default_value_t = 50)]
+    pub read_percent: u32,
+    /// Range the random offsets fall in.
+    #[arg(long, default_value = "128M", value_parser = parse_size)]
+    pub working_set: u64,
+    #[arg(long, default_value = "adaptive")]
+    pub policy: BatchPolicy,
+}
+
+#[derive(clap::Args, Clone, Debug)]
+pub struct ReadLatencyArgs {
+    #[command(flatten)]
+    pub common: CommonArgs,
+    /// Reads per phase (default 20; 8 with --quick; the seed took 90).
+    #[arg(long)]
+    pub samples: Option<usize>,
+    /// Milliseconds between reads.
+    #[arg(long, default_value_t = 500)]
+    pub interval_ms: u64,
+    /// Bytes per streaming write.
+    #[arg(long, default_value = "512K", value_parser = parse_size)]
+    pub write_size: u64,
+    /// Threads of the sync-write half.
+    #[arg(long, default_value_t = 4)]
+    pub sync_threads: usize,
+    #[arg(long, default_value = "adaptive")]
+    pub policy: BatchPolicy,
+}
+
+#[derive(clap::Args, Clone, Debug)]
+pub struct AllArgs {
+    #[command(flatten)]
+    pub common: CommonArgs,
+}
+
+/// Parses "4096", "4K", "64M", "1G" (binary units).
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let s = s.trim();
+    let (num, mult) = match s.char_indices().last() {
+        Some((i, c)) if c.is_ascii_alphabetic() => {
+            let m: u64 = match c.to_ascii_uppercase() {
+                'K' => 1 << 10,
+                'M' => 1 << 20,
+                'G' => 1 << 30,
+                'T' => 1 << 40,
+                _ => return Err(format!("bad size suffix in {s:?} (K, M, G, T)")),
+            };
+            (&s[..i], m)
+        }
+        _ => (s, 1),
+    };
+    let n: u64 = num.parse().map_err(|_| format!("bad size {s:?}"))?;
+    n.checked_mul(mult)
+        .ok_or_else(|| format!("size {s:?} overflows"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_parse() {
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert_eq!(parse_size("4K"), Ok(4096));
+        assert_eq!(parse_size("64m"), Ok(64 << 20));
+        assert_eq!(parse_size("1G"), Ok(1 << 30));
+        assert!(parse_size("1X").is_err());
+        assert!(parse_size("").is_err());
+        assert!(parse_size("99999999999T").is_err());
+    }
+}

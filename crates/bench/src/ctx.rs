@@ -1,0 +1,153 @@
+//! What every scenario needs: the backing, run-wide settings, the progress
+//! bar, and helpers to open the two sides (jbdev and the kernel) on it.
+
+use std::fs::File;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::Path;
+use std::time::Duration;
+
+use jbdev_device::Backend;
+use jbdev_volume::{BatchPolicy, FormatOptions, OpenOptions, Volume};
+
+use crate::backing::Backing;
+use crate::error::{io_err, Result};
+use crate::load::LoadSpec;
+use crate::progress::Progress;
+
+/// Settings shared by every scenario of a run.
+#[derive(Clone, Debug)]
+pub struct RunConfig {
+    /// Length of one measured run.
+    pub duration: Duration,
+    /// `--quick`: fewer points and samples.
+    pub quick: bool,
+    /// Journal size given to `jbdev format` (None: the engine's default).
+    pub journal_bytes: Option<u64>,
+    /// Device backend of the volume under test.
+    pub backend: Backend,
+    /// Upper bound of adaptive batching (None: the engine's default).
+    pub max_batch: Option<Duration>,
+    /// Bound on operations per thread per run (every load loop is bounded).
+    pub max_ops_per_thread: u64,
+}
+
+impl Default for RunConfig {
+    fn default() -> Self {
+        Self {
+            duration: Duration::from_secs(3),
+            quick: false,
+            journal_bytes: None,
+            backend: Backend::Auto,
+            max_batch: None,
+            max_ops_per_thread: 50_000_000,
+        }
+    }
+}
+
+/// A scenario's view of the world.
+pub struct Ctx<'a> {
+    pub backing: &'a Backing,
+    pub cfg: &'a RunConfig,
+    pub progress: &'a Progress,
+}
+
+impl Ctx<'_> {
+    /// A load of `threads` threads for the configured duration.
+    pub fn spec(&self, threads: usize) -> LoadSpec {
+        LoadSpec {
+            threads,
+            duration: self.cfg.duration,
+            max_ops_per_thread: self.cfg.max_ops_per_thread,
+        }
+    }
+
+    /// Size of the jbdev volume on this backing. The journal (internal) and
+    /// the superblocks must fit beside it; an eighth of the remainder is
+    /// left as slack so the figure does not depend on the engine's exact
+    /// layout. Kernel baselines use the same first `volume_bytes` of the
+    /// device, so both sides touch the same byte ranges.
+    pub fn volume_bytes(&self) -> u64 {
+        let journal = self.cfg.journal_bytes.unwrap_or(64 << 20);
+        let usable = self.backing.size_bytes.saturating_sub(journal);
+        (usable / 8 * 7) & !((1u64 << 20) - 1)
+    }
+
+    fn open_options(&self, policy: BatchPolicy) -> OpenOptions {
+        let mut o = OpenOptions {
+            backend: self.cfg.backend,
+            direct_io: true,
+            batch_policy: policy,
+            ..OpenOptions::default()
+        };
+        if let Some(m) = self.cfg.max_batch {
+            o.max_batch = m;
+        }
+        o
+    }
+
+    /// Formats a fresh volume on the backing (destroying what the kernel
+    /// baselines left) and opens it with `policy`.
+    pub fn create_volume(&self, policy: BatchPolicy) -> Result<Volume> {
+        let mut f = FormatOptions::new(self.volume_bytes());
+        f.journal_bytes = self.cfg.journal_bytes;
+        Ok(Volume::create(
+            &self.backing.path,
+            &f,
+            &self.open_options(policy),
+        )?)
+    }
+
+    /// Reopens the volume with another batching policy.
+    pub fn open_volume(&self, policy: BatchPolicy) -> Result<Volume> {
+        Ok(Volume::open(
+            &self.backing.path,
+            &self.open_options(policy),
+        )?)
+    }
+}
+
+/// Opens the raw backing for the kernel's own path: `O_DIRECT`, plus
+/// `O_SYNC` when `sync`. Falls back to buffered I/O only where the file
+/// system refuses `O_DIRECT` (noted in the returned flag).
+pub fn open_kernel(path: &Path, sync: bool) -> Result<(File, bool)> {
+    let open = |direct: bool| {
+        let mut flags = if sync { libc::O_SYNC } else { 0 };
+        if direct {
+            flags |= libc::O_DIRECT;
+        }
+        std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .custom_flags(flags)
+            .open(path)
+    };
+    match open(true) {
+        Ok(f) => Ok((f, true)),
+        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+            let f = open(false).map_err(io_err(format!("open {}", path.display())))?;
+            Ok((f, false))
+        }
+        Err(e) => Err(io_err(format!("open {}", path.display()))(e)),
+    }
+}
+
+/// A buffer of `len` bytes of non-zero, thread-specific content (so no
+/// layer can short-cut zero blocks), aligned for O_DIRECT.
+pub fn pattern_buf(len: usize, seed: u64) -> jbdev_device::AlignedBuf {
+    let mut b = jbdev_device::AlignedBuf::zeroed(len);
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    for chunk in b.chunks_mut(8) {
+        // xorshift64: cheap, deterministic, never zero.
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let bytes = x.to_le_bytes();
+        chunk.copy_from_slice(&bytes[..chunk.len()]);
+    }
+    b
+}
+
+/// The volume's metrics as JSON (for the report).
+pub fn stats_json(vol: &Volume) -> Option<serde_json::Value> {
+    serde_json::to_value(vol.stats()).ok()
+}

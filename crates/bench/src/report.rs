@@ -1,0 +1,460 @@
+//! Results: the records that go to JSON, the fio-like tables on stdout and
+//! the target checks against the kernel.
+
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use hdrhistogram::Histogram;
+use serde::Serialize;
+
+use crate::load::LoadResult;
+
+/// fio's completion-latency percentile set.
+pub const FIO_PERCENTILES: [f64; 17] = [
+    1.0, 5.0, 10.0, 20.0, 30.0, 40.0, 50.0, 60.0, 70.0, 80.0, 90.0, 95.0, 99.0, 99.5, 99.9, 99.95,
+    99.99,
+];
+
+/// Latency summary of a run, in microseconds.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct LatencySummary {
+    pub samples: u64,
+    pub mean_us: f64,
+    pub min_us: f64,
+    pub max_us: f64,
+    pub p50_us: f64,
+    pub p99_us: f64,
+    /// (percentile, latency_us) at [`FIO_PERCENTILES`].
+    pub percentiles_us: Vec<(f64, f64)>,
+    /// (latency_us, cumulative fraction) points of the CDF, for plots.
+    pub cdf: Vec<(f64, f64)>,
+}
+
+impl LatencySummary {
+    /// From a histogram of nanoseconds.
+    pub fn from_ns(h: &Histogram<u64>) -> LatencySummary {
+        if h.is_empty() {
+            return LatencySummary::default();
+        }
+        let us = |ns: u64| ns as f64 / 1000.0;
+        let mut cdf = Vec::new();
+        // Quantiles spaced evenly in "nines" so the tail is visible.
+        for i in 0..=200 {
+            let q = 1.0 - 10f64.powf(-(i as f64) / 50.0);
+            cdf.push((us(h.value_at_quantile(q)), q));
+        }
+        cdf.push((us(h.max()), 1.0));
+        cdf.dedup_by(|a, b| a.0 == b.0 && a.1 == b.1);
+        LatencySummary {
+            samples: h.len(),
+            mean_us: h.mean() / 1000.0,
+            min_us: us(h.min()),
+            max_us: us(h.max()),
+            p50_us: us(h.value_at_quantile(0.50)),
+            p99_us: us(h.value_at_quantile(0.99)),
+            percentiles_us: FIO_PERCENTILES
+                .iter()
+                .map(|&p| (p, us(h.value_at_quantile(p / 100.0))))
+                .collect(),
+            cdf,
+        }
+    }
+
+    /// From individual samples in microseconds.
+    pub fn from_samples_us(samples: &[f64]) -> LatencySummary {
+        let mut h = Histogram::<u64>::new_with_bounds(1, 120_000_000_000, 3)
+            .expect("static histogram bounds are valid");
+        for s in samples {
+            h.saturating_record((s * 1000.0).max(1.0) as u64);
+        }
+        let mut sum = Self::from_ns(&h);
+        if !samples.is_empty() {
+            // Exact mean, not the histogram's bucketed one.
+            sum.mean_us = samples.iter().sum::<f64>() / samples.len() as f64;
+        }
+        sum
+    }
+}
+
+/// One measured run.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct RunRecord {
+    /// "jbdev", "kernel" or "fs_mark".
+    pub engine: String,
+    /// Policy or path: "adaptive", "O_DIRECT|O_SYNC pwrite", "ext4 fs_mark -S 1".
+    pub variant: String,
+    /// Phase within a scenario ("idle", "loaded", "with-reader", ...); empty if none.
+    pub phase: String,
+    pub threads: usize,
+    pub iodepth: usize,
+    pub block_bytes: u64,
+    pub duration_s: f64,
+    pub ops: u64,
+    pub read_ops: u64,
+    pub write_ops: u64,
+    pub ops_per_sec: f64,
+    pub mib_per_sec: f64,
+    pub latency: LatencySummary,
+    /// ops/s in each second (the vmstat-like series).
+    pub per_second_ops: Vec<u64>,
+    /// MiB/s in each second.
+    pub per_second_mib: Vec<f64>,
+    /// The slowest samples, slowest first, in microseconds (read-latency).
+    pub slowest_us: Vec<f64>,
+    /// The volume's own metrics after the run (jbdev only).
+    pub volume_stats: Option<serde_json::Value>,
+    /// Anything worth knowing about this run.
+    pub note: String,
+}
+
+impl RunRecord {
+    /// A record from a load result.
+    pub fn from_load(
+        engine: &str,
+        variant: &str,
+        threads: usize,
+        iodepth: usize,
+        block_bytes: u64,
+        r: &LoadResult,
+    ) -> RunRecord {
+        let secs = r.elapsed.as_secs_f64().max(1e-9);
+        RunRecord {
+            engine: engine.into(),
+            variant: variant.into(),
+            threads,
+            iodepth,
+            block_bytes,
+            duration_s: r.elapsed.as_secs_f64(),
+            ops: r.ops,
+            read_ops: r.read_ops,
+            write_ops: r.write_ops,
+            ops_per_sec: r.ops as f64 / secs,
+            mib_per_sec: r.bytes as f64 / secs / (1 << 20) as f64,
+            latency: LatencySummary::from_ns(&r.latency_ns),
+            per_second_ops: r.per_second_ops.clone(),
+            per_second_mib: r
+                .per_second_bytes
+                .iter()
+                .map(|b| *b as f64 / (1 << 20) as f64)
+                .collect(),
+            ..Default::default()
+        }
+    }
+
+    /// "jbdev adaptive" etc.
+    pub fn label(&self) -> String {
+        let mut s = format!("{} {}", self.engine, self.variant);
+        if !self.phase.is_empty() {
+            let _ = write!(s, " [{}]", self.phase);
+        }
+        s
+    }
+}
+
+/// A target of the issues, checked on one run.
+#[derive(Clone, Debug, Serialize)]
+pub struct TargetCheck {
+    pub name: String,
+    /// The measured ratio (e.g. jbdev / kernel ops/s).
+    pub ratio: f64,
+    /// ">=" or "<=".
+    pub comparison: String,
+    pub threshold: f64,
+    pub met: bool,
+    /// The figures behind the ratio.
+    pub detail: String,
+}
+
+impl TargetCheck {
+    pub fn at_least(
+        name: impl Into<String>,
+        ratio: f64,
+        threshold: f64,
+        detail: String,
+    ) -> TargetCheck {
+        TargetCheck {
+            name: name.into(),
+            ratio,
+            comparison: ">=".into(),
+            threshold,
+            met: ratio >= threshold,
+            detail,
+        }
+    }
+    pub fn at_most(
+        name: impl Into<String>,
+        ratio: f64,
+        threshold: f64,
+        detail: String,
+    ) -> TargetCheck {
+        TargetCheck {
+            name: name.into(),
+            ratio,
+            comparison: "<=".into(),
+            threshold,
+            met: ratio <= threshold,
+            detail,
+        }
+    }
+}
+
+/// All runs of one scenario on one backing.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct ScenarioReport {
+    pub scenario: String,
+    pub backing: String,
+    pub backing_description: String,
+    pub runs: Vec<RunRecord>,
+    pub targets: Vec<TargetCheck>,
+    pub notes: Vec<String>,
+    /// Plot files written (SVG and PNG).
+    pub plots: Vec<String>,
+}
+
+impl ScenarioReport {
+    pub fn new(scenario: &str, backing: &str, description: &str) -> ScenarioReport {
+        ScenarioReport {
+            scenario: scenario.into(),
+            backing: backing.into(),
+            backing_description: description.into(),
+            ..Default::default()
+        }
+    }
+
+    /// The first run matching engine, variant (prefix) and threads.
+    pub fn find(
+        &self,
+        engine: &str,
+        variant: &str,
+        phase: &str,
+        threads: usize,
+    ) -> Option<&RunRecord> {
+        self.runs.iter().find(|r| {
+            r.engine == engine
+                && r.variant.starts_with(variant)
+                && r.phase == phase
+                && r.threads == threads
+        })
+    }
+}
+
+/// The machine the run was on.
+#[derive(Clone, Debug, Serialize)]
+pub struct Machine {
+    pub kernel: String,
+    pub cpus: usize,
+    pub cpu_model: String,
+    pub memory_mib: u64,
+}
+
+impl Machine {
+    pub fn detect() -> Machine {
+        let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease")
+            .map(|s| s.trim().to_string())
+            .unwrap_or_default();
+        let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+        let cpu_model = cpuinfo
+            .lines()
+            .find(|l| l.starts_with("model name"))
+            .and_then(|l| l.split(':').nth(1))
+            .map(|s| s.trim().to_string())
+            .unwrap_or_default();
+        let memory_mib = std::fs::read_to_string("/proc/meminfo")
+            .ok()
+            .and_then(|m| {
+                m.lines()
+                    .find(|l| l.starts_with("MemTotal:"))
+                    .and_then(|l| l.split_whitespace().nth(1))
+                    .and_then(|kb| kb.parse::<u64>().ok())
+            })
+            .map(|kb| kb / 1024)
+            .unwrap_or(0);
+        Machine {
+            kernel,
+            cpus: std::thread::available_parallelism()
+                .map(|n| n.get())
+                .unwrap_or(1),
+            cpu_model,
+            memory_mib,
+        }
+    }
+}
+
+/// The whole JSON document.
+#[derive(Clone, Debug, Serialize)]
+pub struct Report {
+    pub tool: String,
+    pub started_unix_s: u64,
+    pub machine: Machine,
+    pub quick: bool,
+    pub command: String,
+    pub scenarios: Vec<ScenarioReport>,
+}
+
+fn fmt_rate(v: f64) -> String {
+    if v >= 10_000.0 {
+        format!("{:.1}k", v / 1000.0)
+    } else if v >= 100.0 {
+        format!("{v:.0}")
+    } else {
+        format!("{v:.1}")
+    }
+}
+
+fn fmt_us(v: f64) -> String {
+    if v >= 10_000.0 {
+        format!("{:.1}ms", v / 1000.0)
+    } else {
+        format!("{v:.0}")
+    }
+}
+
+/// Renders a scenario as fio-like text.
+pub fn render_scenario(s: &ScenarioReport, fio_percentiles: bool) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "\n=== {} on {}: {}",
+        s.scenario, s.backing, s.backing_description
+    );
+    let _ = writeln!(
+        out,
+        "{:<44} {:>4} {:>3} {:>9} {:>9} {:>8} {:>8} {:>8} {:>9}",
+        "engine variant [phase]",
+        "thr",
+        "qd",
+        "ops/s",
+        "MiB/s",
+        "mean_us",
+        "p50_us",
+        "p99_us",
+        "p99.9_us"
+    );
+    for r in &s.runs {
+        let p999 = r
+            .latency
+            .percentiles_us
+            .iter()
+            .find(|(p, _)| *p == 99.9)
+            .map(|x| x.1)
+            .unwrap_or(0.0);
+        let _ = writeln!(
+            out,
+            "{:<44} {:>4} {:>3} {:>9} {:>9.1} {:>8} {:>8} {:>8} {:>9}",
+            truncate(&r.label(), 44),
+            r.threads,
+            r.iodepth,
+            fmt_rate(r.ops_per_sec),
+            r.mib_per_sec,
+            fmt_us(r.latency.mean_us),
+            fmt_us(r.latency.p50_us),
+            fmt_us(r.latency.p99_us),
+            fmt_us(p999),
+        );
+    }
+    if fio_percentiles {
+        for r in &s.runs {
+            let _ = writeln!(
+                out,
+                "\n{}: threads={} iodepth={}",
+                r.label(),
+                r.threads,
+                r.iodepth
+            );
+            let _ = writeln!(
+                out,
+                "  read: IOPS={}  write: IOPS={}  total: IOPS={}",
+                fmt_rate(r.read_ops as f64 / r.duration_s.max(1e-9)),
+                fmt_rate(r.write_ops as f64 / r.duration_s.max(1e-9)),
+                fmt_rate(r.ops_per_sec)
+            );
+            let _ = writeln!(out, "    clat percentiles (usec):");
+            for row in r.latency.percentiles_us.chunks(4) {
+                let cells: Vec<String> = row
+                    .iter()
+                    .map(|(p, v)| format!("{p:5.2}th=[{:>6.0}]", v))
+                    .collect();
+                let _ = writeln!(out, "     | {}", cells.join(", "));
+            }
+        }
+    }
+    for r in s.runs.iter().filter(|r| !r.slowest_us.is_empty()) {
+        let top: Vec<String> = r.slowest_us.iter().map(|v| format!("{v:.0}")).collect();
+        let _ = writeln!(
+            out,
+            "{}: {} reads, mean {:.0} us, 10 slowest (us): {}",
+            r.label(),
+            r.latency.samples,
+            r.latency.mean_us,
+            top.join(" ")
+        );
+    }
+    for r in s.runs.iter().filter(|r| !r.note.is_empty()) {
+        let _ = writeln!(out, "note: {}: {}", r.label(), r.note);
+    }
+    for n in &s.notes {
+        let _ = writeln!(out, "note: {n}");
+    }
+    for t in &s.targets {
+        let _ = writeln!(
+            out,
+            "[{}] {}: {:.2}x (target {} {}x) — {}",
+            if t.met { "MET " } else { "MISS" },
+            t.name,
+            t.ratio,
+            t.comparison,
+            t.threshold,
+            t.detail
+        );
+    }
+    out
+}
+
+/// The seed-003 matrix: threads down, policies across, ops/s in the cells.
+pub fn render_matrix(s: &ScenarioReport) -> String {
+    let mut cols: Vec<String> = Vec::new();
+    let mut threads: Vec<usize> = Vec::new();
+    for r in &s.runs {
+        let c = format!("{} {}", r.engine, r.variant);
+        if !cols.contains(&c) {
+            cols.push(c);
+        }
+        if !threads.contains(&r.threads) {
+            threads.push(r.threads);
+        }
+    }
+    threads.sort_unstable();
+    let mut out = String::new();
+    let _ = write!(out, "\nops/s ({}):\n{:>7}", s.backing, "threads");
+    for c in &cols {
+        let _ = write!(out, " {:>22}", truncate(c, 22));
+    }
+    let _ = writeln!(out);
+    for t in threads {
+        let _ = write!(out, "{t:>7}");
+        for c in &cols {
+            let v = s
+                .runs
+                .iter()
+                .find(|r| r.threads == t && format!("{} {}", r.engine, r.variant) == *c)
+                .map(|r| fmt_rate(r.ops_per_sec))
+                .unwrap_or_else(|| "-".into());
+            let _ = write!(out, " {v:>22}");
+        }
+        let _ = writeln!(out);
+    }
+    out
+}
+
+fn truncate(s: &str, n: usize) -> String {
+    if s.chars().count() <= n {
+        s.to_string()
+    } else {
+        s.chars().take(n).collect()
+    }
+}
+
+/// Seconds as a Duration, for config.
+pub fn secs(d: Duration) -> f64 {
+    d.as_secs_f64()
+}

@@ -1,0 +1,539 @@
+//! Synchronous writers: `sync-writers` (issue 2), `osync-writers` (seeds
+//! 000/001) and `fsync-batch` (seed 003).
+//!
+//! Every thread rewrites its own region of the device. The kernel side is
+//! `pwrite` on one shared `O_DIRECT|O_SYNC` descriptor of the raw backing
+//! (exactly the seed-000 test case); the jbdev side is `Volume::write_at`
+//! with FUA (sync-writers, osync-writers) or `write_at` + `flush`
+//! (fsync-batch: "write, then fsync").
+
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use jbdev_volume::{BatchPolicy, Volume, WriteFlags};
+
+use crate::backing::tool_exists;
+use crate::cleanup;
+use crate::ctx::{open_kernel, pattern_buf, stats_json, Ctx};
+use crate::error::{io_err, BenchError, Result};
+use crate::load::{run_load, Op};
+use crate::report::{RunRecord, ScenarioReport, TargetCheck};
+
+/// How a jbdev writer makes its write durable.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SyncMode {
+    /// `write_at(.., WriteFlags::FUA)`.
+    Fua,
+    /// `write_at(.., WriteFlags::NONE)` then `flush()`.
+    WriteFlush,
+}
+
+/// Shape of a synchronous-writer load.
+#[derive(Clone, Copy, Debug)]
+pub struct SyncShape {
+    pub threads: usize,
+    /// Bytes per write.
+    pub block_bytes: usize,
+    /// Bytes of each thread's own region (a multiple of `block_bytes`); the
+    /// thread rewrites its blocks in turn.
+    pub region_bytes: usize,
+}
+
+impl SyncShape {
+    fn offset(&self, thread: usize, seq: u64) -> u64 {
+        let blocks = (self.region_bytes / self.block_bytes).max(1) as u64;
+        (thread * self.region_bytes) as u64 + (seq % blocks) * self.block_bytes as u64
+    }
+}
+
+pub const KERNEL_OSYNC: &str = "O_DIRECT|O_SYNC pwrite";
+
+/// The kernel's O_DIRECT|O_SYNC pwrite on the raw backing.
+pub fn kernel_sync_run(ctx: &Ctx<'_>, shape: SyncShape) -> Result<RunRecord> {
+    ctx.progress.step(format!(
+        "{} kernel {KERNEL_OSYNC} x{}",
+        ctx.backing.name(),
+        shape.threads
+    ));
+    let (file, direct) = open_kernel(&ctx.backing.path, true)?;
+    let file = Arc::new(file);
+    let path = ctx.backing.path.display().to_string();
+    let r = run_load(&ctx.spec(shape.threads), ctx.progress, |i| {
+        let (file, buf, path) = (
+            file.clone(),
+            pattern_buf(shape.block_bytes, i as u64 + 1),
+            path.clone(),
+        );
+        Ok(move |seq: u64| {
+            file.write_all_at(&buf, shape.offset(i, seq))
+                .map_err(io_err(format!("pwrite {path}")))?;
+            Ok(Op::write(buf.len()))
+        })
+    })?;
+    let mut rec = RunRecord::from_load(
+        "kernel",
+        KERNEL_OSYNC,
+        shape.threads,
+        1,
+        shape.block_bytes as u64,
+        &r,
+    );
+    if !direct {
+        rec.note = "O_DIRECT refused by the backing; buffered O_SYNC".into();
+    }
+    Ok(rec)
+}
+
+/// jbdev writers on an open volume.
+pub fn jbdev_sync_run(
+    ctx: &Ctx<'_>,
+    vol: &Volume,
+    policy: BatchPolicy,
+    mode: SyncMode,
+    shape: SyncShape,
+) -> Result<RunRecord> {
+    ctx.progress.step(format!(
+        "{} jbdev {policy} x{}",
+        ctx.backing.name(),
+        shape.threads
+    ));
+    let r = run_load(&ctx.spec(shape.threads), ctx.progress, |i| {
+        let buf = pattern_buf(shape.block_bytes, i as u64 + 1);
+        Ok(move |seq: u64| {
+            let off = shape.offset(i, seq);
+            match mode {
+                SyncMode::Fua => vol.write_at(&buf, off, WriteFlags::FUA)?,
+                SyncMode::WriteFlush => {
+                    vol.write_at(&buf, off, WriteFlags::NONE)?;
+                    vol.flush()?;
+                }
+            }
+            Ok(Op::write(buf.len()))
+        })
+    })?;
+    let mut rec = RunRecord::from_load(
+        "jbdev",
+        &policy.to_string(),
+        shape.threads,
+        1,
+        shape.block_bytes as u64,
+        &r,
+    );
+    rec.volume_stats = stats_json(vol);
+    Ok(rec)
+}
+
+fn check_threads_fit(ctx: &Ctx<'_>, shape: SyncShape) -> Result<()> {
+    let need = (shape.threads * shape.region_bytes) as u64;
+    if need > ctx.volume_bytes() {
+        return Err(BenchError::InvalidArgument(format!(
+            "{} threads x {} bytes do not fit the {}-byte volume; use a larger --backing-size",
+            shape.threads,
+            shape.region_bytes,
+            ctx.volume_bytes()
+        )));
+    }
+    Ok(())
+}
+
+/// Arguments of `sync-writers`.
+#[derive(Clone, Debug)]
+pub struct SyncWritersParams {
+    pub threads: Vec<usize>,
+    pub kernel_baseline: bool,
+    pub policy: BatchPolicy,
+    pub block_bytes: usize,
+}
+
+/// `jbdev bench sync-writers`: N threads × 4 KiB FUA writes.
+pub fn sync_writers(ctx: &Ctx<'_>, p: &SyncWritersParams) -> Result<ScenarioReport> {
+    let mut rep = ScenarioReport::new("sync-writers", ctx.backing.name(), &ctx.backing.description);
+    let shape = |t| SyncShape {
+        threads: t,
+        block_bytes: p.block_bytes,
+        region_bytes: p.block_bytes * 64,
+    };
+    for &t in &p.threads {
+        check_threads_fit(ctx, shape(t))?;
+    }
+    if p.kernel_baseline {
+        for &t in &p.threads {
+            rep.runs.push(kernel_sync_run(ctx, shape(t))?);
+        }
+    }
+    let vol = ctx.create_volume(p.policy)?;
+    for &t in &p.threads {
+        rep.runs.push(jbdev_sync_run(
+            ctx,
+            &vol,
+            p.policy,
+            SyncMode::Fua,
+            shape(t),
+        )?);
+    }
+    vol.close()?;
+    if ctx.backing.name() == "disk" {
+        let pol = p.policy.to_string();
+        if let (Some(k), Some(j)) = (
+            rep.find("kernel", KERNEL_OSYNC, "", 32),
+            rep.find("jbdev", &pol, "", 32),
+        ) {
+            let t = TargetCheck::at_least(
+                "sync-writers disk 32 threads ops/s vs kernel",
+                j.ops_per_sec / k.ops_per_sec.max(1e-9),
+                5.0,
+                format!(
+                    "jbdev {:.0}/s, kernel {:.0}/s",
+                    j.ops_per_sec, k.ops_per_sec
+                ),
+            );
+            rep.targets.push(t);
+        }
+        if let (Some(k), Some(j)) = (
+            rep.find("kernel", KERNEL_OSYNC, "", 1),
+            rep.find("jbdev", &pol, "", 1),
+        ) {
+            rep.targets.push(TargetCheck::at_most(
+                "sync-writers disk 1 thread p50 latency vs kernel",
+                j.latency.p50_us / k.latency.p50_us.max(1e-9),
+                1.1,
+                format!(
+                    "jbdev p50 {:.0} us, kernel p50 {:.0} us",
+                    j.latency.p50_us, k.latency.p50_us
+                ),
+            ));
+        }
+    }
+    Ok(rep)
+}
+
+/// Arguments of `osync-writers`.
+#[derive(Clone, Debug)]
+pub struct OsyncParams {
+    pub threads: usize,
+    pub region_bytes: usize,
+    pub policy: BatchPolicy,
+}
+
+/// `jbdev bench osync-writers`: the seed-000 test case, both sides.
+pub fn osync_writers(ctx: &Ctx<'_>, p: &OsyncParams) -> Result<ScenarioReport> {
+    let mut rep = ScenarioReport::new(
+        "osync-writers",
+        ctx.backing.name(),
+        &ctx.backing.description,
+    );
+    let shape = SyncShape {
+        threads: p.threads,
+        block_bytes: p.region_bytes,
+        region_bytes: p.region_bytes,
+    };
+    check_threads_fit(ctx, shape)?;
+    rep.runs.push(kernel_sync_run(ctx, shape)?);
+    let vol = ctx.create_volume(p.policy)?;
+    rep.runs
+        .push(jbdev_sync_run(ctx, &vol, p.policy, SyncMode::Fua, shape)?);
+    vol.close()?;
+    let (k, j) = (&rep.runs[0], &rep.runs[1]);
+    let threshold = match ctx.backing.name() {
+        "disk" => Some(2.0),
+        "ram" => Some(1.0),
+        _ => None,
+    };
+    if let Some(th) = threshold {
+        let t = TargetCheck::at_least(
+            format!("osync-writers {} MiB/s vs kernel", ctx.backing.name()),
+            j.mib_per_sec / k.mib_per_sec.max(1e-9),
+            th,
+            format!(
+                "jbdev {:.1} MiB/s, kernel {:.1} MiB/s",
+                j.mib_per_sec, k.mib_per_sec
+            ),
+        );
+        rep.targets.push(t);
+    }
+    Ok(rep)
+}
+
+/// Arguments of `fsync-batch`.
+#[derive(Clone, Debug)]
+pub struct FsyncBatchParams {
+    pub threads: Vec<usize>,
+    pub policies: Vec<BatchPolicy>,
+    pub fs_mark: bool,
+}
+
+/// `jbdev bench fsync-batch`: the seed-003 table, threads × policy → ops/s.
+pub fn fsync_batch(ctx: &Ctx<'_>, p: &FsyncBatchParams) -> Result<ScenarioReport> {
+    let mut rep = ScenarioReport::new("fsync-batch", ctx.backing.name(), &ctx.backing.description);
+    let shape = |t| SyncShape {
+        threads: t,
+        block_bytes: 4096,
+        region_bytes: 4096 * 64,
+    };
+    for &t in &p.threads {
+        check_threads_fit(ctx, shape(t))?;
+    }
+    // The kernel writes the raw device, which destroys a volume, so each
+    // side runs as one group: kernel, then fs_mark on ext4, then jbdev.
+    for &t in &p.threads {
+        rep.runs.push(kernel_sync_run(ctx, shape(t))?);
+    }
+    if p.fs_mark {
+        if !tool_exists("fs_mark") {
+            rep.notes.push(
+                "fs_mark not installed (Debian package fsmark): no ext4/jbd2 reference".into(),
+            );
+        } else if !ctx.backing.can_mount() {
+            rep.notes
+                .push("fs_mark skipped: the backing is not a block device".into());
+        } else {
+            let mnt = ctx.backing.mount_ext4()?;
+            for &t in &p.threads {
+                // Size the file count so the run takes about the configured duration.
+                let kernel_rate = rep
+                    .find("kernel", KERNEL_OSYNC, "", t)
+                    .map(|r| r.ops_per_sec)
+                    .unwrap_or(500.0);
+                rep.runs.push(fs_mark_run(ctx, &mnt.dir, t, kernel_rate)?);
+            }
+        }
+    }
+    let mut vol = None;
+    for &policy in &p.policies {
+        let v = match vol.take() {
+            None => ctx.create_volume(policy)?,
+            Some(v) => {
+                Volume::close(v)?;
+                ctx.open_volume(policy)?
+            }
+        };
+        for &t in &p.threads {
+            rep.runs.push(jbdev_sync_run(
+                ctx,
+                &v,
+                policy,
+                SyncMode::WriteFlush,
+                shape(t),
+            )?);
+        }
+        vol = Some(v);
+    }
+    if let Some(v) = vol {
+        v.close()?;
+    }
+    fsync_batch_targets(&mut rep);
+    Ok(rep)
+}
+
+fn fsync_batch_targets(rep: &mut ScenarioReport) {
+    let mut targets = Vec::new();
+    match rep.backing.as_str() {
+        "disk" => {
+            if let (Some(k), Some(j)) = (
+                rep.find("kernel", KERNEL_OSYNC, "", 32),
+                rep.find("jbdev", "adaptive", "", 32),
+            ) {
+                targets.push(TargetCheck::at_least(
+                    "fsync-batch disk 32 threads adaptive ops/s vs kernel",
+                    j.ops_per_sec / k.ops_per_sec.max(1e-9),
+                    5.0,
+                    format!(
+                        "jbdev {:.0}/s, kernel {:.0}/s",
+                        j.ops_per_sec, k.ops_per_sec
+                    ),
+                ));
+            }
+            if let (Some(k), Some(j)) = (
+                rep.find("kernel", KERNEL_OSYNC, "", 1),
+                rep.find("jbdev", "adaptive", "", 1),
+            ) {
+                targets.push(TargetCheck::at_most(
+                    "fsync-batch disk 1 thread adaptive p50 latency vs kernel",
+                    j.latency.p50_us / k.latency.p50_us.max(1e-9),
+                    1.1,
+                    format!(
+                        "jbdev p50 {:.0} us, kernel p50 {:.0} us",
+                        j.latency.p50_us, k.latency.p50_us
+                    ),
+                ));
+            }
+        }
+        "ram" => {
+            let threads: Vec<usize> = rep
+                .runs
+                .iter()
+                .filter(|r| r.engine == "jbdev")
+                .map(|r| r.threads)
+                .collect();
+            for t in threads
+                .iter()
+                .copied()
+                .collect::<std::collections::BTreeSet<_>>()
+            {
+                if let (Some(a), Some(n)) = (
+                    rep.find("jbdev", "adaptive", "", t),
+                    rep.find("jbdev", "none", "", t),
+                ) {
+                    targets.push(TargetCheck::at_least(
+                        format!("fsync-batch ram {t} threads adaptive vs none"),
+                        a.ops_per_sec / n.ops_per_sec.max(1e-9),
+                        0.95,
+                        format!(
+                            "adaptive {:.0}/s, none {:.0}/s",
+                            a.ops_per_sec, n.ops_per_sec
+                        ),
+                    ));
+                }
+            }
+            if let (Some(f), Some(a)) = (
+                rep.find("jbdev", "fixed:1000", "", 4),
+                rep.find("jbdev", "adaptive", "", 4),
+            ) {
+                targets.push(TargetCheck::at_most(
+                    "fsync-batch ram 4 threads fixed:1000 vs adaptive",
+                    f.ops_per_sec / a.ops_per_sec.max(1e-9),
+                    0.5,
+                    format!(
+                        "fixed:1000 {:.0}/s, adaptive {:.0}/s",
+                        f.ops_per_sec, a.ops_per_sec
+                    ),
+                ));
+            }
+        }
+        _ => {}
+    }
+    rep.targets.extend(targets);
+}
+
+/// `fs_mark -s 4096 -t N -S 1` on ext4 over the same backing: the kernel's
+/// own jbd2 group commit, as in the seed.
+fn fs_mark_run(
+    ctx: &Ctx<'_>,
+    mnt: &Path,
+    threads: usize,
+    ops_per_sec_hint: f64,
+) -> Result<RunRecord> {
+    ctx.progress
+        .step(format!("{} fs_mark x{threads}", ctx.backing.name()));
+    let dir = mnt.join(format!("fsmark-t{threads}"));
+    std::fs::create_dir_all(&dir).map_err(io_err(format!("mkdir {}", dir.display())))?;
+    // fs_mark's -n is files per thread; aim at the configured duration.
+    let per_thread = ((ops_per_sec_hint * ctx.cfg.duration.as_secs_f64()) / threads as f64)
+        .clamp(16.0, 20_000.0) as u64;
+    let mut cmd = Command::new("fs_mark");
+    cmd.arg("-d")
+        .arg(&dir)
+        .args(["-s", "4096", "-S", "1", "-L", "1"])
+        .arg("-n")
+        .arg(per_thread.to_string())
+        .arg("-t")
+        .arg(threads.to_string())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let t0 = Instant::now();
+    let limit = ctx.cfg.duration * 20 + Duration::from_secs(30);
+    let out = run_bounded(cmd, limit)?;
+    ctx.progress.advance(t0.elapsed());
+    let files_per_sec = parse_fs_mark(&out).ok_or_else(|| BenchError::Command {
+        cmd: "fs_mark".into(),
+        status: "unparsable output".into(),
+        stderr: out.chars().take(500).collect(),
+    })?;
+    let elapsed = t0.elapsed().as_secs_f64();
+    Ok(RunRecord {
+        engine: "fs_mark".into(),
+        variant: "ext4 -s 4096 -S 1".into(),
+        threads,
+        iodepth: 1,
+        block_bytes: 4096,
+        duration_s: elapsed,
+        ops: per_thread * threads as u64,
+        write_ops: per_thread * threads as u64,
+        ops_per_sec: files_per_sec,
+        mib_per_sec: files_per_sec * 4096.0 / (1 << 20) as f64,
+        note: format!("{per_thread} files per thread; latency not reported by fs_mark"),
+        ..Default::default()
+    })
+}
+
+/// Runs a command with a time limit; kills it (by its own pid) when the
+/// limit passes or the user interrupts.
+fn run_bounded(mut cmd: Command, limit: Duration) -> Result<String> {
+    let mut child = cmd.spawn().map_err(io_err("spawn fs_mark"))?;
+    let t0 = Instant::now();
+    loop {
+        match child.try_wait().map_err(io_err("wait for fs_mark"))? {
+            Some(_) => break,
+            None if cleanup::stop_requested() || t0.elapsed() > limit => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(if cleanup::stop_requested() {
+                    BenchError::Interrupted
+                } else {
+                    BenchError::Setup(format!("fs_mark ran longer than {limit:?}; killed"))
+                });
+            }
+            None => std::thread::sleep(Duration::from_millis(50)),
+        }
+    }
+    let out = child
+        .wait_with_output()
+        .map_err(io_err("read fs_mark output"))?;
+    if !out.status.success() {
+        return Err(BenchError::Command {
+            cmd: "fs_mark".into(),
+            status: out.status.to_string(),
+            stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+        });
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// The Files/sec column of fs_mark's result line(s); averaged if several.
+pub fn parse_fs_mark(out: &str) -> Option<f64> {
+    let rates: Vec<f64> = out
+        .lines()
+        .filter(|l| !l.trim_start().starts_with('#'))
+        .filter_map(|l| {
+            let cols: Vec<&str> = l.split_whitespace().collect();
+            if cols.len() >= 5 && cols.iter().all(|c| c.parse::<f64>().is_ok()) {
+                cols[3].parse::<f64>().ok()
+            } else {
+                None
+            }
+        })
+        .collect();
+    if rates.is_empty() {
+        None
+    } else {
+        Some(rates.iter().sum::<f64>() / rates.len() as f64)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fs_mark_output_is_parsed() {
+        let out = "\n#  fs_mark  -d /mnt/x -s 4096 -n 10\n#\tVersion 3.3\n\nFSUse%        Count         Size    Files/sec     App Overhead\n     2         2000         4096       2538.3            12345\n";
+        assert_eq!(parse_fs_mark(out), Some(2538.3));
+        assert_eq!(parse_fs_mark("garbage\n1 2\n"), None);
+    }
+
+    #[test]
+    fn thread_regions_do_not_overlap() {
+        let s = SyncShape {
+            threads: 4,
+            block_bytes: 4096,
+            region_bytes: 8192,
+        };
+        assert_eq!(s.offset(0, 0), 0);
+        assert_eq!(s.offset(0, 1), 4096);
+        assert_eq!(s.offset(0, 2), 0);
+        assert_eq!(s.offset(3, 1), 3 * 8192 + 4096);
+    }
+}
