@@ -336,7 +336,7 @@ impl VolumeSuperblock {
             ));
         }
         let region = |what: &str, start: u64, len: u64| -> Result<(u64, u64), SuperblockError> {
-            if len == 0 || start % bs != 0 || len % bs != 0 {
+            if len == 0 || !start.is_multiple_of(bs) || !len.is_multiple_of(bs) {
                 return invalid(format_args!(
                     "{what} at {start}+{len} bytes is empty or not aligned to {bs}-byte blocks"
                 ));
@@ -370,7 +370,7 @@ impl VolumeSuperblock {
                 path_hint,
                 ..
             } => {
-                if *len_bytes == 0 || len_bytes % bs != 0 {
+                if *len_bytes == 0 || !len_bytes.is_multiple_of(bs) {
                     return invalid(format_args!(
                         "external journal of {len_bytes} bytes is empty or not a multiple of {bs}"
                     ));
