@@ -278,7 +278,16 @@ fn thread_workload(
                 off += cut;
                 len -= cut + rng.gen_range(0..BLOCK / 2);
             }
-            let len = len.min(max_write);
+            let mut len = len.min(max_write);
+            if max_tx_bytes < hi - lo && rng.gen_bool(0.15) {
+                // The contract's edge: a single write of max_transaction_bytes()
+                // (aligned or not, or a little less) is still all-or-nothing.
+                len = max_tx_bytes - rng.gen_range(0..=1u64) * rng.gen_range(0..BLOCK);
+                off = rng.gen_range(lo..=hi - len);
+                if rng.gen_bool(0.5) {
+                    off = off / BLOCK * BLOCK;
+                }
+            }
             let data = stamped(id, off, len as usize);
             res = vol.write_at(&data, off, flags(fua));
             op = Op {
