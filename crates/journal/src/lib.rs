@@ -1,4 +1,40 @@
-//! The journal in jbd2's on-disk format.
+//! The journal of jbdev, in jbd2's on-disk format.
+//!
+//! * [`format`] — encode/decode of every on-disk structure (big-endian, crc32c).
+//! * [`region`] — where the journal lives and block I/O to it.
+//! * [`writer`] — lays out one transaction as revoke, descriptor, data and
+//!   commit blocks.
+//! * [`recovery`] — scan, revoke and replay passes.
+//!
+//! The commit thread, group commit and checkpointing live in the volume
+//! crate, which owns the in-memory state they act on.
 #![deny(unsafe_code)]
 
+pub mod error;
 pub mod format;
+pub mod recovery;
+pub mod region;
+pub mod writer;
+
+pub use error::{JournalError, Result};
+pub use region::JournalRegion;
+
+/// Position of the next log block after `pos` in a log occupying
+/// `first..len_blocks` (the log is circular).
+pub fn next_pos(pos: u32, first: u32, len_blocks: u32) -> u32 {
+    if pos + 1 >= len_blocks {
+        first
+    } else {
+        pos + 1
+    }
+}
+
+/// Number of log blocks from `from` (inclusive) to `to` (exclusive), going
+/// forward around the circle.
+pub fn distance(from: u32, to: u32, first: u32, len_blocks: u32) -> u32 {
+    if to >= from {
+        to - from
+    } else {
+        (len_blocks - from) + (to - first)
+    }
+}

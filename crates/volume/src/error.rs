@@ -55,3 +55,12 @@ impl VolumeError {
         }
     }
 }
+
+impl From<jbdev_journal::JournalError> for VolumeError {
+    fn from(e: jbdev_journal::JournalError) -> Self {
+        match e {
+            jbdev_journal::JournalError::Device(d) => Self::Device(d),
+            other => Self::CorruptJournal(other.to_string()),
+        }
+    }
+}

@@ -1,13 +1,29 @@
 //! jbdev's volume: a journaled block device with byte-addressed reads and
 //! writes, flush, FUA, trim, write-zeroes and atomic multi-extent
-//! transactions. See the crate README section "Durability semantics".
+//! transactions.
+//!
+//! # Durability semantics
+//! * When a write returns, every reader sees its data.
+//! * It is durable once a FUA write returns, or once a [`Volume::flush`]
+//!   called after it returned has returned.
+//! * Every write and every transaction up to
+//!   [`Volume::max_transaction_bytes`] is all-or-nothing across a crash,
+//!   and journaled writes of one thread survive in order. Aligned writes of
+//!   at least `direct_write_threshold` bytes, and large trims or
+//!   write-zeroes, go straight home and are old-or-new per sector until
+//!   flushed.
 #![deny(unsafe_code)]
 
+mod engine;
 mod error;
 mod options;
+mod overlay;
 pub mod superblock;
 mod volume;
 
 pub use error::{Result, VolumeError};
 pub use options::{BatchPolicy, CommitMode, FormatOptions, JournalPlacement, OpenOptions};
-pub use volume::{Extent, ExtentState, Stats, Transaction, Volume, WriteFlags};
+pub use volume::{
+    default_journal_bytes, Extent, ExtentState, RecoveryReport, Stats, Transaction, Volume,
+    WriteFlags,
+};

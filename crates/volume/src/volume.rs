@@ -1,14 +1,20 @@
-//! TEMPORARY naive implementation of the public API (direct device I/O, no
-//! journal) so that the front ends can be built against the final
-//! signatures. Replaced by the journaled engine.
+//! The public volume API.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::thread::JoinHandle;
 
-use jbdev_device::{open_device, AlignedBuf, BlockDevice, IoPriority};
+use jbdev_device::{open_device, AlignedBuf, BlockDevice, FlushCoalescer, IoPriority};
+use jbdev_journal::format::JournalSuperblock;
+use jbdev_journal::recovery::{self, ScanEnd};
+use jbdev_journal::JournalRegion;
 use parking_lot::Mutex;
 
-use crate::{FormatOptions, OpenOptions, Result, VolumeError};
+use crate::engine::{Engine, Op};
+use crate::overlay::{BlockRef, Overlay, Source, Version};
+use crate::superblock::{JournalLocation, VolumeSuperblock};
+use crate::{FormatOptions, JournalPlacement, OpenOptions, Result, VolumeError};
 
 /// Flags of a write.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -27,7 +33,7 @@ impl WriteFlags {
 pub enum ExtentState {
     /// Allocated; may hold data.
     Data,
-    /// Never written or zeroed/trimmed: reads as zeroes.
+    /// Never written, trimmed or zeroed: reads as zeroes.
     Zero,
 }
 
@@ -42,55 +48,140 @@ pub struct Extent {
 /// Operator metrics.
 #[derive(Clone, Debug, Default, serde::Serialize)]
 pub struct Stats {
+    /// Transactions committed (with journal I/O) since open.
     pub commits: u64,
     pub commits_per_sec: f64,
+    /// Data blocks written to the journal since open.
     pub blocks_journaled: u64,
+    /// Mean data blocks per committed transaction.
     pub mean_transaction_blocks: f64,
     pub commit_latency_us_p50: u64,
     pub commit_latency_us_p99: u64,
     pub commit_latency_us_max: u64,
+    /// Running average commit time used by adaptive batching.
+    pub avg_commit_us: u64,
+    /// Fraction of the journal holding committed, not yet checkpointed transactions.
     pub journal_fill_ratio: f64,
+    /// Journal blocks waiting for checkpoint.
     pub checkpoint_lag_blocks: u64,
+    /// Transactions committed but not yet checkpointed.
+    pub checkpoint_lag_transactions: u64,
     pub checkpoints: u64,
-    pub device_flushes: u64,
+    pub checkpoint_blocks: u64,
     pub direct_writes: u64,
 }
 
-struct Inner {
-    dev: Arc<dyn BlockDevice>,
-    size: u64,
-    block_size: u32,
-    lock: Mutex<()>,
-    read_only: bool,
+/// What `open` found and did; shown by `jbdev info` and `jbdev check`.
+#[derive(Clone, Debug)]
+pub struct RecoveryReport {
+    /// The journal was clean (s_start = 0).
+    pub was_clean: bool,
+    pub transactions_replayed: usize,
+    pub blocks_replayed: usize,
+    pub revoked_copies: u64,
+    /// How the scan ended, in words.
+    pub end: String,
 }
 
-/// A journaled volume. Cheap to share: `Volume` is `Send + Sync`; wrap it in
-/// an `Arc` to use it from many threads.
+/// A journaled volume. `Send + Sync`: share it (e.g. in an `Arc`) between
+/// threads; every method takes `&self`.
 pub struct Volume {
-    inner: Arc<Inner>,
+    engine: Arc<Engine>,
+    threads: Mutex<Vec<JoinHandle<()>>>,
+    closed: AtomicBool,
+    superblock: VolumeSuperblock,
+    recovery: RecoveryReport,
 }
 
-const DATA_OFFSET: u64 = 4096;
+fn bad_sb(e: crate::superblock::SuperblockError, what: &str) -> VolumeError {
+    use crate::superblock::SuperblockError as E;
+    match e {
+        E::NotAVolume => VolumeError::NotAVolume(format!(
+            "{what} is not a jbdev volume (no JBDEVVOL magic); create one with `jbdev format`"
+        )),
+        other => VolumeError::BadSuperblock(format!("{what}: {other}")),
+    }
+}
+
+/// Default journal size: 64 MiB or a quarter of the volume, whichever is
+/// smaller, but at least 1 MiB.
+pub fn default_journal_bytes(size_bytes: u64) -> u64 {
+    (size_bytes / 4).clamp(1 << 20, 64 << 20)
+}
+
+/// Smallest journal, in blocks.
+pub const MIN_JOURNAL_BLOCKS: u64 = 16;
+
+/// Byte layout a format produces: (journal bytes, total bytes needed on the
+/// volume device, data offset).
+fn plan_layout(f: &FormatOptions) -> Result<(u64, u64, u64)> {
+    let bs = u64::from(f.block_size);
+    if !f.block_size.is_power_of_two() || !(1024..=65536).contains(&f.block_size) {
+        return Err(VolumeError::InvalidArgument(format!(
+            "block size {} must be a power of two between 1024 and 65536",
+            f.block_size
+        )));
+    }
+    if f.size_bytes == 0 || !f.size_bytes.is_multiple_of(bs) {
+        return Err(VolumeError::InvalidArgument(format!(
+            "volume size {} must be a positive multiple of the {bs}-byte block size",
+            f.size_bytes
+        )));
+    }
+    let journal = f
+        .journal_bytes
+        .unwrap_or_else(|| default_journal_bytes(f.size_bytes));
+    let journal = journal / bs * bs;
+    if journal / bs < MIN_JOURNAL_BLOCKS || journal / bs > u64::from(u32::MAX) {
+        return Err(VolumeError::InvalidArgument(format!(
+            "journal size {journal} must be between {} blocks and 2^32 blocks",
+            MIN_JOURNAL_BLOCKS
+        )));
+    }
+    let (needed, data_offset) = match f.journal {
+        JournalPlacement::Internal => (bs + journal + f.size_bytes, bs + journal),
+        JournalPlacement::External(_) => (bs + f.size_bytes, bs),
+    };
+    Ok((journal, needed, data_offset))
+}
+
+fn now_unix_secs() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+fn read_volume_superblock(dev: &dyn BlockDevice, what: &str) -> Result<VolumeSuperblock> {
+    let n = (dev.logical_block_size() as usize).max(VolumeSuperblock::ENCODED_LEN);
+    if dev.size_bytes() < n as u64 {
+        return Err(VolumeError::NotAVolume(format!(
+            "{what} is too small to be a jbdev volume"
+        )));
+    }
+    let mut buf = AlignedBuf::zeroed(n);
+    dev.read_at(&mut buf, 0)?;
+    VolumeSuperblock::decode(&buf).map_err(|e| bad_sb(e, what))
+}
 
 impl Volume {
-    /// Formats `path` (creating the file if needed) and opens it.
+    /// Formats `path` (creating the file, and the external journal file, if
+    /// needed) and opens it.
     pub fn create(path: &Path, fopts: &FormatOptions, oopts: &OpenOptions) -> Result<Volume> {
-        let dopts = jbdev_device::OpenOptions {
+        let (journal_bytes, needed, _) = plan_layout(fopts)?;
+        let dopts = |create: u64| jbdev_device::OpenOptions {
             backend: oopts.backend,
             direct: oopts.direct_io,
-            create_size: Some(fopts.size_bytes + DATA_OFFSET),
+            create_size: Some(create),
             ..Default::default()
         };
-        let dev = open_device(path, &dopts)?.device;
-        Ok(Volume {
-            inner: Arc::new(Inner {
-                dev,
-                size: fopts.size_bytes,
-                block_size: fopts.block_size,
-                lock: Mutex::new(()),
-                read_only: false,
-            }),
-        })
+        let dev = open_device(path, &dopts(needed))?.device;
+        let jdev = match &fopts.journal {
+            JournalPlacement::Internal => None,
+            JournalPlacement::External(p) => Some(open_device(p, &dopts(journal_bytes))?.device),
+        };
+        Self::format_device(dev.clone(), jdev.clone(), fopts)?;
+        Self::open_device(dev, jdev, oopts)
     }
 
     /// Opens an existing volume, running journal recovery if needed.
@@ -102,26 +193,117 @@ impl Volume {
             ..Default::default()
         };
         let dev = open_device(path, &dopts)?.device;
-        let size = dev.size_bytes() - DATA_OFFSET;
-        Ok(Volume {
-            inner: Arc::new(Inner {
-                dev,
-                size,
-                block_size: 4096,
-                lock: Mutex::new(()),
-                read_only: opts.read_only,
-            }),
-        })
+        let sb = read_volume_superblock(dev.as_ref(), &path.display().to_string())?;
+        let jdev = match &sb.journal {
+            JournalLocation::Internal { .. } => None,
+            JournalLocation::External { path_hint, .. } => {
+                let jp: PathBuf = match &opts.journal_path {
+                    Some(p) => p.clone(),
+                    None if !path_hint.is_empty() => PathBuf::from(path_hint),
+                    None => {
+                        return Err(VolumeError::InvalidArgument(
+                            "this volume has an external journal: give its path (--journal)".into(),
+                        ))
+                    }
+                };
+                Some(open_device(&jp, &dopts)?.device)
+            }
+        };
+        Self::open_device(dev, jdev, opts)
     }
 
     /// Formats a volume on already-open devices (`journal` is the external
-    /// journal device, if any). Used by tests with in-memory devices.
+    /// journal device, if any).
     pub fn format_device(
         dev: Arc<dyn BlockDevice>,
         journal: Option<Arc<dyn BlockDevice>>,
         fopts: &FormatOptions,
     ) -> Result<()> {
-        let _ = (dev, journal, fopts);
+        let (journal_bytes, needed, data_offset) = plan_layout(fopts)?;
+        let bs = u64::from(fopts.block_size);
+        if u64::from(dev.logical_block_size()) > bs {
+            return Err(VolumeError::InvalidArgument(format!(
+                "block size {bs} is smaller than the device's {}-byte logical block size",
+                dev.logical_block_size()
+            )));
+        }
+        if dev.size_bytes() < needed {
+            return Err(VolumeError::InvalidArgument(format!(
+                "the device holds {} bytes but the volume needs {needed} (superblock + journal + data)",
+                dev.size_bytes()
+            )));
+        }
+        let uuid = *uuid::Uuid::new_v4().as_bytes();
+        let (location, jdev, joff) = match (&fopts.journal, journal) {
+            (JournalPlacement::Internal, _) => (
+                JournalLocation::Internal {
+                    offset_bytes: bs,
+                    len_bytes: journal_bytes,
+                },
+                dev.clone(),
+                bs,
+            ),
+            (JournalPlacement::External(p), Some(j)) => {
+                if j.size_bytes() < journal_bytes {
+                    return Err(VolumeError::InvalidArgument(format!(
+                        "the journal device holds {} bytes but the journal needs {journal_bytes}",
+                        j.size_bytes()
+                    )));
+                }
+                let hint = p.display().to_string();
+                let hint = if hint.len() <= 255 {
+                    hint
+                } else {
+                    String::new()
+                };
+                (
+                    JournalLocation::External {
+                        uuid,
+                        len_bytes: journal_bytes,
+                        path_hint: hint,
+                    },
+                    j,
+                    0,
+                )
+            }
+            (JournalPlacement::External(_), None) => {
+                return Err(VolumeError::InvalidArgument(
+                    "external journal placement needs a journal device".into(),
+                ))
+            }
+        };
+        let jblocks = (journal_bytes / bs) as u32;
+        let region = JournalRegion::new(
+            jdev.clone(),
+            Arc::new(FlushCoalescer::new()),
+            joff,
+            bs as u32,
+            jblocks,
+        )?;
+        // Zero the log so a dump of a fresh journal shows nothing stale.
+        jdev.write_zeroes(joff, journal_bytes)?;
+        let mut jsb = JournalSuperblock::new(bs as u32, jblocks, uuid);
+        jsb.users = vec![uuid];
+        jsb.max_transaction = (jblocks / 4).max(3);
+        region.write_superblock_full(&jsb)?;
+        jdev.flush()?;
+        // IMPORTANT: the volume superblock goes last, so an interrupted
+        // format never looks like a volume.
+        let vsb = VolumeSuperblock {
+            uuid,
+            block_size: bs as u32,
+            size_bytes: fopts.size_bytes,
+            data_offset_bytes: data_offset,
+            journal: location,
+            feature_compat: 0,
+            feature_incompat: 0,
+            feature_ro_compat: 0,
+            created_unix_secs: now_unix_secs(),
+        };
+        let mut buf = AlignedBuf::zeroed(bs as usize);
+        vsb.encode(&mut buf);
+        dev.write_at(&buf, 0, IoPriority::Urgent)?;
+        dev.flush()?;
         Ok(())
     }
 
@@ -131,35 +313,178 @@ impl Volume {
         journal: Option<Arc<dyn BlockDevice>>,
         opts: &OpenOptions,
     ) -> Result<Volume> {
-        let _ = journal;
-        let size = dev.size_bytes() - DATA_OFFSET;
+        let sb = read_volume_superblock(dev.as_ref(), "the volume device")?;
+        let bs = sb.block_size;
+        if dev.size_bytes() < sb.data_offset_bytes + sb.size_bytes {
+            return Err(VolumeError::BadSuperblock(format!(
+                "the device holds {} bytes but the superblock describes {}",
+                dev.size_bytes(),
+                sb.data_offset_bytes + sb.size_bytes
+            )));
+        }
+        let home_flusher = Arc::new(FlushCoalescer::new());
+        let (jdev, jflusher, joff, jlen) = match (&sb.journal, journal) {
+            (
+                JournalLocation::Internal {
+                    offset_bytes,
+                    len_bytes,
+                },
+                _,
+            ) => (dev.clone(), home_flusher.clone(), *offset_bytes, *len_bytes),
+            (JournalLocation::External { len_bytes, .. }, Some(j)) => {
+                (j, Arc::new(FlushCoalescer::new()), 0, *len_bytes)
+            }
+            (JournalLocation::External { .. }, None) => {
+                return Err(VolumeError::InvalidArgument(
+                    "this volume has an external journal: give its path (--journal)".into(),
+                ))
+            }
+        };
+        let region = JournalRegion::new(jdev, jflusher, joff, bs, (jlen / u64::from(bs)) as u32)?;
+        let scan = recovery::scan(&region, &mut |_| {})?;
+        if let JournalLocation::External { uuid, .. } = &sb.journal {
+            if scan.superblock.uuid != *uuid {
+                return Err(VolumeError::CorruptJournal(
+                    "the journal device belongs to another volume (uuid mismatch)".into(),
+                ));
+            }
+        }
+        let was_clean = scan.end == ScanEnd::CleanJournal;
+        let end = describe_end(&scan.end);
+        if let ScanEnd::CorruptMiddle { .. } = scan.end {
+            if !opts.read_only {
+                return Err(VolumeError::CorruptJournal(format!(
+                    "{end}; refusing a read-write open (open read-only to rescue data)"
+                )));
+            }
+        }
+        let (plan, revoked) = recovery::replay_plan(&scan.txns);
+        let mut jsb = scan.superblock.clone();
+        jsb.sequence = scan.next_sequence;
+        let data_offset = sb.data_offset_bytes;
+        let engine_jsb = jsb.clone();
+        let mut engine = Engine::new(
+            dev.clone(),
+            home_flusher.clone(),
+            data_offset,
+            sb.size_bytes,
+            region,
+            engine_jsb,
+            opts.clone(),
+            opts.read_only,
+        );
+        let bsz = bs as usize;
+        if opts.read_only {
+            // Serve the replayed state from memory; touch nothing on disk.
+            load_plan_into_overlay(&engine, &plan, bsz)?;
+        } else {
+            // Replay: restore every block, make it durable, then mark the log
+            // empty but in use (s_start = first) for this session.
+            let mut buf = AlignedBuf::zeroed(bsz);
+            for e in &plan {
+                recovery::read_replay_block(&engine.region, e, &mut buf)?;
+                dev.write_at(
+                    &buf,
+                    data_offset + e.home * u64::from(bs),
+                    IoPriority::Urgent,
+                )?;
+            }
+            if !plan.is_empty() {
+                home_flusher.flush(dev.as_ref())?;
+            }
+            jsb.start = jsb.first;
+            engine.region.update_superblock(&jsb)?;
+            engine.region.flush()?;
+            *engine.jsb.get_mut() = jsb;
+        }
+        if !was_clean {
+            tracing::info!(
+                "journal recovery: {} transactions, {} blocks replayed, {} copies revoked; {end}",
+                scan.txns.len(),
+                plan.len(),
+                revoked
+            );
+        }
+        let recovery = RecoveryReport {
+            was_clean,
+            transactions_replayed: scan.txns.len(),
+            blocks_replayed: plan.len(),
+            revoked_copies: revoked,
+            end,
+        };
+        let engine = Arc::new(engine);
+        let mut threads = Vec::new();
+        if !opts.read_only {
+            let e = engine.clone();
+            threads.push(
+                std::thread::Builder::new()
+                    .name("jbdev-commit".into())
+                    .spawn(move || e.commit_thread())
+                    .map_err(|e| {
+                        VolumeError::InvalidArgument(format!("cannot start the commit thread: {e}"))
+                    })?,
+            );
+            let e = engine.clone();
+            threads.push(
+                std::thread::Builder::new()
+                    .name("jbdev-checkpoint".into())
+                    .spawn(move || e.checkpoint_thread())
+                    .map_err(|e| {
+                        VolumeError::InvalidArgument(format!(
+                            "cannot start the checkpoint thread: {e}"
+                        ))
+                    })?,
+            );
+        }
         Ok(Volume {
-            inner: Arc::new(Inner { dev, size, block_size: 4096, lock: Mutex::new(()), read_only: opts.read_only }),
+            engine,
+            threads: Mutex::new(threads),
+            closed: AtomicBool::new(false),
+            superblock: sb,
+            recovery,
         })
     }
 
     /// Size in bytes.
     pub fn size(&self) -> u64 {
-        self.inner.size
+        self.engine.size_bytes
     }
 
     /// Block size in bytes.
     pub fn block_size(&self) -> u32 {
-        self.inner.block_size
+        self.engine.bs as u32
     }
 
     /// Largest write or transaction that is atomic across a crash.
     pub fn max_transaction_bytes(&self) -> u64 {
-        16 << 20
+        self.engine.max_atomic_blocks() * self.engine.bs as u64
+    }
+
+    /// The volume superblock.
+    pub fn superblock(&self) -> &VolumeSuperblock {
+        &self.superblock
+    }
+
+    /// What recovery found when the volume was opened.
+    pub fn recovery_report(&self) -> &RecoveryReport {
+        &self.recovery
+    }
+
+    /// Name of the device backend in use ("io_uring", "pread", ...).
+    pub fn backend_name(&self) -> &'static str {
+        self.engine.home.backend_name()
     }
 
     fn check(&self, offset: u64, len: u64) -> Result<()> {
+        if self.closed.load(Ordering::Acquire) {
+            return Err(VolumeError::Closed);
+        }
         match offset.checked_add(len) {
-            Some(end) if end <= self.inner.size => Ok(()),
+            Some(end) if end <= self.engine.size_bytes => Ok(()),
             _ => Err(VolumeError::OutOfRange {
                 offset,
                 len,
-                size: self.inner.size,
+                size: self.engine.size_bytes,
             }),
         }
     }
@@ -167,54 +492,124 @@ impl Volume {
     /// Reads `buf.len()` bytes at `offset` (any alignment).
     pub fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
         self.check(offset, buf.len() as u64)?;
-        let lbs = self.inner.dev.logical_block_size() as u64;
-        let start = offset / lbs * lbs;
-        let end = (offset + buf.len() as u64).div_ceil(lbs) * lbs;
-        let mut tmp = AlignedBuf::zeroed((end - start) as usize);
-        self.inner.dev.read_at(&mut tmp, DATA_OFFSET + start)?;
-        let s = (offset - start) as usize;
+        if buf.is_empty() {
+            return Ok(());
+        }
+        let bs = self.engine.bs as u64;
+        let first = offset / bs;
+        let last = (offset + buf.len() as u64).div_ceil(bs);
+        let aligned = offset.is_multiple_of(bs) && (buf.len() as u64).is_multiple_of(bs);
+        if aligned {
+            return self.engine.read_blocks(first, buf);
+        }
+        let mut tmp = AlignedBuf::zeroed(((last - first) * bs) as usize);
+        self.engine.read_blocks(first, &mut tmp)?;
+        let s = (offset - first * bs) as usize;
         buf.copy_from_slice(&tmp[s..s + buf.len()]);
         Ok(())
     }
 
-    /// Writes `buf` at `offset` (any alignment).
+    /// Writes `buf` at `offset` (any alignment). Visible to readers when this
+    /// returns; durable when it returns if `flags.fua`, else after a later
+    /// [`Volume::flush`]. Atomic across a crash up to
+    /// [`Volume::max_transaction_bytes`] unless it goes straight home
+    /// (aligned and at least `direct_write_threshold` bytes).
     pub fn write_at(&self, buf: &[u8], offset: u64, flags: WriteFlags) -> Result<()> {
-        if self.inner.read_only {
-            return Err(VolumeError::ReadOnly);
-        }
         self.check(offset, buf.len() as u64)?;
-        let _g = self.inner.lock.lock();
-        let lbs = self.inner.dev.logical_block_size() as u64;
-        let start = offset / lbs * lbs;
-        let end = (offset + buf.len() as u64).div_ceil(lbs) * lbs;
-        let mut tmp = AlignedBuf::zeroed((end - start) as usize);
-        self.inner.dev.read_at(&mut tmp, DATA_OFFSET + start)?;
-        let s = (offset - start) as usize;
-        tmp[s..s + buf.len()].copy_from_slice(buf);
-        self.inner
-            .dev
-            .write_at(&tmp, DATA_OFFSET + start, IoPriority::Urgent)?;
-        if flags.fua {
-            self.inner.dev.flush()?;
+        self.engine.check_writable()?;
+        let bs = self.engine.bs as u64;
+        let len = buf.len() as u64;
+        let touched = (offset + len).div_ceil(bs) - offset / bs;
+        let large = len >= self.engine.opts.direct_write_threshold
+            || touched > self.engine.max_atomic_blocks();
+        if !large {
+            return self
+                .engine
+                .journaled(&[Op::Write { offset, data: buf }], flags.fua);
         }
-        Ok(())
+        // Direct: the partial head and tail blocks through the journal, the
+        // aligned middle straight home.
+        let mid_start = offset.div_ceil(bs) * bs;
+        let mid_end = (offset + len) / bs * bs;
+        if mid_end <= mid_start {
+            return self
+                .engine
+                .journaled(&[Op::Write { offset, data: buf }], flags.fua);
+        }
+        let head = (mid_start - offset) as usize;
+        let tail_start = (mid_end - offset) as usize;
+        let mut edge_ops = Vec::new();
+        if head > 0 {
+            edge_ops.push(Op::Write {
+                offset,
+                data: &buf[..head],
+            });
+        }
+        if tail_start < buf.len() {
+            edge_ops.push(Op::Write {
+                offset: mid_end,
+                data: &buf[tail_start..],
+            });
+        }
+        if !edge_ops.is_empty() {
+            self.engine.journaled(&edge_ops, false)?;
+        }
+        let mid = AlignedBuf::from_slice(&buf[head..tail_start]);
+        self.engine
+            .direct(mid_start / bs, mid_end / bs, Some(mid), flags.fua)
     }
 
     /// Makes every write that returned before this call durable.
     pub fn flush(&self) -> Result<()> {
-        Ok(self.inner.dev.flush()?)
+        if self.closed.load(Ordering::Acquire) {
+            return Err(VolumeError::Closed);
+        }
+        if self.engine.read_only {
+            return Ok(());
+        }
+        self.engine.flush()
     }
 
-    /// Deallocates a range; it reads back as zeroes.
+    /// Deallocates a range; it reads back as zeroes (the same guarantees as
+    /// [`Volume::write_zeroes`]).
     pub fn trim(&self, offset: u64, len: u64, flags: WriteFlags) -> Result<()> {
         self.write_zeroes(offset, len, flags)
     }
 
-    /// Zeroes a range.
+    /// Zeroes a range. Small ranges go through the journal (atomic); large
+    /// ones are zeroed in place (hole punch / BLKZEROOUT) with revokes.
     pub fn write_zeroes(&self, offset: u64, len: u64, flags: WriteFlags) -> Result<()> {
         self.check(offset, len)?;
-        let zeros = vec![0u8; len as usize];
-        self.write_at(&zeros, offset, flags)
+        self.engine.check_writable()?;
+        let bs = self.engine.bs as u64;
+        let touched = (offset + len).div_ceil(bs) - offset / bs;
+        let small = len < self.engine.opts.direct_write_threshold
+            && touched <= self.engine.max_atomic_blocks();
+        let mid_start = offset.div_ceil(bs) * bs;
+        let mid_end = (offset + len) / bs * bs;
+        if small || mid_end <= mid_start {
+            return self
+                .engine
+                .journaled(&[Op::Zero { offset, len }], flags.fua);
+        }
+        let mut edge_ops = Vec::new();
+        if mid_start > offset {
+            edge_ops.push(Op::Zero {
+                offset,
+                len: mid_start - offset,
+            });
+        }
+        if offset + len > mid_end {
+            edge_ops.push(Op::Zero {
+                offset: mid_end,
+                len: offset + len - mid_end,
+            });
+        }
+        if !edge_ops.is_empty() {
+            self.engine.journaled(&edge_ops, false)?;
+        }
+        self.engine
+            .direct(mid_start / bs, mid_end / bs, None, flags.fua)
     }
 
     /// Starts an atomic multi-extent transaction.
@@ -222,28 +617,203 @@ impl Volume {
         Transaction {
             vol: self,
             ops: Vec::new(),
+            bytes: 0,
         }
     }
 
-    /// Which parts of a range hold data and which read as zeroes.
+    /// Which parts of `[offset, offset+len)` hold data and which read as zeroes.
     pub fn block_status(&self, offset: u64, len: u64) -> Result<Vec<Extent>> {
         self.check(offset, len)?;
-        Ok(vec![Extent {
-            offset,
-            len,
-            state: ExtentState::Data,
-        }])
+        if len == 0 {
+            return Ok(Vec::new());
+        }
+        let e = &self.engine;
+        let bs = e.bs as u64;
+        let first = offset / bs;
+        let last = (offset + len).div_ceil(bs);
+        // Per-block state, starting from the home device's allocation map.
+        let mut states: Vec<ExtentState> = vec![ExtentState::Data; (last - first) as usize];
+        let home = e
+            .home
+            .allocation(e.data_offset + first * bs, (last - first) * bs)?;
+        for x in home {
+            if !x.allocated {
+                let s = (x.offset - e.data_offset) / bs;
+                let t = (x.offset + x.len - e.data_offset) / bs;
+                for b in s.max(first)..t.min(last) {
+                    states[(b - first) as usize] = ExtentState::Zero;
+                }
+            }
+        }
+        // The overlay overrides the home state.
+        if last - first <= 65536 {
+            for b in first..last {
+                let src = e.overlay.lock_block(b).source(b, e.bs);
+                match src {
+                    Source::Journaled(_) | Source::Pending(..) => {
+                        states[(b - first) as usize] = ExtentState::Data
+                    }
+                    Source::Zero => states[(b - first) as usize] = ExtentState::Zero,
+                    Source::Home => {}
+                }
+            }
+        } else {
+            for s in 0..crate::overlay::SHARDS {
+                let sh = e.overlay.lock(s);
+                let keys: Vec<u64> = sh
+                    .map
+                    .keys()
+                    .copied()
+                    .filter(|b| (first..last).contains(b))
+                    .collect();
+                let ranges: Vec<(u64, u64)> = sh.pending.iter().map(|p| (p.start, p.end)).collect();
+                for b in keys.into_iter().chain(
+                    ranges
+                        .into_iter()
+                        .flat_map(|(a, z)| a.max(first)..z.min(last)),
+                ) {
+                    states[(b - first) as usize] = match sh.source(b, e.bs) {
+                        Source::Zero => ExtentState::Zero,
+                        Source::Home => continue,
+                        _ => ExtentState::Data,
+                    };
+                }
+            }
+        }
+        let mut out: Vec<Extent> = Vec::new();
+        for (i, s) in states.into_iter().enumerate() {
+            let b = first + i as u64;
+            let lo = (b * bs).max(offset);
+            let hi = ((b + 1) * bs).min(offset + len);
+            match out.last_mut() {
+                Some(x) if x.state == s && x.offset + x.len == lo => x.len += hi - lo,
+                _ => out.push(Extent {
+                    offset: lo,
+                    len: hi - lo,
+                    state: s,
+                }),
+            }
+        }
+        Ok(out)
     }
 
     /// Current metrics.
     pub fn stats(&self) -> Stats {
-        Stats::default()
+        let e = &self.engine;
+        let (used, capacity, _, _) = e.journal_state();
+        let s = e.stats.lock();
+        let secs = s.started.elapsed().as_secs_f64().max(1e-9);
+        let lag_txns = e.committed_len() as u64;
+        Stats {
+            commits: s.commits,
+            commits_per_sec: s.commits as f64 / secs,
+            blocks_journaled: s.data_blocks,
+            mean_transaction_blocks: if s.commits == 0 {
+                0.0
+            } else {
+                s.data_blocks as f64 / s.commits as f64
+            },
+            commit_latency_us_p50: s.commit_latency_us.value_at_quantile(0.5),
+            commit_latency_us_p99: s.commit_latency_us.value_at_quantile(0.99),
+            commit_latency_us_max: s.commit_latency_us.max(),
+            avg_commit_us: e.avg_commit().as_micros() as u64,
+            journal_fill_ratio: if capacity == 0 {
+                0.0
+            } else {
+                used as f64 / capacity as f64
+            },
+            checkpoint_lag_blocks: used,
+            checkpoint_lag_transactions: lag_txns,
+            checkpoints: s.checkpoints,
+            checkpoint_blocks: s.checkpoint_blocks,
+            direct_writes: s.direct_writes,
+        }
     }
 
-    /// Flushes, checkpoints and marks the journal clean.
+    /// Commits everything, checkpoints it and marks the journal clean. After
+    /// an abort this returns the error; the journal is then replayed at the
+    /// next open.
     pub fn close(self) -> Result<()> {
-        self.flush()
+        self.shutdown()
     }
+
+    fn shutdown(&self) -> Result<()> {
+        if self.closed.swap(true, Ordering::AcqRel) {
+            return Ok(());
+        }
+        if self.engine.read_only {
+            return Ok(());
+        }
+        let flushed = self.engine.flush();
+        let mut threads = std::mem::take(&mut *self.threads.lock());
+        self.engine.stop_commit();
+        if !threads.is_empty() {
+            let _ = threads.remove(0).join();
+        }
+        self.engine.stop_checkpoint();
+        for t in threads {
+            let _ = t.join();
+        }
+        flushed?;
+        self.engine.mark_clean()
+    }
+}
+
+impl Drop for Volume {
+    fn drop(&mut self) {
+        if let Err(e) = self.shutdown() {
+            tracing::warn!("closing the volume: {e}");
+        }
+    }
+}
+
+fn describe_end(end: &ScanEnd) -> String {
+    match end {
+        ScanEnd::CleanJournal => "journal clean".into(),
+        ScanEnd::End => "log ends at a transaction boundary".into(),
+        ScanEnd::TornTail {
+            sequence,
+            pos,
+            reason,
+        } => {
+            format!("discarded torn last transaction {sequence} at journal block {pos}: {reason}")
+        }
+        ScanEnd::CorruptMiddle {
+            sequence,
+            pos,
+            reason,
+        } => {
+            format!("transaction {sequence} at journal block {pos} is corrupt: {reason}")
+        }
+    }
+}
+
+fn load_plan_into_overlay(
+    engine: &Engine,
+    plan: &[recovery::ReplayEntry],
+    bs: usize,
+) -> Result<()> {
+    for e in plan {
+        let mut buf = AlignedBuf::zeroed(bs);
+        recovery::read_replay_block(&engine.region, e, &mut buf)?;
+        let data = BlockRef {
+            buf: Arc::new(buf),
+            offset: 0,
+        };
+        let mut sh = engine.overlay.lock(Overlay::shard_of(e.home));
+        let ver = sh.bump();
+        sh.map.entry(e.home).or_default().newest = Some(Version { ver, data });
+    }
+    Ok(())
+}
+
+/// A group of writes applied all-or-nothing. Build it with
+/// [`Transaction::write`] and [`Transaction::write_zeroes`], then
+/// [`Transaction::commit`]. Extents may overlap; later ones win.
+pub struct Transaction<'v> {
+    vol: &'v Volume,
+    ops: Vec<TxOp>,
+    bytes: u64,
 }
 
 enum TxOp {
@@ -251,39 +821,108 @@ enum TxOp {
     Zero(u64, u64),
 }
 
-/// A group of writes applied all-or-nothing. Build it with [`Transaction::write`]
-/// and [`Transaction::write_zeroes`], then [`Transaction::commit`].
-pub struct Transaction<'v> {
-    vol: &'v Volume,
-    ops: Vec<TxOp>,
-}
-
 impl Transaction<'_> {
+    fn add(&mut self, offset: u64, len: u64) -> Result<()> {
+        self.vol.check(offset, len)?;
+        self.bytes += len;
+        Ok(())
+    }
+
     /// Adds a write of `data` at `offset`.
     pub fn write(&mut self, data: &[u8], offset: u64) -> Result<&mut Self> {
-        self.vol.check(offset, data.len() as u64)?;
+        self.add(offset, data.len() as u64)?;
         self.ops.push(TxOp::Write(offset, data.to_vec()));
         Ok(self)
     }
 
     /// Adds a zeroing of `[offset, offset+len)`.
     pub fn write_zeroes(&mut self, offset: u64, len: u64) -> Result<&mut Self> {
-        self.vol.check(offset, len)?;
+        self.add(offset, len)?;
         self.ops.push(TxOp::Zero(offset, len));
         Ok(self)
     }
 
-    /// Applies every extent atomically; with `flags.fua`, durably.
+    /// Bytes added so far.
+    pub fn len(&self) -> u64 {
+        self.bytes
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.ops.is_empty()
+    }
+
+    /// Applies every extent atomically; with `flags.fua`, durably. Fails with
+    /// [`VolumeError::TooLarge`] if the blocks touched exceed
+    /// [`Volume::max_transaction_bytes`].
     pub fn commit(self, flags: WriteFlags) -> Result<()> {
-        for op in &self.ops {
-            match op {
-                TxOp::Write(off, d) => self.vol.write_at(d, *off, WriteFlags::NONE)?,
-                TxOp::Zero(off, len) => self.vol.write_zeroes(*off, *len, WriteFlags::NONE)?,
-            }
+        self.vol.check(0, 0)?;
+        let ops: Vec<Op<'_>> = self
+            .ops
+            .iter()
+            .map(|o| match o {
+                TxOp::Write(off, d) => Op::Write {
+                    offset: *off,
+                    data: d,
+                },
+                TxOp::Zero(off, len) => Op::Zero {
+                    offset: *off,
+                    len: *len,
+                },
+            })
+            .collect();
+        self.vol.engine.journaled(&ops, flags.fua)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use jbdev_device::mem::MemDevice;
+
+    fn mem_volume(size: u64, journal: u64) -> (Arc<MemDevice>, Volume) {
+        let dev = Arc::new(MemDevice::new(size + journal + 4096, 512));
+        let mut f = FormatOptions::new(size);
+        f.journal_bytes = Some(journal);
+        Volume::format_device(dev.clone(), None, &f).unwrap();
+        let v = Volume::open_device(dev.clone(), None, &OpenOptions::default()).unwrap();
+        (dev, v)
+    }
+
+    #[test]
+    fn write_read_close_reopen() {
+        let (dev, v) = mem_volume(1 << 20, 256 << 10);
+        v.write_at(b"hello", 4093, WriteFlags::NONE).unwrap();
+        v.write_at(&[7u8; 8192], 8192, WriteFlags::FUA).unwrap();
+        let mut b = [0u8; 5];
+        v.read_at(&mut b, 4093).unwrap();
+        assert_eq!(&b, b"hello");
+        v.close().unwrap();
+        let v = Volume::open_device(dev.clone(), None, &OpenOptions::default()).unwrap();
+        assert!(v.recovery_report().was_clean);
+        v.read_at(&mut b, 4093).unwrap();
+        assert_eq!(&b, b"hello");
+        let mut c = vec![0u8; 8192];
+        v.read_at(&mut c, 8192).unwrap();
+        assert!(c.iter().all(|&x| x == 7));
+    }
+
+    #[test]
+    fn many_commits_wrap_the_log_and_checkpoint() {
+        let (dev, v) = mem_volume(1 << 20, 128 << 10);
+        for i in 0..400u64 {
+            let data = vec![(i % 251) as u8; 4096];
+            v.write_at(&data, (i % 200) * 4096, WriteFlags::FUA)
+                .unwrap();
         }
-        if flags.fua {
-            self.vol.flush()?;
+        let s = v.stats();
+        assert!(s.commits >= 100, "{s:?}");
+        assert!(s.checkpoints > 0, "{s:?}");
+        drop(v);
+        let v = Volume::open_device(dev, None, &OpenOptions::default()).unwrap();
+        for i in 200..400u64 {
+            let mut b = vec![0u8; 4096];
+            v.read_at(&mut b, (i % 200) * 4096).unwrap();
+            assert!(b.iter().all(|&x| x == (i % 251) as u8), "block {}", i % 200);
         }
-        Ok(())
     }
 }

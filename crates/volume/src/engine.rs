@@ -1,0 +1,1171 @@
+//! The journaling engine: joining transactions, group commit, checkpointing.
+//!
+//! # Joining a transaction
+//! Writers never touch one global lock or counter per write (seed 002).
+//! Each thread is bound to one of [`STRIPES`] stripes; a stripe holds the
+//! blocks its threads added to the running transaction and a small stock of
+//! journal-space credits. A write locks its stripe, then the overlay shards
+//! of its blocks (ascending), validates read-modify-write bases, inserts the
+//! new versions and appends them to the stripe. Only when its stripe runs out
+//! of credits does a writer take the journal state lock.
+//!
+//! The commit thread closes ("cuts") the running transaction by locking all
+//! stripes at once, so every write — which holds one stripe lock while it
+//! inserts — lies entirely before or after the cut, and versions of a block
+//! are ordered the same way as the transactions holding them.
+//!
+//! # Group commit (seed 003)
+//! A FUA write or a flush registers as a sync waiter for the transaction it
+//! needs and wakes the commit thread. While commit N is in flight, new
+//! arrivals join N+1 (natural batching). When the commit thread is idle and
+//! a sync request arrives, the batching policy decides how long to wait for
+//! more joiners:
+//! * `none` — not at all;
+//! * `fixed:<us>` — that long whenever more than one writer is syncing;
+//! * `adaptive` — not at all when only one writer is syncing (judged by the
+//!   outstanding sync requests and by how many waiters the previous commit
+//!   had); otherwise until the transaction (aged from its first sync
+//!   request) is as old as the average commit time (a running average, each
+//!   new sample weighted 1/4), capped at `max_batch` — or until as many
+//!   writers have joined as the previous commit served.
+//!
+//! # Writeout priority (seed 004)
+//! Commit blocks go out at background priority unless someone waits for the
+//! commit; the priority is re-read between chunks, so a commit that somebody
+//! starts waiting for finishes urgently. Checkpoint writes are background and
+//! paced in chunks, and urgent only while journal space runs low.
+//!
+//! # Durability
+//! A transaction is committed once all its journal blocks completed and a
+//! flush issued after them returned. The commit thread never waits for
+//! journal space: every write pays for its journal blocks in advance
+//! (credits), so a commit always fits.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::io::IoSlice;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use crossbeam_utils::CachePadded;
+use jbdev_device::{AlignedBuf, BlockDevice, FlushCoalescer, IoPriority};
+use jbdev_journal::format::{DescriptorBlock, JournalSuperblock, RevokeBlock};
+use jbdev_journal::writer::{self, LogBlock};
+use jbdev_journal::JournalRegion;
+use parking_lot::{Condvar, Mutex, MutexGuard, RwLock};
+
+use crate::overlay::{BlockRef, Lba, Overlay, Pending, Source, Tid, Version};
+use crate::{BatchPolicy, CommitMode, OpenOptions, Result, VolumeError};
+
+/// Number of transaction-join stripes (power of two).
+pub const STRIPES: usize = 32;
+
+/// Blocks per checkpoint chunk (one vectored write at most).
+const CHECKPOINT_CHUNK_BLOCKS: usize = 64;
+/// A checkpoint runs when nothing else triggers it this often.
+const CHECKPOINT_INTERVAL: Duration = Duration::from_secs(1);
+
+thread_local! {
+    static STRIPE_INDEX: usize = {
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        // A one-time registration per thread, not a per-I/O counter.
+        (NEXT.fetch_add(1, Ordering::Relaxed) as usize) % STRIPES
+    };
+}
+
+fn my_stripe() -> usize {
+    STRIPE_INDEX.with(|i| *i)
+}
+
+/// Blocks a thread's writes added to the running transaction.
+#[derive(Default)]
+struct Stripe {
+    tid: Tid,
+    blocks: Vec<(Lba, u64, BlockRef)>,
+    revokes: Vec<(Lba, u64)>,
+    /// Journal blocks reserved and not yet used.
+    credits: u64,
+    /// Credits spent in the running transaction.
+    charged: u64,
+}
+
+/// What a cut takes from the stripes: blocks (with versions), revokes
+/// (with versions) and the credits they paid.
+type Cut = (Vec<(Lba, u64, BlockRef)>, Vec<(Lba, u64)>, u64);
+
+/// A committed transaction waiting for checkpoint.
+pub struct CommittedTxn {
+    pub tid: Tid,
+    pub sequence: u32,
+    pub start_pos: u32,
+    pub end_pos: u32,
+    pub log_blocks: u64,
+    pub blocks: Vec<(Lba, u64, BlockRef)>,
+    pub revokes: Vec<Lba>,
+}
+
+/// State shared by writers, the commit thread and the checkpoint thread.
+struct JState {
+    running_tid: Tid,
+    running_created: Instant,
+    /// When the first sync request for the running transaction arrived.
+    running_first_sync: Option<Instant>,
+    committed_tid: Tid,
+    /// Highest transaction somebody asked to be committed.
+    want_commit: Tid,
+    sync_waiters: u32,
+    last_batch_waiters: u32,
+    avg_commit_ns: u64,
+    credits_since_cut: u64,
+    /// Disk sequence of the next transaction written (no gaps on disk).
+    next_sequence: u32,
+    /// Log accounting, in journal blocks.
+    capacity: u64,
+    used: u64,
+    outstanding: u64,
+    space_waiters: u32,
+    head: u32,
+    checkpointed_tid: Tid,
+    error: Option<String>,
+    shutdown: bool,
+    checkpoint_shutdown: bool,
+    checkpoint_request: bool,
+}
+
+/// Metrics owned by the background threads.
+pub struct StatsInner {
+    pub started: Instant,
+    pub commits: u64,
+    pub data_blocks: u64,
+    pub log_blocks: u64,
+    pub commit_latency_us: hdrhistogram::Histogram<u64>,
+    pub checkpoints: u64,
+    pub checkpoint_blocks: u64,
+    pub direct_writes: u64,
+}
+
+/// One write operation of a journaled request, in bytes.
+pub enum Op<'a> {
+    Write { offset: u64, data: &'a [u8] },
+    Zero { offset: u64, len: u64 },
+}
+
+impl Op<'_> {
+    fn range(&self) -> (u64, u64) {
+        match self {
+            Op::Write { offset, data } => (*offset, *offset + data.len() as u64),
+            Op::Zero { offset, len } => (*offset, *offset + *len),
+        }
+    }
+}
+
+/// The engine. Shared by the `Volume` handle and the background threads.
+pub struct Engine {
+    pub bs: usize,
+    pub size_bytes: u64,
+    pub home: Arc<dyn BlockDevice>,
+    pub home_flusher: Arc<FlushCoalescer>,
+    pub data_offset: u64,
+    pub region: JournalRegion,
+    pub jsb: Mutex<JournalSuperblock>,
+    pub overlay: Overlay,
+    stripes: Box<[CachePadded<Mutex<Stripe>>]>,
+    st: Mutex<JState>,
+    kick: Condvar,
+    done: Condvar,
+    space: Condvar,
+    checkpoint_kick: Condvar,
+    committed: Mutex<VecDeque<CommittedTxn>>,
+    /// Excludes checkpoint writes (exclusive) from direct home writes
+    /// (shared), so the two never have writes to one block in flight at once.
+    home_lock: RwLock<()>,
+    home_dirty: AtomicBool,
+    /// Read on every write; written once, when the journal aborts.
+    aborted: AtomicBool,
+    pending_id: AtomicU64,
+    pub opts: OpenOptions,
+    pub max_txn_blocks: u64,
+    pub read_only: bool,
+    pub stats: Mutex<StatsInner>,
+    first: u32,
+}
+
+/// Journal credits a journaled request of `n` blocks pays: the blocks, their
+/// share of descriptor blocks, and a commit block.
+pub fn credits_for_blocks(n: u64, bs: usize) -> u64 {
+    n + n.div_ceil(DescriptorBlock::capacity(bs) as u64) + 1
+}
+
+impl Engine {
+    /// Builds the engine after recovery. `next_sequence` is the first disk
+    /// sequence to write; the log is empty and starts at `first`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        home: Arc<dyn BlockDevice>,
+        home_flusher: Arc<FlushCoalescer>,
+        data_offset: u64,
+        size_bytes: u64,
+        region: JournalRegion,
+        jsb: JournalSuperblock,
+        opts: OpenOptions,
+        read_only: bool,
+    ) -> Self {
+        let bs = jsb.block_size as usize;
+        // Usable log blocks, minus one so the log never fills completely
+        // (a completely full circle would be indistinguishable from a wrap).
+        let capacity = u64::from(jsb.max_len - jsb.first).saturating_sub(1);
+        let max_txn_blocks = (capacity / 4).max(3);
+        let first = jsb.first;
+        let tid0: Tid = 1;
+        let st = JState {
+            running_tid: tid0,
+            running_created: Instant::now(),
+            running_first_sync: None,
+            committed_tid: tid0 - 1,
+            want_commit: 0,
+            sync_waiters: 0,
+            last_batch_waiters: 0,
+            avg_commit_ns: 0,
+            credits_since_cut: 0,
+            next_sequence: jsb.sequence,
+            capacity,
+            used: 0,
+            outstanding: 0,
+            space_waiters: 0,
+            head: first,
+            checkpointed_tid: 0,
+            error: None,
+            shutdown: false,
+            checkpoint_shutdown: false,
+            checkpoint_request: false,
+        };
+        let stripes = (0..STRIPES)
+            .map(|_| {
+                CachePadded::new(Mutex::new(Stripe {
+                    tid: tid0,
+                    ..Default::default()
+                }))
+            })
+            .collect();
+        Self {
+            bs,
+            size_bytes,
+            home,
+            home_flusher,
+            data_offset,
+            region,
+            jsb: Mutex::new(jsb),
+            overlay: Overlay::new(),
+            stripes,
+            st: Mutex::new(st),
+            kick: Condvar::new(),
+            done: Condvar::new(),
+            space: Condvar::new(),
+            checkpoint_kick: Condvar::new(),
+            committed: Mutex::new(VecDeque::new()),
+            home_lock: RwLock::new(()),
+            home_dirty: AtomicBool::new(false),
+            aborted: AtomicBool::new(false),
+            pending_id: AtomicU64::new(1),
+            opts,
+            max_txn_blocks,
+            read_only,
+            stats: Mutex::new(StatsInner {
+                started: Instant::now(),
+                commits: 0,
+                data_blocks: 0,
+                log_blocks: 0,
+                commit_latency_us: hdrhistogram::Histogram::new_with_bounds(1, 60_000_000, 3)
+                    .expect("static histogram bounds"),
+                checkpoints: 0,
+                checkpoint_blocks: 0,
+                direct_writes: 0,
+            }),
+            first,
+        }
+    }
+
+    /// Largest number of data blocks one journaled request may hold.
+    pub fn max_atomic_blocks(&self) -> u64 {
+        let mut n = self.max_txn_blocks;
+        while n > 0 && credits_for_blocks(n, self.bs) > self.max_txn_blocks {
+            n -= 1;
+        }
+        n
+    }
+
+    fn home_offset(&self, lba: Lba) -> u64 {
+        self.data_offset + lba * self.bs as u64
+    }
+
+    // ----- errors ---------------------------------------------------------
+
+    pub fn check_writable(&self) -> Result<()> {
+        if self.read_only {
+            return Err(VolumeError::ReadOnly);
+        }
+        if self.aborted.load(Ordering::Acquire) {
+            let st = self.st.lock();
+            return Err(VolumeError::Aborted(st.error.clone().unwrap_or_default()));
+        }
+        Ok(())
+    }
+
+    /// Aborts the journal: every later write fails until the volume is reopened.
+    pub fn abort(&self, why: String) {
+        tracing::error!("journal aborted: {why}");
+        let mut st = self.st.lock();
+        if st.error.is_none() {
+            st.error = Some(why);
+        }
+        self.aborted.store(true, Ordering::Release);
+        self.done.notify_all();
+        self.space.notify_all();
+        self.kick.notify_all();
+        self.checkpoint_kick.notify_all();
+    }
+
+    fn aborted_error(st: &JState) -> VolumeError {
+        VolumeError::Aborted(st.error.clone().unwrap_or_default())
+    }
+
+    // ----- reads ----------------------------------------------------------
+
+    /// Reads whole blocks `[lba, lba + n)` into `out` (n * bs bytes).
+    pub fn read_blocks(&self, lba: Lba, out: &mut [u8]) -> Result<()> {
+        let bs = self.bs;
+        let n = out.len() / bs;
+        // Runs of blocks that must come from the home location.
+        let mut home_runs: Vec<(usize, usize)> = Vec::new();
+        for i in 0..n {
+            let b = lba + i as u64;
+            let src = self.overlay.lock_block(b).source(b, bs);
+            let dst = &mut out[i * bs..(i + 1) * bs];
+            match src {
+                Source::Journaled(r) => dst.copy_from_slice(r.bytes(bs)),
+                Source::Pending(buf, off) => dst.copy_from_slice(&buf[off..off + bs]),
+                Source::Zero => dst.fill(0),
+                Source::Home => match home_runs.last_mut() {
+                    Some((s, len)) if *s + *len == i => *len += 1,
+                    _ => home_runs.push((i, 1)),
+                },
+            }
+        }
+        for (s, len) in home_runs {
+            self.home.read_at(
+                &mut out[s * bs..(s + len) * bs],
+                self.home_offset(lba + s as u64),
+            )?;
+        }
+        Ok(())
+    }
+
+    // ----- journaled writes -----------------------------------------------
+
+    /// Applies `ops` atomically through the journal; with `fua`, returns only
+    /// once they are durable. Ops are applied in order (later ones win).
+    pub fn journaled(&self, ops: &[Op<'_>], fua: bool) -> Result<()> {
+        self.check_writable()?;
+        let bs = self.bs as u64;
+        // Blocks touched, with the byte coverage of each.
+        let mut touched: BTreeMap<Lba, Vec<(usize, usize)>> = BTreeMap::new();
+        for op in ops {
+            let (s, e) = op.range();
+            if s == e {
+                continue;
+            }
+            for b in s / bs..e.div_ceil(bs) {
+                let bstart = b * bs;
+                let lo = s.max(bstart) - bstart;
+                let hi = e.min(bstart + bs) - bstart;
+                touched
+                    .entry(b)
+                    .or_default()
+                    .push((lo as usize, hi as usize));
+            }
+        }
+        if touched.is_empty() {
+            if fua {
+                return self.flush();
+            }
+            return Ok(());
+        }
+        let lbas: Vec<Lba> = touched.keys().copied().collect();
+        let partial: Vec<bool> = touched
+            .values()
+            .map(|ranges| !covers_block(ranges, self.bs))
+            .collect();
+        let n = lbas.len() as u64;
+        let charge = credits_for_blocks(n, self.bs);
+        if charge > self.max_txn_blocks {
+            return Err(VolumeError::TooLarge {
+                len: n * bs,
+                max: self.max_atomic_blocks() * bs,
+            });
+        }
+        let index: HashMap<Lba, usize> = lbas.iter().enumerate().map(|(i, &b)| (b, i)).collect();
+        let shard_ids = Overlay::shards_for_blocks(lbas.iter().copied());
+        let stripe_idx = my_stripe();
+        loop {
+            // Phase 1, no locks held across I/O: read home content of partial
+            // blocks that have no newer copy, remembering the shard version.
+            let mut buf = AlignedBuf::zeroed(lbas.len() * self.bs);
+            let mut pre_read: Vec<(usize, u64)> = Vec::new();
+            for (i, &b) in lbas.iter().enumerate() {
+                if !partial[i] {
+                    continue;
+                }
+                let (is_home, version) = {
+                    let sh = self.overlay.lock_block(b);
+                    (matches!(sh.source(b, self.bs), Source::Home), sh.version)
+                };
+                if is_home {
+                    self.home.read_at(
+                        &mut buf[i * self.bs..(i + 1) * self.bs],
+                        self.home_offset(b),
+                    )?;
+                    pre_read.push((i, version));
+                }
+            }
+            // Credits.
+            {
+                let have = self.stripes[stripe_idx].lock().credits;
+                if have < charge {
+                    self.reserve(stripe_idx, charge - have)?;
+                    continue;
+                }
+            }
+            let mut stripe = self.stripes[stripe_idx].lock();
+            if stripe.credits < charge {
+                continue;
+            }
+            self.check_writable()?;
+            let mut guards: Vec<(usize, MutexGuard<'_, crate::overlay::Shard>)> = shard_ids
+                .iter()
+                .map(|&s| (s, self.overlay.lock(s)))
+                .collect();
+            let guard_of = |g: &Vec<(usize, MutexGuard<'_, crate::overlay::Shard>)>, b: Lba| {
+                g.binary_search_by_key(&Overlay::shard_of(b), |(s, _)| *s)
+                    .expect("shard locked")
+            };
+            // Phase 2: validate and fill in the bases of partial blocks.
+            let mut conflict = false;
+            for (i, &b) in lbas.iter().enumerate() {
+                if !partial[i] {
+                    continue;
+                }
+                let gi = guard_of(&guards, b);
+                let sh = &guards[gi].1;
+                let dst = &mut buf[i * self.bs..(i + 1) * self.bs];
+                match sh.source(b, self.bs) {
+                    Source::Journaled(r) => dst.copy_from_slice(r.bytes(self.bs)),
+                    Source::Pending(p, off) => dst.copy_from_slice(&p[off..off + self.bs]),
+                    Source::Zero => dst.fill(0),
+                    Source::Home => {
+                        let pre = pre_read.iter().find(|(pi, _)| *pi == i);
+                        match pre {
+                            Some(&(_, v)) if v == sh.version => {}
+                            _ => {
+                                conflict = true;
+                                break;
+                            }
+                        }
+                    }
+                }
+            }
+            if conflict {
+                drop(guards);
+                drop(stripe);
+                continue;
+            }
+            // Phase 3: apply the ops in order.
+            for op in ops {
+                match op {
+                    Op::Write { offset, data } => {
+                        let mut pos = 0usize;
+                        let mut off = *offset;
+                        while pos < data.len() {
+                            let b = off / bs;
+                            let inb = (off % bs) as usize;
+                            let take = (self.bs - inb).min(data.len() - pos);
+                            let i = index[&b];
+                            buf[i * self.bs + inb..i * self.bs + inb + take]
+                                .copy_from_slice(&data[pos..pos + take]);
+                            pos += take;
+                            off += take as u64;
+                        }
+                    }
+                    Op::Zero { offset, len } => {
+                        let end = offset + len;
+                        let mut off = *offset;
+                        while off < end {
+                            let b = off / bs;
+                            let inb = (off % bs) as usize;
+                            let take = ((bs - inb as u64).min(end - off)) as usize;
+                            let i = index[&b];
+                            buf[i * self.bs + inb..i * self.bs + inb + take].fill(0);
+                            off += take as u64;
+                        }
+                    }
+                }
+            }
+            // Phase 4: publish.
+            let buf = Arc::new(buf);
+            let tid = stripe.tid;
+            for (i, &b) in lbas.iter().enumerate() {
+                let gi = guard_of(&guards, b);
+                let sh = &mut guards[gi].1;
+                let ver = sh.bump();
+                let data = BlockRef {
+                    buf: buf.clone(),
+                    offset: i * self.bs,
+                };
+                sh.map.entry(b).or_default().newest = Some(Version {
+                    ver,
+                    data: data.clone(),
+                });
+                stripe.blocks.push((b, ver, data));
+            }
+            stripe.credits -= charge;
+            stripe.charged += charge;
+            drop(guards);
+            drop(stripe);
+            if fua {
+                self.wait_commit(tid)?;
+            }
+            return Ok(());
+        }
+    }
+
+    /// Moves at least `need` journal blocks of credit to a stripe, waiting
+    /// for checkpoints if the journal is full.
+    fn reserve(&self, stripe_idx: usize, need: u64) -> Result<()> {
+        let mut st = self.st.lock();
+        loop {
+            if st.error.is_some() {
+                return Err(Self::aborted_error(&st));
+            }
+            if st.shutdown {
+                return Err(VolumeError::Closed);
+            }
+            let free = st.capacity.saturating_sub(st.used + st.outstanding);
+            if free >= need {
+                // A small stock so the next writes of this stripe need not
+                // come here; bounded so stripes cannot hoard the journal.
+                let extra = (st.capacity / (8 * STRIPES as u64))
+                    .min(64)
+                    .min(free - need);
+                let grant = need + extra;
+                st.outstanding += grant;
+                st.credits_since_cut += grant;
+                if st.credits_since_cut >= self.max_txn_blocks / 2 {
+                    self.kick.notify_one();
+                }
+                drop(st);
+                self.stripes[stripe_idx].lock().credits += grant;
+                return Ok(());
+            }
+            // Out of space: get the running transaction committed so it
+            // can be checkpointed, and the checkpoint going urgently.
+            st.want_commit = st.want_commit.max(st.running_tid);
+            st.space_waiters += 1;
+            st.checkpoint_request = true;
+            self.kick.notify_one();
+            self.checkpoint_kick.notify_one();
+            self.space.wait_for(&mut st, Duration::from_millis(100));
+            st.space_waiters -= 1;
+        }
+    }
+
+    /// Waits until transaction `tid` is committed (durable).
+    pub fn wait_commit(&self, tid: Tid) -> Result<()> {
+        let mut st = self.st.lock();
+        if st.committed_tid >= tid {
+            return Ok(());
+        }
+        st.sync_waiters += 1;
+        if st.want_commit < tid {
+            st.want_commit = tid;
+        }
+        if tid == st.running_tid && st.running_first_sync.is_none() {
+            st.running_first_sync = Some(Instant::now());
+        }
+        self.kick.notify_one();
+        while st.committed_tid < tid && st.error.is_none() {
+            self.done.wait(&mut st);
+        }
+        st.sync_waiters -= 1;
+        if st.committed_tid >= tid {
+            Ok(())
+        } else {
+            Err(Self::aborted_error(&st))
+        }
+    }
+
+    /// Makes every write that returned before this call durable.
+    pub fn flush(&self) -> Result<()> {
+        self.check_writable()?;
+        let tid = self.st.lock().running_tid;
+        self.wait_commit(tid)?;
+        if self.home_dirty.swap(false, Ordering::AcqRel) {
+            if let Err(e) = self.home_flusher.flush(self.home.as_ref()) {
+                self.abort(format!("flush of the home device failed: {e}"));
+                return Err(e.into());
+            }
+        }
+        Ok(())
+    }
+
+    // ----- direct home writes ---------------------------------------------
+
+    /// Writes whole blocks `[start, end)` straight to their home location
+    /// (`data` = None writes zeroes), with revoke records for any journaled
+    /// copies so replay can never resurrect them.
+    pub fn direct(&self, start: Lba, end: Lba, data: Option<AlignedBuf>, fua: bool) -> Result<()> {
+        self.check_writable()?;
+        if start >= end {
+            return Ok(());
+        }
+        let data = data.map(Arc::new);
+        let _home = self.home_lock.read();
+        let id = self.pending_id.fetch_add(1, Ordering::Relaxed);
+        let bound = (end - start).min(self.region.len_blocks() as u64 * 2);
+        let charge = bound.div_ceil(RevokeBlock::capacity(self.bs) as u64) + 1;
+        let stripe_idx = my_stripe();
+        let shard_ids = Overlay::shards_for_range(start, end);
+        let mut shard_versions: Vec<(usize, u64)> = Vec::with_capacity(shard_ids.len());
+        loop {
+            let have = self.stripes[stripe_idx].lock().credits;
+            if have < charge {
+                self.reserve(stripe_idx, charge - have)?;
+                continue;
+            }
+            let mut stripe = self.stripes[stripe_idx].lock();
+            if stripe.credits < charge {
+                continue;
+            }
+            let tid = stripe.tid;
+            for &s in &shard_ids {
+                let mut sh = self.overlay.lock(s);
+                let rv = sh.bump();
+                sh.pending.push(Pending {
+                    id,
+                    start,
+                    end,
+                    ver: rv,
+                    data: data.clone(),
+                });
+                let mut revoked: Vec<Lba> = Vec::new();
+                if end - start < 8192 {
+                    for b in start..end {
+                        if Overlay::shard_of(b) == s && sh.map.contains_key(&b) {
+                            revoked.push(b);
+                        }
+                    }
+                } else {
+                    revoked.extend(sh.map.keys().copied().filter(|&b| start <= b && b < end));
+                }
+                for b in revoked {
+                    let e = sh.map.get_mut(&b).expect("entry present");
+                    e.cancel_below = rv;
+                    e.tomb_tid = Some(tid);
+                    stripe.revokes.push((b, rv));
+                }
+                shard_versions.push((s, rv));
+            }
+            stripe.credits -= charge;
+            stripe.charged += charge;
+            break;
+        }
+        // The home I/O, with no lock held but the shared home lock.
+        let res = match &data {
+            Some(buf) => self
+                .home
+                .write_at(buf, self.home_offset(start), IoPriority::Urgent),
+            None => self
+                .home
+                .write_zeroes(self.home_offset(start), (end - start) * self.bs as u64),
+        };
+        for &(s, rv) in &shard_versions {
+            let mut sh = self.overlay.lock(s);
+            sh.pending.retain(|p| p.id != id);
+            if res.is_ok() {
+                let in_range: Vec<Lba> = if end - start < 8192 {
+                    (start..end)
+                        .filter(|&b| Overlay::shard_of(b) == s && sh.map.contains_key(&b))
+                        .collect()
+                } else {
+                    sh.map
+                        .keys()
+                        .copied()
+                        .filter(|&b| start <= b && b < end)
+                        .collect()
+                };
+                for b in in_range {
+                    let e = sh.map.get_mut(&b).expect("entry present");
+                    if e.newest.as_ref().is_some_and(|v| v.ver < rv) {
+                        e.newest = None;
+                    }
+                }
+            }
+            sh.bump();
+        }
+        drop(_home);
+        if let Err(e) = res {
+            self.abort(format!("direct write to the home location failed: {e}"));
+            return Err(e.into());
+        }
+        self.stats.lock().direct_writes += 1;
+        self.home_dirty.store(true, Ordering::Release);
+        if fua {
+            self.flush()?;
+        }
+        Ok(())
+    }
+
+    // ----- commit thread --------------------------------------------------
+
+    /// Locks every stripe, takes what they hold and starts transaction `tid + 1`.
+    fn cut(&self, tid: Tid) -> Cut {
+        let mut guards: Vec<_> = self.stripes.iter().map(|s| s.lock()).collect();
+        let (mut blocks, mut revokes, mut charged) = (Vec::new(), Vec::new(), 0);
+        for g in guards.iter_mut() {
+            debug_assert_eq!(g.tid, tid);
+            blocks.append(&mut g.blocks);
+            revokes.append(&mut g.revokes);
+            charged += g.charged;
+            g.charged = 0;
+            g.tid = tid + 1;
+        }
+        (blocks, revokes, charged)
+    }
+
+    fn batch_deadline(&self, st: &JState) -> Option<Instant> {
+        let multi = st.sync_waiters > 1 || st.last_batch_waiters > 1;
+        match self.opts.batch_policy {
+            BatchPolicy::None => None,
+            BatchPolicy::Fixed(d) if multi => Some(Instant::now() + d),
+            BatchPolicy::Fixed(_) => None,
+            BatchPolicy::Adaptive if multi => {
+                let wait = Duration::from_nanos(st.avg_commit_ns).min(self.opts.max_batch);
+                let since = st.running_first_sync.unwrap_or_else(Instant::now);
+                Some(since + wait)
+            }
+            BatchPolicy::Adaptive => None,
+        }
+    }
+
+    pub fn commit_thread(self: &Arc<Self>) {
+        let mut st = self.st.lock();
+        loop {
+            if st.error.is_some() {
+                if st.shutdown {
+                    return;
+                }
+                self.kick.wait(&mut st);
+                continue;
+            }
+            let want_sync = st.want_commit >= st.running_tid;
+            let timed = st.running_created.elapsed() >= self.opts.commit_interval;
+            let sized = st.credits_since_cut >= self.max_txn_blocks / 2;
+            let drain = st.shutdown;
+            if !(want_sync || timed || sized || drain) {
+                let deadline = st.running_created + self.opts.commit_interval;
+                self.kick.wait_until(&mut st, deadline);
+                continue;
+            }
+            if want_sync && !drain {
+                if let Some(deadline) = self.batch_deadline(&st) {
+                    let adaptive = self.opts.batch_policy == BatchPolicy::Adaptive;
+                    while Instant::now() < deadline
+                        && !(adaptive && st.sync_waiters >= st.last_batch_waiters.max(2))
+                        && !st.shutdown
+                        && st.error.is_none()
+                    {
+                        self.kick.wait_until(&mut st, deadline);
+                    }
+                }
+            }
+            let tid = st.running_tid;
+            let waiters = st.sync_waiters;
+            let started = Instant::now();
+            let (blocks, revokes, charged) = self.cut(tid);
+            st.running_tid = tid + 1;
+            st.running_created = started;
+            st.running_first_sync = None;
+            st.credits_since_cut = 0;
+            let empty = blocks.is_empty() && revokes.is_empty();
+            if empty {
+                st.committed_tid = tid;
+                st.outstanding -= charged;
+                self.done.notify_all();
+                if drain {
+                    return;
+                }
+                continue;
+            }
+            let sequence = st.next_sequence;
+            let head = st.head;
+            drop(st);
+            let res = self.write_commit(tid, sequence, head, blocks, revokes, charged);
+            st = self.st.lock();
+            match res {
+                Ok(txn) => {
+                    let elapsed = started.elapsed();
+                    let ns = elapsed.as_nanos().min(u64::MAX as u128) as u64;
+                    st.avg_commit_ns = if st.avg_commit_ns == 0 {
+                        ns
+                    } else {
+                        (st.avg_commit_ns * 3 + ns) / 4
+                    };
+                    if waiters > 0 {
+                        st.last_batch_waiters = waiters;
+                    }
+                    st.committed_tid = tid;
+                    st.next_sequence = sequence.wrapping_add(1);
+                    st.head = txn.end_pos;
+                    st.used += txn.log_blocks;
+                    st.outstanding -= charged;
+                    let fill_high = st.used * 4 >= st.capacity;
+                    {
+                        let mut s = self.stats.lock();
+                        s.commits += 1;
+                        s.data_blocks += txn.blocks.len() as u64;
+                        s.log_blocks += txn.log_blocks;
+                        let _ = s
+                            .commit_latency_us
+                            .record((elapsed.as_micros() as u64).max(1));
+                    }
+                    self.committed.lock().push_back(txn);
+                    if fill_high {
+                        self.checkpoint_kick.notify_one();
+                    }
+                }
+                Err(e) => {
+                    drop(st);
+                    self.abort(format!("journal commit failed: {e}"));
+                    st = self.st.lock();
+                }
+            }
+            self.done.notify_all();
+            self.space.notify_all();
+        }
+    }
+
+    fn write_commit(
+        &self,
+        tid: Tid,
+        sequence: u32,
+        head: u32,
+        blocks: Vec<(Lba, u64, BlockRef)>,
+        revokes: Vec<(Lba, u64)>,
+        charged: u64,
+    ) -> Result<CommittedTxn> {
+        // Newest version per block, then resolve revokes against it: a
+        // journaled copy newer than the revoke cancels the revoke; an older
+        // one is dropped (the direct write superseded it).
+        let mut newest: BTreeMap<Lba, (u64, BlockRef)> = BTreeMap::new();
+        for (b, v, r) in blocks {
+            match newest.get(&b) {
+                Some((old, _)) if *old > v => {}
+                _ => {
+                    newest.insert(b, (v, r));
+                }
+            }
+        }
+        let mut rev: BTreeMap<Lba, u64> = BTreeMap::new();
+        for (b, v) in revokes {
+            let e = rev.entry(b).or_insert(v);
+            *e = (*e).max(v);
+        }
+        rev.retain(|b, rv| match newest.get(b) {
+            Some((v, _)) if *v > *rv => false,
+            Some(_) => {
+                newest.remove(b);
+                true
+            }
+            None => true,
+        });
+        let revoke_list: Vec<Lba> = rev.keys().copied().collect();
+        let bs = self.bs;
+        let data: Vec<(u64, &[u8])> = newest.iter().map(|(&b, (_, r))| (b, r.bytes(bs))).collect();
+        let jsb = self.jsb.lock().clone();
+        let log: Vec<LogBlock<'_>> =
+            writer::build_transaction(&jsb, sequence, &data, &revoke_list, SystemTime::now());
+        let k = log.len() as u64;
+        if k > charged {
+            return Err(VolumeError::CorruptJournal(format!(
+                "internal accounting error: transaction needs {k} journal blocks but paid for {charged}"
+            )));
+        }
+        let prio = || {
+            let st = self.st.lock();
+            if st.want_commit >= tid || st.shutdown || st.space_waiters > 0 {
+                IoPriority::Urgent
+            } else {
+                IoPriority::Background
+            }
+        };
+        let len = self.region.len_blocks();
+        let end_pos = match self.opts.commit_mode {
+            CommitMode::SingleFlush => {
+                let end = writer::write_log_blocks(&self.region, self.first, head, &log, &prio)?;
+                self.region.flush()?;
+                end
+            }
+            CommitMode::TwoFlush => {
+                let (body, commit) = log.split_at(log.len() - 1);
+                let mid = writer::write_log_blocks(&self.region, self.first, head, body, &prio)?;
+                self.region.flush()?;
+                let end = writer::write_log_blocks(&self.region, self.first, mid, commit, &|| {
+                    IoPriority::Urgent
+                })?;
+                self.region.flush()?;
+                end
+            }
+        };
+        debug_assert_eq!(end_pos, writer::advance(head, log.len(), self.first, len));
+        drop(log);
+        drop(data);
+        Ok(CommittedTxn {
+            tid,
+            sequence,
+            start_pos: head,
+            end_pos,
+            log_blocks: k,
+            blocks: newest.into_iter().map(|(b, (v, r))| (b, v, r)).collect(),
+            revokes: revoke_list,
+        })
+    }
+
+    // ----- checkpoint thread ----------------------------------------------
+
+    pub fn checkpoint_thread(self: &Arc<Self>) {
+        loop {
+            let urgent;
+            {
+                let mut st = self.st.lock();
+                loop {
+                    if st.error.is_some() {
+                        return;
+                    }
+                    let have = !self.committed.lock().is_empty();
+                    let fill_high = st.used * 4 >= st.capacity;
+                    if have && (st.checkpoint_request || fill_high || st.checkpoint_shutdown) {
+                        break;
+                    }
+                    if st.checkpoint_shutdown && !have && st.committed_tid + 1 >= st.running_tid {
+                        return;
+                    }
+                    let timed_out = self
+                        .checkpoint_kick
+                        .wait_for(&mut st, CHECKPOINT_INTERVAL)
+                        .timed_out();
+                    if timed_out && !self.committed.lock().is_empty() {
+                        break;
+                    }
+                }
+                urgent = st.space_waiters > 0
+                    || st.used * 4 >= st.capacity * 3
+                    || st.checkpoint_shutdown;
+                st.checkpoint_request = false;
+            }
+            let batch: Vec<CommittedTxn> = self.committed.lock().drain(..).collect();
+            if batch.is_empty() {
+                continue;
+            }
+            if let Err(e) = self.checkpoint(batch, urgent) {
+                self.abort(format!("checkpoint failed: {e}"));
+                return;
+            }
+        }
+    }
+
+    /// Writes the blocks of `batch` (oldest first) home, makes them durable,
+    /// advances the journal tail and forgets them.
+    fn checkpoint(&self, batch: Vec<CommittedTxn>, urgent: bool) -> Result<()> {
+        let bs = self.bs;
+        let mut writes: BTreeMap<Lba, (u64, BlockRef)> = BTreeMap::new();
+        for t in &batch {
+            for (b, v, r) in &t.blocks {
+                writes.insert(*b, (*v, r.clone()));
+            }
+        }
+        let all: Vec<(Lba, u64, BlockRef)> = writes
+            .iter()
+            .map(|(&b, (v, r))| (b, *v, r.clone()))
+            .collect();
+        let mut written = 0u64;
+        for chunk in all.chunks(CHECKPOINT_CHUNK_BLOCKS) {
+            let _home = self.home_lock.write();
+            // Validate under the shard locks: skip versions a direct write
+            // superseded (cancel_below) — their revoke protects replay.
+            let todo: Vec<&(Lba, u64, BlockRef)> = chunk
+                .iter()
+                .filter(|(b, v, _)| {
+                    let sh = self.overlay.lock_block(*b);
+                    sh.map.get(b).is_some_and(|e| *v >= e.cancel_below)
+                })
+                .collect();
+            let prio = if urgent || self.st.lock().space_waiters > 0 {
+                IoPriority::Urgent
+            } else {
+                IoPriority::Background
+            };
+            let mut i = 0;
+            while i < todo.len() {
+                let zero = is_zero(todo[i].2.bytes(bs));
+                let mut j = i + 1;
+                while j < todo.len()
+                    && todo[j].0 == todo[j - 1].0 + 1
+                    && is_zero(todo[j].2.bytes(bs)) == zero
+                {
+                    j += 1;
+                }
+                let off = self.home_offset(todo[i].0);
+                if zero {
+                    self.home.write_zeroes(off, (j - i) as u64 * bs as u64)?;
+                } else {
+                    let iov: Vec<IoSlice<'_>> = todo[i..j]
+                        .iter()
+                        .map(|(_, _, r)| IoSlice::new(r.bytes(bs)))
+                        .collect();
+                    self.home.write_vectored_at(&iov, off, prio)?;
+                }
+                written += (j - i) as u64;
+                i = j;
+            }
+            drop(_home);
+            if !urgent {
+                // Pace background writeback so foreground reads get the device.
+                std::thread::yield_now();
+            }
+        }
+        self.home_flusher.flush(self.home.as_ref())?;
+        // Advance the tail: to the oldest transaction still in the log, or
+        // to the head when the log is empty.
+        let last = batch.last().expect("non-empty batch");
+        let (tail_pos, tail_seq) = {
+            let st = self.st.lock();
+            let q = self.committed.lock();
+            match q.front() {
+                Some(t) => (t.start_pos, t.sequence),
+                None => (st.head, st.next_sequence),
+            }
+        };
+        {
+            let mut jsb = self.jsb.lock();
+            jsb.start = tail_pos;
+            jsb.sequence = tail_seq;
+            // IMPORTANT: the new tail must be durable before the space it
+            // frees is reused, or recovery would start in overwritten log.
+            self.region.update_superblock(&jsb)?;
+            self.region.flush()?;
+        }
+        let freed: u64 = batch.iter().map(|t| t.log_blocks).sum();
+        {
+            let mut st = self.st.lock();
+            st.used -= freed;
+            st.checkpointed_tid = last.tid;
+            self.space.notify_all();
+        }
+        // Forget versions that are now home and durable, and tombstones
+        // whose revoke records left the log.
+        let last_tid = last.tid;
+        for (b, (v, _)) in &writes {
+            let mut sh = self.overlay.lock_block(*b);
+            forget(&mut sh, *b, Some(*v), last_tid);
+        }
+        for t in &batch {
+            for b in &t.revokes {
+                let mut sh = self.overlay.lock_block(*b);
+                forget(&mut sh, *b, None, last_tid);
+            }
+        }
+        let mut s = self.stats.lock();
+        s.checkpoints += 1;
+        s.checkpoint_blocks += written;
+        Ok(())
+    }
+
+    // ----- shutdown -------------------------------------------------------
+
+    /// Tells the commit thread to commit what is left and exit.
+    pub fn stop_commit(&self) {
+        let mut st = self.st.lock();
+        st.shutdown = true;
+        self.kick.notify_all();
+    }
+
+    /// Tells the checkpoint thread to checkpoint everything and exit.
+    pub fn stop_checkpoint(&self) {
+        let mut st = self.st.lock();
+        st.checkpoint_shutdown = true;
+        self.checkpoint_kick.notify_all();
+    }
+
+    /// After both threads exited cleanly: mark the journal clean.
+    pub fn mark_clean(&self) -> Result<()> {
+        let st = self.st.lock();
+        if let Some(e) = &st.error {
+            return Err(VolumeError::Aborted(e.clone()));
+        }
+        let next = st.next_sequence;
+        drop(st);
+        self.home_flusher.flush(self.home.as_ref())?;
+        let mut jsb = self.jsb.lock();
+        jsb.start = 0;
+        jsb.sequence = next;
+        self.region.update_superblock(&jsb)?;
+        self.region.flush()?;
+        Ok(())
+    }
+
+    /// Snapshot of the journal state for stats.
+    pub fn journal_state(&self) -> (u64, u64, Tid, Tid) {
+        let st = self.st.lock();
+        (st.used, st.capacity, st.committed_tid, st.checkpointed_tid)
+    }
+
+    /// Transactions committed and waiting for checkpoint.
+    pub fn committed_len(&self) -> usize {
+        self.committed.lock().len()
+    }
+
+    pub fn avg_commit(&self) -> Duration {
+        Duration::from_nanos(self.st.lock().avg_commit_ns)
+    }
+}
+
+/// Drops the entry's newest version if it is `ver` (now home), and the
+/// entry itself once nothing journaled or revoked remains in the log.
+fn forget(sh: &mut crate::overlay::Shard, b: Lba, ver: Option<u64>, checkpointed: Tid) {
+    let Some(e) = sh.map.get_mut(&b) else { return };
+    if let (Some(v), Some(n)) = (ver, e.newest.as_ref()) {
+        if n.ver == v {
+            e.newest = None;
+        }
+    }
+    if e.newest.is_none() && e.tomb_tid.is_none_or(|t| t <= checkpointed) {
+        sh.map.remove(&b);
+        sh.bump();
+    }
+}
+
+/// True if the byte ranges cover `[0, bs)`.
+fn covers_block(ranges: &[(usize, usize)], bs: usize) -> bool {
+    let mut r = ranges.to_vec();
+    r.sort_unstable();
+    let mut reach = 0;
+    for (lo, hi) in r {
+        if lo > reach {
+            return false;
+        }
+        reach = reach.max(hi);
+    }
+    reach >= bs
+}
+
+fn is_zero(b: &[u8]) -> bool {
+    b.iter().all(|&x| x == 0)
+}
