@@ -449,8 +449,8 @@ struct Counts {
 }
 
 /// Recovers every distinct crash image of `dev` (taken with `seeds` and the
-/// two extremes) and checks it; then crashes one recovery and checks the
-/// images of that. Returns the number of crash points verified.
+/// two extremes) and checks it; then crashes the recovery of one image (at
+/// one random op, or at every op) and checks the images of that. Returns the number of crash points verified.
 #[allow(clippy::too_many_arguments)]
 fn verify_images(
     what: &str,
@@ -461,6 +461,7 @@ fn verify_images(
     flushes: &[FlushRec],
     seeds: &[u64],
     recovery_crash_seed: Option<u64>,
+    every_recovery_op: bool,
     counts: &mut Counts,
 ) -> Result<(), String> {
     let mut images = vec![
@@ -492,17 +493,32 @@ fn verify_images(
             recoverable.push((name, img, recovery_ops));
         }
     }
-    // Crash the recovery of one image, then recover what that left.
-    if let (Some(rseed), false) = (recovery_crash_seed, recoverable.is_empty()) {
-        let mut rng = StdRng::seed_from_u64(rseed);
-        let (name, img, recovery_ops) = &recoverable[rng.gen_range(0..recoverable.len())];
-        let m = rng.gen_range(0..*recovery_ops);
+    // Crash the recovery of an image, then recover what that left.
+    let Some(rseed) = recovery_crash_seed else {
+        return Ok(());
+    };
+    if recoverable.is_empty() {
+        return Ok(());
+    }
+    let mut rng = StdRng::seed_from_u64(rseed);
+    let (name, img, recovery_ops) = if every_recovery_op {
+        // The image whose recovery does the most work.
+        recoverable.iter().max_by_key(|r| r.2).expect("non-empty")
+    } else {
+        &recoverable[rng.gen_range(0..recoverable.len())]
+    };
+    let crash_points: Vec<u64> = if every_recovery_op {
+        (0..*recovery_ops).collect()
+    } else {
+        vec![rng.gen_range(0..*recovery_ops)]
+    };
+    for m in crash_points {
         let rdev = recover_interrupted(img.clone(), m, &opts);
         let mut seen = std::collections::HashSet::new();
         for (iname, img2) in [
             ("keep-all", rdev.crash_image_with(0, CrashOdds::KEEP_ALL)),
             ("lose-all", rdev.crash_image_with(0, CrashOdds::LOSE_ALL)),
-            ("random", rdev.crash_image(rseed)),
+            ("random", rdev.crash_image(rseed ^ m)),
         ] {
             if !seen.insert(image_hash(&img2)) {
                 continue;
@@ -572,6 +588,7 @@ fn one_case(
         &run.flushes,
         &seeds,
         Some(rng.gen()),
+        false,
         counts,
     )?;
     let total_ops: usize =
@@ -682,6 +699,8 @@ fn single_thread_every_crash_point() {
                 &run.flushes,
                 &[n, n + 1_000_000],
                 Some(n ^ 0xabc),
+                // Every recovery op index, for every 8th workload crash point.
+                n % 8 == 0,
                 &mut counts,
             );
             if let Err(e) = res {
@@ -829,6 +848,7 @@ fn sticky_error_after_failed_write_or_flush() {
             &flushes,
             &seeds,
             None,
+            false,
             &mut counts,
         )
         .unwrap_or_else(|e| panic!("CRASH CONSISTENCY VIOLATION\n{e}"));
@@ -895,4 +915,70 @@ fn check_refuses_writes(vol: &Volume, off: u64) -> Result<bool, String> {
         }
     }
     Ok(true)
+}
+
+/// The checkers themselves: they accept every legal recovery of a small
+/// history and reject torn, reordered, lost-durable and stray content.
+#[test]
+fn model_checkers_reject_illegal_recoveries() {
+    let size = 16 * BLOCK as usize;
+    let base = stamped(INITIAL_ID, 0, size);
+    let op = |id: u64, off: u64, len: usize, fua: bool, ack: Option<u64>| Op {
+        id,
+        kind: OpKind::Write,
+        fua,
+        extents: vec![(off, stamped(id, off, len))],
+        ack,
+    };
+    let h = History {
+        thread: 0,
+        lo: 0,
+        hi: 8 * BLOCK,
+        ops: vec![
+            op(1, 100, 3000, false, Some(1)),
+            op(2, 4096, 8192, true, Some(2)),
+            op(3, 2000, 5000, false, Some(3)),
+        ],
+    };
+    let apply = |k: usize| {
+        let mut img = base.clone();
+        for o in &h.ops[..k] {
+            for (off, d) in &o.extents {
+                img[*off as usize..*off as usize + d.len()].copy_from_slice(d);
+            }
+        }
+        img
+    };
+    // Op 1 (#1, FUA) is durable: floor 2. Prefixes 2 and 3 are legal.
+    assert_eq!(h.floor(0), 2);
+    assert_eq!(check_prefix(&base, &h, 2, &apply(2)), Ok(2));
+    assert_eq!(check_prefix(&base, &h, 2, &apply(3)), Ok(3));
+    // Losing the durable write is not.
+    assert!(check_prefix(&base, &h, 2, &apply(1)).is_err());
+    // Op #2 torn: only its first 48 bytes reached the media.
+    let mut torn = apply(2);
+    torn[2000..2048].copy_from_slice(&stamped(3, 2000, 48));
+    assert!(check_prefix(&base, &h, 2, &torn).is_err());
+    // Reordered: op 2 without op 1 (with floor 0, so only order is at stake).
+    let mut reordered = base.clone();
+    reordered[4096..12288].copy_from_slice(&stamped(2, 4096, 8192));
+    assert!(check_prefix(&base, &h, 0, &reordered).is_err());
+    // A stray change outside every region.
+    let mut stray = apply(3);
+    assert_eq!(check_untouched(&base, &[(0, 8 * BLOCK)], &stray), Ok(()));
+    stray[9 * BLOCK as usize] ^= 1;
+    assert!(check_untouched(&base, &[(0, 8 * BLOCK)], &stray).is_err());
+    // Per-sector rules: op 1 is durable (horizon 0 makes only FUA durable).
+    assert_eq!(check_sectors(&base, &h, 0, &apply(3)), Ok(()));
+    let mut old = apply(3);
+    old[4096..4608].copy_from_slice(&base[4096..4608]);
+    assert!(
+        check_sectors(&base, &h, 0, &old).is_err(),
+        "a sector older than its durable write must be rejected"
+    );
+    // With a flush after op 2 returned, op 2 is durable: its value or newer only.
+    let mut lost = apply(3);
+    lost[100..612].copy_from_slice(&base[100..612]);
+    assert!(check_sectors(&base, &h, 3, &lost).is_err());
+    assert_eq!(check_sectors(&base, &h, 3, &apply(3)), Ok(()));
 }
