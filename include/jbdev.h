@@ -127,18 +127,28 @@ typedef struct jbdev_stats {
   // Bytes of this struct the library filled in.
   uint32_t struct_size;
   uint32_t _reserved;
+  // Transactions committed (with journal I/O) since open.
   uint64_t commits;
   double commits_per_sec;
+  // Data blocks written to the journal since open.
   uint64_t blocks_journaled;
+  // Mean data blocks per committed transaction.
   double mean_transaction_blocks;
   uint64_t commit_latency_us_p50;
   uint64_t commit_latency_us_p99;
   uint64_t commit_latency_us_max;
-  // Used fraction of the journal, 0.0..=1.0.
+  // Running average commit time used by adaptive batching.
+  uint64_t avg_commit_us;
+  // Fraction of the journal holding committed, not yet checkpointed
+  // transactions, 0.0..=1.0.
   double journal_fill_ratio;
+  // Journal blocks waiting for checkpoint.
   uint64_t checkpoint_lag_blocks;
+  // Transactions committed but not yet checkpointed.
+  uint64_t checkpoint_lag_transactions;
   uint64_t checkpoints;
-  uint64_t device_flushes;
+  uint64_t checkpoint_blocks;
+  // Writes that went straight to their home location.
   uint64_t direct_writes;
 } jbdev_stats;
 

@@ -110,18 +110,28 @@ pub struct jbdev_stats {
     /// Bytes of this struct the library filled in.
     pub struct_size: u32,
     pub _reserved: u32,
+    /// Transactions committed (with journal I/O) since open.
     pub commits: u64,
     pub commits_per_sec: f64,
+    /// Data blocks written to the journal since open.
     pub blocks_journaled: u64,
+    /// Mean data blocks per committed transaction.
     pub mean_transaction_blocks: f64,
     pub commit_latency_us_p50: u64,
     pub commit_latency_us_p99: u64,
     pub commit_latency_us_max: u64,
-    /// Used fraction of the journal, 0.0..=1.0.
+    /// Running average commit time used by adaptive batching.
+    pub avg_commit_us: u64,
+    /// Fraction of the journal holding committed, not yet checkpointed
+    /// transactions, 0.0..=1.0.
     pub journal_fill_ratio: f64,
+    /// Journal blocks waiting for checkpoint.
     pub checkpoint_lag_blocks: u64,
+    /// Transactions committed but not yet checkpointed.
+    pub checkpoint_lag_transactions: u64,
     pub checkpoints: u64,
-    pub device_flushes: u64,
+    pub checkpoint_blocks: u64,
+    /// Writes that went straight to their home location.
     pub direct_writes: u64,
 }
 
@@ -255,10 +265,12 @@ impl jbdev_stats {
             commit_latency_us_p50: s.commit_latency_us_p50,
             commit_latency_us_p99: s.commit_latency_us_p99,
             commit_latency_us_max: s.commit_latency_us_max,
+            avg_commit_us: s.avg_commit_us,
             journal_fill_ratio: s.journal_fill_ratio,
             checkpoint_lag_blocks: s.checkpoint_lag_blocks,
+            checkpoint_lag_transactions: s.checkpoint_lag_transactions,
             checkpoints: s.checkpoints,
-            device_flushes: s.device_flushes,
+            checkpoint_blocks: s.checkpoint_blocks,
             direct_writes: s.direct_writes,
         }
     }

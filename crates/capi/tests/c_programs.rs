@@ -1,0 +1,268 @@
+//! Builds C programs with gcc against the libjbdev.so / libjbdev.a that cargo
+//! built for this test run, and runs them:
+//! - `tests/c/error_paths.c` under AddressSanitizer (every misuse is an
+//!   error, never a crash or leak), linked through the pkg-config file;
+//! - `examples/c/osync_writers.c` (the seed-000 experiment), briefly, linked
+//!   statically, checking that its output is sane;
+//! - the header compiled as C++.
+//!
+//! Skips with a message where gcc is missing.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn crate_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn repo_root() -> PathBuf {
+    crate_dir().join("../..")
+}
+
+/// Where cargo put the libjbdev.{so,a} it built for this test run: next to
+/// the test binary, in `target/<profile>/deps` (cargo builds every
+/// crate-type of the library for integration tests but only uplifts them to
+/// `target/<profile>` in `cargo build`). This follows CARGO_TARGET_DIR and
+/// the profile without guessing.
+fn lib_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("current_exe");
+    let deps = exe
+        .parent()
+        .expect("test binary has a directory")
+        .to_path_buf();
+    for lib in ["libjbdev.so", "libjbdev.a"] {
+        assert!(
+            deps.join(lib).exists(),
+            "{} is missing; run this through `cargo test -p jbdev-capi`",
+            deps.join(lib).display()
+        );
+    }
+    deps
+}
+
+fn have(tool: &str) -> bool {
+    Command::new(tool)
+        .arg("--version")
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false)
+}
+
+fn run(cmd: &mut Command) -> Output {
+    // cargo test puts target/<profile> on LD_LIBRARY_PATH, which outranks
+    // the programs' rpath and may hold an older libjbdev.so from
+    // `cargo build`: make them load the library this test linked.
+    cmd.env_remove("LD_LIBRARY_PATH");
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
+    eprintln!(
+        "$ {cmd:?}\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+fn run_ok(cmd: &mut Command) -> Output {
+    let out = run(cmd);
+    assert!(out.status.success(), "{cmd:?} failed: {}", out.status);
+    out
+}
+
+/// Compiler and linker flags for libjbdev.so: from the pkg-config file
+/// `crates/capi/jbdev.pc.in` filled in for this build tree (as
+/// examples/c/Makefile does), or the equivalent flags without pkg-config.
+fn shared_link_flags(work: &Path, lib_dir: &Path) -> Vec<String> {
+    let include = repo_root().join("include");
+    let template = std::fs::read_to_string(crate_dir().join("jbdev.pc.in")).unwrap();
+    let pc = template
+        .replace("@LIBDIR@", lib_dir.to_str().unwrap())
+        .replace("@INCLUDEDIR@", include.to_str().unwrap())
+        .replace("@VERSION@", env!("CARGO_PKG_VERSION"));
+    std::fs::write(work.join("jbdev.pc"), pc).unwrap();
+    let mut flags: Vec<String> = if have("pkg-config") {
+        let out = run_ok(
+            Command::new("pkg-config")
+                .args(["--cflags", "--libs", "jbdev"])
+                .env("PKG_CONFIG_PATH", work),
+        );
+        String::from_utf8(out.stdout)
+            .unwrap()
+            .split_whitespace()
+            .map(str::to_owned)
+            .collect()
+    } else {
+        eprintln!("pkg-config not found: using the equivalent flags directly");
+        vec![
+            format!("-I{}", include.display()),
+            format!("-L{}", lib_dir.display()),
+            "-ljbdev".to_owned(),
+        ]
+    };
+    assert!(flags.iter().any(|f| f == "-ljbdev"), "flags {flags:?}");
+    flags.push(format!("-Wl,-rpath,{}", lib_dir.display()));
+    flags.push("-lpthread".to_owned());
+    flags
+}
+
+#[test]
+fn error_paths_under_address_sanitizer() {
+    if !have("gcc") {
+        eprintln!("SKIP: gcc not found; the C error-path test needs gcc with AddressSanitizer");
+        return;
+    }
+    let lib_dir = lib_dir();
+    let work = tempfile::tempdir().unwrap();
+    let exe = work.path().join("error_paths");
+    let flags = shared_link_flags(work.path(), &lib_dir);
+    run_ok(
+        Command::new("gcc")
+            .args(["-std=c11", "-Wall", "-Wextra", "-Werror", "-g", "-O1"])
+            .args(["-fsanitize=address", "-fno-omit-frame-pointer"])
+            .arg(crate_dir().join("tests/c/error_paths.c"))
+            .arg("-o")
+            .arg(&exe)
+            .args(&flags),
+    );
+    let volumes = work.path().join("volumes");
+    std::fs::create_dir(&volumes).unwrap();
+    let out = run(Command::new(&exe)
+        .arg(&volumes)
+        // Leak checking on; a report fails the run with this exit code.
+        .env(
+            "ASAN_OPTIONS",
+            "detect_leaks=1:exitcode=23:abort_on_error=0",
+        )
+        // A panic caught at the boundary prints a message; a backtrace
+        // would only make the log long.
+        .env("RUST_BACKTRACE", "0"));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !stderr.contains("AddressSanitizer") && !stderr.contains("LeakSanitizer"),
+        "sanitizer report:\n{stderr}"
+    );
+    assert!(out.status.success(), "error_paths failed: {}", out.status);
+    let passed: u32 = stdout
+        .trim()
+        .strip_prefix("error_paths: ")
+        .and_then(|s| s.strip_suffix(" checks passed"))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("unexpected output {stdout:?}"));
+    assert!(passed > 100, "only {passed} checks ran");
+}
+
+/// Parses `<f> MiB/s` out of a line.
+fn mib_per_s(line: &str) -> Option<f64> {
+    let words: Vec<&str> = line.split_whitespace().collect();
+    let i = words
+        .iter()
+        .position(|w| w.trim_end_matches(',') == "MiB/s")?;
+    words.get(i.checked_sub(1)?)?.parse().ok()
+}
+
+#[test]
+fn osync_writers_example_runs() {
+    if !have("gcc") {
+        eprintln!("SKIP: gcc not found; cannot build examples/c/osync_writers.c");
+        return;
+    }
+    let lib_dir = lib_dir();
+    let work = tempfile::tempdir().unwrap();
+    let exe = work.path().join("osync_writers");
+    run_ok(
+        Command::new("gcc")
+            .args([
+                "-std=c11", "-Wall", "-Wextra", "-Werror", "-O2", "-g", "-pthread",
+            ])
+            .arg(format!("-I{}", repo_root().join("include").display()))
+            .arg(repo_root().join("examples/c/osync_writers.c"))
+            .arg("-o")
+            .arg(&exe)
+            // Static link, with the system libraries rustc reports for a
+            // staticlib (the Libs.private of jbdev.pc).
+            .arg(lib_dir.join("libjbdev.a"))
+            .args([
+                "-lgcc_s",
+                "-lutil",
+                "-lrt",
+                "-lpthread",
+                "-lm",
+                "-ldl",
+                "-lc",
+            ]),
+    );
+    let image = work.path().join("osync.img");
+    let threads = 8;
+    // -B: buffered I/O, since the temp directory may be on tmpfs.
+    let out = run_ok(
+        Command::new(&exe)
+            .args(["-t", &threads.to_string(), "-d", "1", "-c", "-B"])
+            .arg(&image),
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert!(
+        lines[0].starts_with("osync_writers: 8 threads x 64 KiB"),
+        "{stdout}"
+    );
+    let per_second: Vec<f64> = lines
+        .iter()
+        .filter(|l| l.trim_start().starts_with("1s"))
+        .filter_map(|l| mib_per_s(l))
+        .collect();
+    assert_eq!(
+        per_second.len(),
+        1,
+        "one per-second sample expected:\n{stdout}"
+    );
+    let total_line = lines
+        .iter()
+        .find(|l| l.starts_with("total: "))
+        .unwrap_or_else(|| panic!("no total line:\n{stdout}"));
+    let total = mib_per_s(total_line).unwrap_or_else(|| panic!("bad total: {total_line}"));
+    // Sanity, not speed: some data moved and the figures are numbers.
+    assert!(total.is_finite() && total > 0.0, "{total_line}");
+    assert!(per_second[0].is_finite() && per_second[0] >= 0.0);
+    assert!(
+        total_line.ends_with(&format!("{threads} threads")),
+        "{total_line}"
+    );
+    assert!(
+        lines.contains(&format!("verify: {threads} regions ok").as_str()),
+        "{stdout}"
+    );
+
+    // Reopening the image (no -c) works and its regions hold valid data.
+    let out = run_ok(
+        Command::new(&exe)
+            .args(["-t", "2", "-d", "1", "-B"])
+            .arg(&image),
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("verify: 2 regions ok"));
+}
+
+#[test]
+fn header_compiles_as_cxx() {
+    if !have("g++") {
+        eprintln!("SKIP: g++ not found; cannot check the header from C++");
+        return;
+    }
+    let work = tempfile::tempdir().unwrap();
+    let src = work.path().join("use.cpp");
+    std::fs::write(
+        &src,
+        "#include \"jbdev.h\"\n\
+         static_assert(JBDEV_ABI_VERSION >= 1, \"abi\");\n\
+         int use(jbdev_volume *v) { jbdev_stats s; \
+         return jbdev_get_stats(v, &s, sizeof s) + jbdev_flush(v); }\n",
+    )
+    .unwrap();
+    run_ok(
+        Command::new("g++")
+            .args(["-std=c++17", "-Wall", "-Wextra", "-Werror", "-fsyntax-only"])
+            .arg(format!("-I{}", repo_root().join("include").display()))
+            .arg(&src),
+    );
+}
