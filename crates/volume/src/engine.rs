@@ -627,19 +627,21 @@ impl Engine {
             return Ok(());
         }
         let data = data.map(Arc::new);
-        let _home = self.home_lock.read();
         let id = self.pending_id.fetch_add(1, Ordering::Relaxed);
         let bound = (end - start).min(self.region.len_blocks() as u64 * 2);
         let charge = bound.div_ceil(RevokeBlock::capacity(self.bs) as u64) + 1;
         let stripe_idx = my_stripe();
         let shard_ids = Overlay::shards_for_range(start, end);
         let mut shard_versions: Vec<(usize, u64)> = Vec::with_capacity(shard_ids.len());
-        loop {
+        let home_guard = loop {
+            // Credits first, without the home lock: waiting for journal
+            // space waits for the checkpoint, which needs the home lock.
             let have = self.stripes[stripe_idx].lock().credits;
             if have < charge {
                 self.reserve(stripe_idx, charge - have)?;
                 continue;
             }
+            let home_guard = self.home_lock.read();
             let mut stripe = self.stripes[stripe_idx].lock();
             if stripe.credits < charge {
                 continue;
@@ -675,8 +677,8 @@ impl Engine {
             }
             stripe.credits -= charge;
             stripe.charged += charge;
-            break;
-        }
+            break home_guard;
+        };
         // The home I/O, with no lock held but the shared home lock.
         let res = match &data {
             Some(buf) => self
@@ -710,7 +712,7 @@ impl Engine {
             }
             sh.bump();
         }
-        drop(_home);
+        drop(home_guard);
         if let Err(e) = res {
             self.abort(format!("direct write to the home location failed: {e}"));
             return Err(e.into());
