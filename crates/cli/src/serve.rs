@@ -1,8 +1,189 @@
-//! `jbdev serve` (being written).
+//! `jbdev serve`: export volumes over NBD.
+//!
+//! `jbdev serve PATH [--listen ADDR:PORT] [--socket UNIX_PATH]
+//! [--export NAME=PATH]... [--read-only] [-s]`. Without `--listen` or
+//! `--socket` it listens on 127.0.0.1:10809; when started by systemd-style
+//! socket activation (`LISTEN_FDS`) it serves the inherited sockets instead;
+//! `-s` serves one client on stdin/stdout. SIGINT/SIGTERM finish in-flight
+//! requests, then flush and close every volume (leaving the journal clean).
+
+use std::collections::HashMap;
+use std::net::{SocketAddr, TcpListener};
+use std::os::unix::net::UnixListener;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::{bail, Context};
+use jbdev_nbd::{Export, ExportSet, Listener, Server, ServerConfig, Stream, VolumeBackend};
+use jbdev_volume::{OpenOptions, Volume};
 
 #[derive(clap::Args)]
-pub struct ServeArgs {}
+pub struct ServeArgs {
+    /// Volume served as the default export (the empty export name).
+    pub path: Option<PathBuf>,
+    /// TCP address to listen on (default 127.0.0.1:10809; other addresses
+    /// must be asked for explicitly).
+    #[arg(long, value_name = "ADDR:PORT")]
+    pub listen: Vec<SocketAddr>,
+    /// Unix socket to listen on (created; removed on exit).
+    #[arg(long, value_name = "UNIX_PATH")]
+    pub socket: Option<PathBuf>,
+    /// Additional named export (repeatable).
+    #[arg(long, value_name = "NAME=PATH")]
+    pub export: Vec<String>,
+    /// Serve every export read-only.
+    #[arg(long)]
+    pub read_only: bool,
+    /// Serve a single client on stdin/stdout (libnbd's connect_command).
+    #[arg(short = 's', long = "stdio")]
+    pub stdio: bool,
+    /// Worker threads shared by all connections (requests in the volume at once).
+    #[arg(long, default_value_t = 256)]
+    pub threads: usize,
+    /// Requests in flight per connection.
+    #[arg(long, default_value_t = 128)]
+    pub max_inflight: u32,
+    /// I/O backend of the volume: auto, uring or pread.
+    #[arg(long, default_value = "auto")]
+    pub backend: jbdev_device::Backend,
+}
 
-pub fn run(_a: ServeArgs) -> anyhow::Result<()> {
-    anyhow::bail!("jbdev serve is not built yet")
+pub fn run(a: ServeArgs) -> anyhow::Result<()> {
+    let mut named: Vec<(String, PathBuf)> = Vec::new();
+    if let Some(p) = &a.path {
+        named.push((String::new(), p.clone()));
+    }
+    for spec in &a.export {
+        let Some((name, path)) = spec.split_once('=') else {
+            bail!("--export wants NAME=PATH, got {spec:?}");
+        };
+        if name.is_empty() {
+            bail!("--export {spec:?}: the name is empty (the default export is the PATH argument)");
+        }
+        named.push((name.to_string(), PathBuf::from(path)));
+    }
+    if named.is_empty() {
+        bail!("nothing to serve: give a volume PATH or --export NAME=PATH (create one with `jbdev format PATH --size 1G`)");
+    }
+
+    // One open volume per file, shared by every export that names it.
+    let mut volumes: Vec<(PathBuf, Arc<Volume>)> = Vec::new();
+    let mut by_path: HashMap<PathBuf, Arc<Volume>> = HashMap::new();
+    let opts = OpenOptions {
+        read_only: a.read_only,
+        backend: a.backend,
+        ..OpenOptions::default()
+    };
+    let mut exports = Vec::new();
+    for (name, path) in &named {
+        let key = std::fs::canonicalize(path)
+            .with_context(|| format!("cannot open volume {}", path.display()))?;
+        let vol = match by_path.get(&key) {
+            Some(v) => v.clone(),
+            None => {
+                let v = Arc::new(Volume::open(path, &opts).with_context(|| {
+                    format!(
+                        "cannot open volume {} (create one with `jbdev format {} --size 1G`)",
+                        path.display(),
+                        path.display()
+                    )
+                })?);
+                by_path.insert(key.clone(), v.clone());
+                volumes.push((key.clone(), v.clone()));
+                v
+            }
+        };
+        let description = format!("jbdev volume {} ({} bytes)", key.display(), vol.size());
+        let backend = Arc::new(VolumeBackend::new(vol, a.read_only));
+        exports.push(Export::new(name.clone(), description, backend));
+    }
+    drop(by_path);
+    let exports = ExportSet::new(exports).map_err(anyhow::Error::msg)?;
+    let cfg = ServerConfig {
+        max_worker_threads: a.threads.max(1),
+        max_inflight_requests_per_conn: a.max_inflight.max(1),
+        ..ServerConfig::default()
+    };
+    let server = Server::new(exports, cfg);
+
+    if a.stdio {
+        let stream = Stream::from_stdio().context("cannot use stdin/stdout")?;
+        server.run_one_with_signals(stream)?;
+    } else {
+        let listeners = make_listeners(&a)?;
+        for l in &listeners {
+            // Tests and scripts read this line to find the address.
+            eprintln!("jbdev serve: listening on {}", l.describe());
+        }
+        server.run_with_signals(listeners)?;
+    }
+    drop(server);
+    close_volumes(volumes)
+}
+
+fn make_listeners(a: &ServeArgs) -> anyhow::Result<Vec<Listener>> {
+    if let Some(ls) = jbdev_nbd::server::activated_listeners()
+        .context("cannot adopt the sockets passed by socket activation (LISTEN_FDS)")?
+    {
+        if ls.is_empty() {
+            bail!("LISTEN_FDS is set but no passed descriptor is a listening socket");
+        }
+        return Ok(ls);
+    }
+    let mut out = Vec::new();
+    let mut addrs = a.listen.clone();
+    if addrs.is_empty() && a.socket.is_none() {
+        addrs.push(SocketAddr::from(([127, 0, 0, 1], 10809)));
+    }
+    for addr in addrs {
+        let l = TcpListener::bind(addr).with_context(|| format!("cannot listen on {addr}"))?;
+        out.push(Listener::Tcp(l));
+    }
+    if let Some(p) = &a.socket {
+        out.push(bind_unix(p)?);
+    }
+    Ok(out)
+}
+
+fn bind_unix(p: &Path) -> anyhow::Result<Listener> {
+    // A stale socket file from a killed server would make bind fail; remove
+    // it only if nothing answers on it.
+    if p.exists() && std::os::unix::net::UnixStream::connect(p).is_err() {
+        let _ = std::fs::remove_file(p);
+    }
+    let l = UnixListener::bind(p).with_context(|| format!("cannot listen on {}", p.display()))?;
+    Ok(Listener::Unix {
+        listener: l,
+        unlink: Some(p.to_path_buf()),
+    })
+}
+
+fn close_volumes(volumes: Vec<(PathBuf, Arc<Volume>)>) -> anyhow::Result<()> {
+    let mut result = Ok(());
+    for (path, vol) in volumes {
+        // Worker threads drop their last references just after their final
+        // reply is sent; give them a moment before settling for a flush.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while Arc::strong_count(&vol) > 1 && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        match Arc::try_unwrap(vol) {
+            Ok(v) => {
+                if let Err(e) = v.close() {
+                    result = Err(e).with_context(|| format!("closing {}", path.display()));
+                }
+            }
+            Err(v) => {
+                // A connection outlived the grace time and still holds it.
+                tracing::warn!("{} still in use at exit; flushing only", path.display());
+                if let Err(e) = v.flush() {
+                    result = Err(e).with_context(|| format!("flushing {}", path.display()));
+                }
+            }
+        }
+    }
+    if result.is_ok() {
+        tracing::info!("all volumes flushed and closed");
+    }
+    result
 }

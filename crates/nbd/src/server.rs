@@ -13,7 +13,7 @@ use std::net::{Shutdown, TcpListener, TcpStream};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
@@ -330,27 +330,31 @@ pub struct Server {
     inner: Arc<Inner>,
 }
 
-/// Stops a running server from another thread.
+/// Stops a running server from another thread. Holds the server weakly, so
+/// a forgotten handle does not keep the exports (and volumes) open.
 #[derive(Clone)]
 pub struct ShutdownHandle {
-    inner: Arc<Inner>,
+    inner: Weak<Inner>,
 }
 
 impl ShutdownHandle {
     /// Stops accepting and ends every connection after its in-flight
     /// requests are answered. Returns at once.
     pub fn shutdown(&self) {
-        if self.inner.stopping.swap(true, Ordering::AcqRel) {
+        let Some(inner) = self.inner.upgrade() else {
+            return; // already gone
+        };
+        if inner.stopping.swap(true, Ordering::AcqRel) {
             return;
         }
         tracing::info!("shutting down: finishing in-flight requests");
-        for (_, c) in self.inner.conns.live.lock().iter() {
+        for (_, c) in inner.conns.live.lock().iter() {
             c.shutdown_read();
         }
-        for l in self.inner.wakers.lock().iter() {
+        for l in inner.wakers.lock().iter() {
             l.wake();
         }
-        self.inner.conns.empty.notify_all();
+        inner.conns.empty.notify_all();
     }
 }
 
@@ -375,7 +379,7 @@ impl Server {
 
     pub fn shutdown_handle(&self) -> ShutdownHandle {
         ShutdownHandle {
-            inner: self.inner.clone(),
+            inner: Arc::downgrade(&self.inner),
         }
     }
 
@@ -386,10 +390,11 @@ impl Server {
         let listeners: Vec<Arc<Listener>> = listeners.into_iter().map(Arc::new).collect();
         *self.inner.wakers.lock() = listeners.clone();
         for l in &listeners {
-            let inner = self.inner.clone();
+            let inner = Arc::downgrade(&self.inner);
             let l = l.clone();
             // Accept threads are not joined: one may stay blocked in accept
-            // if waking it fails; it exits with the process.
+            // if waking it fails; it holds the server only weakly and exits
+            // with the process.
             let _ = std::thread::Builder::new()
                 .name("nbd-accept".into())
                 .spawn(move || accept_loop(&inner, &l));
@@ -498,9 +503,10 @@ impl Drop for SignalGuard {
     }
 }
 
-fn accept_loop(inner: &Arc<Inner>, listener: &Listener) {
+fn accept_loop(weak: &Weak<Inner>, listener: &Listener) {
     loop {
         let res = listener.accept();
+        let Some(inner) = weak.upgrade() else { return };
         if inner.stopping.load(Ordering::Acquire) {
             return;
         }
