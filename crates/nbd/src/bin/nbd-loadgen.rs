@@ -17,9 +17,9 @@ use jbdev_nbd::proto::{CMD_FLAG_FUA, CMD_READ, CMD_WRITE, FLAG_SEND_FUA};
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Mode {
-    RandRead,
-    RandWrite,
-    RandWriteFua,
+    Read,
+    Write,
+    WriteFua,
 }
 
 struct Args {
@@ -49,7 +49,7 @@ fn parse_args() -> Args {
     let mut a = Args {
         addr: Address::Tcp("127.0.0.1:10809".into()),
         export: String::new(),
-        mode: Mode::RandRead,
+        mode: Mode::Read,
         bs: 4096,
         qd: 32,
         conns: 1,
@@ -77,9 +77,9 @@ fn parse_args() -> Args {
             "--export" => a.export = v,
             "--mode" => {
                 a.mode = match v.as_str() {
-                    "randread" => Mode::RandRead,
-                    "randwrite" => Mode::RandWrite,
-                    "randwrite-fua" => Mode::RandWriteFua,
+                    "randread" => Mode::Read,
+                    "randwrite" => Mode::Write,
+                    "randwrite-fua" => Mode::WriteFua,
                     _ => usage(),
                 }
             }
@@ -120,7 +120,7 @@ fn run_conn(
     issued: &AtomicU64,
 ) -> std::io::Result<ConnResult> {
     let client = Client::connect(&a.addr, &a.export)?;
-    if a.mode == Mode::RandWriteFua && client.transmission_flags & FLAG_SEND_FUA == 0 {
+    if a.mode == Mode::WriteFua && client.transmission_flags & FLAG_SEND_FUA == 0 {
         return Err(std::io::Error::other("server does not support FUA"));
     }
     let size = client.size_bytes;
@@ -144,11 +144,7 @@ fn run_conn(
     let epoch = Instant::now();
     let mode = a.mode;
     let bs = a.bs;
-    let read_len = if mode == Mode::RandRead {
-        bs as usize
-    } else {
-        0
-    };
+    let read_len = if mode == Mode::Read { bs as usize } else { 0 };
     let starts = start_ns.clone();
     // Receiver: records latencies and frees slots.
     let receiver = std::thread::spawn(move || -> std::io::Result<ConnResult> {
@@ -177,7 +173,7 @@ fn run_conn(
         }
         Ok(ConnResult { hist, errors })
     });
-    let mut rng = Rng(0x6a62_6465_76 ^ (u64::from(conn_idx) << 32));
+    let mut rng = Rng(0x006a_6264_6576 ^ (u64::from(conn_idx) << 32));
     let payload: Vec<u8> = (0..bs).map(|i| (i as u8) ^ 0x5a).collect();
     'outer: loop {
         if available.is_empty() {
@@ -200,9 +196,9 @@ fn run_conn(
             let offset = (rng.next() % blocks) * u64::from(bs);
             start_ns[slot].store(epoch.elapsed().as_nanos() as u64, Ordering::Release);
             match mode {
-                Mode::RandRead => writer.queue(CMD_READ, 0, slot as u64, offset, bs, &[])?,
-                Mode::RandWrite => writer.queue(CMD_WRITE, 0, slot as u64, offset, bs, &payload)?,
-                Mode::RandWriteFua => {
+                Mode::Read => writer.queue(CMD_READ, 0, slot as u64, offset, bs, &[])?,
+                Mode::Write => writer.queue(CMD_WRITE, 0, slot as u64, offset, bs, &payload)?,
+                Mode::WriteFua => {
                     writer.queue(CMD_WRITE, CMD_FLAG_FUA, slot as u64, offset, bs, &payload)?
                 }
             }
