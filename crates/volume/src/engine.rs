@@ -179,7 +179,10 @@ pub struct Engine {
     /// Excludes checkpoint writes (exclusive) from direct home writes
     /// (shared), so the two never have writes to one block in flight at once.
     home_lock: RwLock<()>,
-    home_dirty: AtomicBool,
+    /// Direct home writes completed / covered by a finished home flush.
+    /// Touched only by direct writes and flushes, never by journaled I/O.
+    home_written_gen: AtomicU64,
+    home_flushed_gen: AtomicU64,
     /// Read on every write; written once, when the journal aborts.
     aborted: AtomicBool,
     pending_id: AtomicU64,
@@ -214,7 +217,9 @@ impl Engine {
         // Usable log blocks, minus one so the log never fills completely
         // (a completely full circle would be indistinguishable from a wrap).
         let capacity = u64::from(jsb.max_len - jsb.first).saturating_sub(1);
-        let max_txn_blocks = (capacity / 4).max(3);
+        // jbd2 caps a transaction at a quarter of the journal so several can
+        // be in the log at once; tiny (test) journals allow half.
+        let max_txn_blocks = (capacity / 4).max((capacity / 2).min(16)).max(3);
         let first = jsb.first;
         let tid0: Tid = 1;
         let st = JState {
@@ -264,7 +269,8 @@ impl Engine {
             checkpoint_kick: Condvar::new(),
             committed: Mutex::new(VecDeque::new()),
             home_lock: RwLock::new(()),
-            home_dirty: AtomicBool::new(false),
+            home_written_gen: AtomicU64::new(0),
+            home_flushed_gen: AtomicU64::new(0),
             aborted: AtomicBool::new(false),
             pending_id: AtomicU64::new(1),
             opts,
@@ -607,11 +613,17 @@ impl Engine {
         self.check_writable()?;
         let tid = self.st.lock().running_tid;
         self.wait_commit(tid)?;
-        if self.home_dirty.swap(false, Ordering::AcqRel) {
+        // Direct writes bypass the journal: flush the home device if any
+        // completed that no finished flush covers. (A flag cleared by one
+        // flusher would let a second one return before the first's device
+        // flush finished.)
+        let written = self.home_written_gen.load(Ordering::Acquire);
+        if written > self.home_flushed_gen.load(Ordering::Acquire) {
             if let Err(e) = self.home_flusher.flush(self.home.as_ref()) {
                 self.abort(format!("flush of the home device failed: {e}"));
                 return Err(e.into());
             }
+            self.home_flushed_gen.fetch_max(written, Ordering::AcqRel);
         }
         Ok(())
     }
@@ -718,7 +730,7 @@ impl Engine {
             return Err(e.into());
         }
         self.stats.lock().direct_writes += 1;
-        self.home_dirty.store(true, Ordering::Release);
+        self.home_written_gen.fetch_add(1, Ordering::AcqRel);
         if fua {
             self.flush()?;
         }

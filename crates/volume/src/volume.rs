@@ -112,6 +112,7 @@ pub fn default_journal_bytes(size_bytes: u64) -> u64 {
 /// Smallest journal, in blocks.
 pub const MIN_JOURNAL_BLOCKS: u64 = 16;
 
+
 /// Byte layout a format produces: (journal bytes, total bytes needed on the
 /// volume device, data offset).
 fn plan_layout(f: &FormatOptions) -> Result<(u64, u64, u64)> {
@@ -455,9 +456,13 @@ impl Volume {
         self.engine.bs as u32
     }
 
-    /// Largest write or transaction that is atomic across a crash.
+    /// Largest write (at any alignment) or transaction extent that is
+    /// atomic across a crash. A transaction is accepted while the blocks it
+    /// touches fit in one journal transaction (one more block than this
+    /// size, to allow for unaligned ends); beyond that it fails with
+    /// [`VolumeError::TooLarge`] instead of being split.
     pub fn max_transaction_bytes(&self) -> u64 {
-        self.engine.max_atomic_blocks() * self.engine.bs as u64
+        self.engine.max_atomic_blocks().saturating_sub(1).max(1) * self.engine.bs as u64
     }
 
     /// The volume superblock.
