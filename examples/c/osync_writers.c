@@ -16,11 +16,15 @@
  *   -s  volume size when formatting (default: max(64 MiB, THREADS * REGION))
  *   -c  format PATH even if it exists (default: open it if it exists)
  *   -B  buffered I/O instead of O_DIRECT (for file systems without O_DIRECT)
+ *   -K  kernel baseline: the seed's own loop, pwrite() on PATH opened
+ *       O_DIRECT|O_SYNC (a plain file or device, NOT a jbdev volume: its
+ *       contents are overwritten), for a side-by-side figure
  *
  * Exit status: 0 on success, 1 on a usage, library or verification error.
  */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -38,7 +42,8 @@ struct writer {
 	_Alignas(64) _Atomic uint64_t bytes_written;
 	_Atomic uint64_t writes;
 	pthread_t tid;
-	jbdev_volume *vol;
+	jbdev_volume *vol; /* NULL in kernel-baseline mode */
+	int fd;            /* kernel-baseline mode: O_DIRECT|O_SYNC descriptor */
 	uint64_t offset;
 	size_t region_bytes;
 	unsigned char pattern;
@@ -68,12 +73,22 @@ static void *writer_main(void *arg)
 	}
 	memset(buf, w->pattern, w->region_bytes);
 	while (!atomic_load_explicit(&stop_flag, memory_order_relaxed)) {
-		int rc = jbdev_write(w->vol, buf, w->region_bytes, w->offset, JBDEV_WRITE_FUA);
-		if (rc < 0) {
-			w->error = rc;
-			jbdev_last_error_copy(w->message, sizeof w->message);
-			atomic_store(&stop_flag, 1);
-			break;
+		if (w->vol) {
+			int rc = jbdev_write(w->vol, buf, w->region_bytes, w->offset, JBDEV_WRITE_FUA);
+			if (rc < 0) {
+				w->error = rc;
+				jbdev_last_error_copy(w->message, sizeof w->message);
+				atomic_store(&stop_flag, 1);
+				break;
+			}
+		} else {
+			ssize_t n = pwrite(w->fd, buf, w->region_bytes, (off_t)w->offset);
+			if (n != (ssize_t)w->region_bytes) {
+				w->error = n < 0 ? -errno : -EIO;
+				snprintf(w->message, sizeof w->message, "pwrite returned %zd", n);
+				atomic_store(&stop_flag, 1);
+				break;
+			}
 		}
 		atomic_fetch_add_explicit(&w->bytes_written, w->region_bytes, memory_order_relaxed);
 		atomic_fetch_add_explicit(&w->writes, 1, memory_order_relaxed);
@@ -102,16 +117,16 @@ static int fail(const char *what, int rc)
 static void usage(void)
 {
 	fprintf(stderr, "usage: osync_writers [-t THREADS] [-d SECONDS] [-b REGION_BYTES] "
-			"[-s VOLUME_BYTES] [-c] [-B] PATH\n");
+			"[-s VOLUME_BYTES] [-c] [-B] [-K] PATH\n");
 }
 
 int main(int argc, char **argv)
 {
 	long threads = 64, seconds = 10;
 	unsigned long long region = 64 * 1024, volume_bytes = 0;
-	int force_format = 0, buffered = 0, opt;
+	int force_format = 0, buffered = 0, kernel = 0, opt;
 
-	while ((opt = getopt(argc, argv, "t:d:b:s:cBh")) != -1) {
+	while ((opt = getopt(argc, argv, "t:d:b:s:cBKh")) != -1) {
 		switch (opt) {
 		case 't': threads = strtol(optarg, NULL, 10); break;
 		case 'd': seconds = strtol(optarg, NULL, 10); break;
@@ -119,6 +134,7 @@ int main(int argc, char **argv)
 		case 's': volume_bytes = strtoull(optarg, NULL, 10); break;
 		case 'c': force_format = 1; break;
 		case 'B': buffered = 1; break;
+		case 'K': kernel = 1; break;
 		default: usage(); return opt == 'h' ? 0 : 1;
 		}
 	}
@@ -134,26 +150,34 @@ int main(int argc, char **argv)
 	/* Round up to the default 4 KiB block size. */
 	volume_bytes = (volume_bytes + 4095) & ~4095ULL;
 
-	jbdev_open_options oo;
-	jbdev_open_options_init(&oo);
-	oo.direct_io = buffered ? 0 : 1;
-
 	jbdev_volume *vol = NULL;
-	int rc;
-	if (force_format || access(path, F_OK) != 0) {
-		jbdev_format_options fo;
-		jbdev_format_options_init(&fo);
-		fo.size_bytes = volume_bytes;
-		rc = jbdev_create(path, &fo, &oo, &vol);
-		if (rc < 0)
-			return fail("create", rc);
-	} else {
-		rc = jbdev_open(path, &oo, &vol);
-		if (rc < 0)
-			return fail("open", rc);
-	}
+	int fd = -1, rc;
 	uint64_t size = 0;
-	jbdev_size(vol, &size);
+	if (kernel) {
+		fd = open(path, O_RDWR | O_CREAT | O_SYNC | (buffered ? 0 : O_DIRECT), 0644);
+		if (fd < 0 || ftruncate(fd, (off_t)needed) != 0) {
+			perror("osync_writers: open/ftruncate");
+			return 1;
+		}
+		size = needed;
+	} else {
+		jbdev_open_options oo;
+		jbdev_open_options_init(&oo);
+		oo.direct_io = buffered ? 0 : 1;
+		if (force_format || access(path, F_OK) != 0) {
+			jbdev_format_options fo;
+			jbdev_format_options_init(&fo);
+			fo.size_bytes = volume_bytes;
+			rc = jbdev_create(path, &fo, &oo, &vol);
+			if (rc < 0)
+				return fail("create", rc);
+		} else {
+			rc = jbdev_open(path, &oo, &vol);
+			if (rc < 0)
+				return fail("open", rc);
+		}
+		jbdev_size(vol, &size);
+	}
 	if (size < needed) {
 		fprintf(stderr, "osync_writers: volume of %" PRIu64 " bytes is smaller than "
 				"%ld threads x %llu bytes (use -c -s)\n", size, threads, region);
@@ -161,8 +185,9 @@ int main(int argc, char **argv)
 		return 1;
 	}
 
-	printf("osync_writers: %ld threads x %llu KiB regions, FUA writes, %ld s, jbdev %s, %s\n",
-	       threads, region / 1024, seconds, jbdev_version(), path);
+	printf("osync_writers: %ld threads x %llu KiB regions, %s, %ld s, %s\n", threads,
+	       region / 1024, kernel ? "kernel pwrite O_DIRECT|O_SYNC" : "jbdev FUA writes",
+	       seconds, path);
 	fflush(stdout);
 
 	struct writer *ws = aligned_alloc(64, sizeof(*ws) * (size_t)threads);
@@ -173,6 +198,7 @@ int main(int argc, char **argv)
 	long started = 0;
 	for (long i = 0; i < threads; i++) {
 		ws[i].vol = vol;
+		ws[i].fd = fd;
 		ws[i].offset = (uint64_t)i * region;
 		ws[i].region_bytes = region;
 		ws[i].pattern = (unsigned char)(i * 7 + 1);
@@ -219,14 +245,22 @@ int main(int argc, char **argv)
 
 	/* Every region must hold its own thread's pattern: catches lost or
 	 * misplaced writes. */
-	unsigned char *check = malloc(region);
+	unsigned char *check = aligned_alloc(4096, (region + 4095) & ~4095ULL);
 	for (long i = 0; check && status == 0 && i < started; i++) {
 		if (ws[i].writes == 0)
 			continue;
-		rc = jbdev_read(vol, check, region, ws[i].offset);
-		if (rc < 0) {
-			status = fail("read back", rc);
-			break;
+		if (kernel) {
+			if (pread(fd, check, region, (off_t)ws[i].offset) != (ssize_t)region) {
+				perror("osync_writers: pread");
+				status = 1;
+				break;
+			}
+		} else {
+			rc = jbdev_read(vol, check, region, ws[i].offset);
+			if (rc < 0) {
+				status = fail("read back", rc);
+				break;
+			}
 		}
 		for (size_t j = 0; j < region; j++) {
 			if (check[j] != ws[i].pattern) {
@@ -241,6 +275,11 @@ int main(int argc, char **argv)
 	if (status == 0)
 		printf("verify: %ld regions ok\n", started);
 
+	if (kernel) {
+		close(fd);
+		free(ws);
+		return status;
+	}
 	jbdev_stats st;
 	if (jbdev_get_stats(vol, &st, sizeof st) == 0)
 		printf("stats: commits %" PRIu64 " (%.1f blocks each), commit latency p50 %" PRIu64

@@ -241,6 +241,17 @@ fn osync_writers_example_runs() {
             .arg(&image),
     );
     assert!(String::from_utf8_lossy(&out.stdout).contains("verify: 2 regions ok"));
+
+    // The kernel-baseline mode (-K: the seed's own pwrite loop on a plain
+    // file) runs and verifies too.
+    let out = run_ok(
+        Command::new(&exe)
+            .args(["-K", "-B", "-t", "2", "-d", "1"])
+            .arg(work.path().join("kernel.raw")),
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("kernel pwrite O_DIRECT|O_SYNC"), "{stdout}");
+    assert!(stdout.contains("verify: 2 regions ok"), "{stdout}");
 }
 
 #[test]
