@@ -310,6 +310,35 @@ fn osync_writers_example_runs() {
     assert!(stdout.contains("verify: 2 regions ok"), "{stdout}");
 }
 
+/// The README's smallest example (examples/c/hello.c) builds and works.
+#[test]
+fn hello_example_runs() {
+    if !have("gcc") {
+        eprintln!("SKIP: gcc not found; cannot build examples/c/hello.c");
+        return;
+    }
+    let lib_dir = lib_dir();
+    // The example opens with O_DIRECT (the default), so keep its image in
+    // the target directory, on disk, rather than in a possibly-tmpfs /tmp.
+    let work = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let exe = work.path().join("hello");
+    let flags = shared_link_flags(work.path(), &lib_dir);
+    run_ok(
+        Command::new("gcc")
+            .args(["-std=c11", "-Wall", "-Wextra", "-Werror"])
+            .arg(repo_root().join("examples/c/hello.c"))
+            .arg("-o")
+            .arg(&exe)
+            .args(&flags),
+    );
+    let out = run_ok(Command::new(&exe).arg(work.path().join("hello.img")));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "hello\n");
+    // A bad path fails with the library's message, not a crash.
+    let out = run(Command::new(&exe).arg(work.path().join("no/such/dir/x.img")));
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).starts_with("jbdev: create "));
+}
+
 #[test]
 fn header_compiles_as_cxx() {
     if !have("g++") {
