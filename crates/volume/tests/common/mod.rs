@@ -132,9 +132,17 @@ pub fn describe_sector(bytes: &[u8], sector: u64) -> String {
     if let Some(id) = stamp_id(bytes, sector) {
         return format!("whole stamp of write {}", id_name(id));
     }
+    // A whole stamp of another sector: a block landed in the wrong place.
+    let head = u64::from_le_bytes(bytes[0..8].try_into().unwrap_or([0; 8]));
+    let head_sector = u64::from_le_bytes(bytes[8..16].try_into().unwrap_or([0; 8]));
+    if stamp_id(bytes, head_sector).is_some() {
+        return format!(
+            "MISPLACED whole stamp of write {} for sector {head_sector}",
+            id_name(head)
+        );
+    }
     // A sector written partly by sub-sector writes (or torn data from
     // elsewhere): its first bytes name the write that put the head there.
-    let head = u64::from_le_bytes(bytes[0..8].try_into().unwrap_or([0; 8]));
     format!("mixed content (head from write {})", id_name(head))
 }
 
