@@ -393,10 +393,25 @@ fn run_case(p: &CaseParams, base: &Base) -> Result<RunResult, String> {
     });
     let powered_off_early = dev.is_powered_off();
     let workload_ops = dev.ops() - ops_at_open;
+    // Visibility: with power still on, every op returned, and reads must
+    // show the state after all of them (before any crash question arises).
+    let mut live_error = None;
+    if !powered_off_early {
+        if let Ok(content) = read_all(&vol) {
+            for (h, _) in &results {
+                if let Err(e) = check_prefix(&base.content, h, h.ops.len(), &content) {
+                    live_error = Some(format!("reads before the crash (no crash yet): {e}"));
+                }
+            }
+        }
+    }
     // Power goes now if it did not go earlier: whatever the engine has not
     // flushed yet is at the mercy of the crash image.
     dev.cut_power();
     drop(vol);
+    if let Some(e) = live_error {
+        return Err(e);
+    }
     let mut histories = Vec::new();
     let mut flushes = Vec::new();
     for (h, f) in results {
