@@ -3,6 +3,15 @@
 use std::path::PathBuf;
 
 use anyhow::Context;
+use indicatif::{ProgressBar, ProgressStyle};
+use jbdev_volume::inspect::{inspect, Inspection};
+use jbdev_volume::journal::format::{
+    self, CommitBlock, DescriptorBlock, RevokeBlock, BLOCKTYPE_COMMIT, BLOCKTYPE_DESCRIPTOR,
+    BLOCKTYPE_REVOKE,
+};
+use jbdev_volume::journal::next_pos;
+use jbdev_volume::journal::recovery::{self, ScanEnd};
+use jbdev_volume::superblock::JournalLocation;
 use jbdev_volume::{FormatOptions, JournalPlacement, OpenOptions, Volume};
 
 use crate::size::parse_size;
@@ -11,67 +20,423 @@ use crate::size::parse_size;
 pub struct FormatArgs {
     /// Image file (created if missing) or block device.
     pub path: PathBuf,
-    /// Size users see, e.g. 1G (default: the whole block device).
+    /// Size users see, e.g. 1G. Default: all of a block device (minus the
+    /// superblock and an internal journal).
     #[arg(long, value_parser = parse_size)]
     pub size: Option<u64>,
-    /// Journal size, e.g. 64M.
+    /// Journal size, e.g. 64M (default: 64M or a quarter of the volume, whichever is smaller).
     #[arg(long, value_parser = parse_size)]
     pub journal_size: Option<u64>,
     /// Put the journal in this separate file or device.
     #[arg(long)]
     pub journal: Option<PathBuf>,
-    /// Block size in bytes.
+    /// Block size in bytes (1024..65536, a power of two).
     #[arg(long, default_value_t = 4096)]
     pub block_size: u32,
 }
 
+fn spinner(msg: String) -> ProgressBar {
+    let pb = ProgressBar::new_spinner();
+    pb.set_style(
+        ProgressStyle::with_template("{spinner} {msg} [{elapsed}]").expect("static template"),
+    );
+    pb.set_message(msg);
+    pb.enable_steady_tick(std::time::Duration::from_millis(100));
+    pb
+}
+
 pub fn format(a: FormatArgs) -> anyhow::Result<()> {
-    let size = a.size.context("--size is required (e.g. --size 1G)")?;
+    let bs = u64::from(a.block_size);
+    let size = match a.size {
+        Some(s) => s,
+        None => {
+            let meta = std::fs::metadata(&a.path).with_context(|| {
+                format!(
+                    "{} does not exist: give --size to create an image file",
+                    a.path.display()
+                )
+            })?;
+            use std::os::unix::fs::FileTypeExt;
+            anyhow::ensure!(
+                meta.file_type().is_block_device(),
+                "--size is required for an image file (e.g. --size 1G)"
+            );
+            let dev = jbdev_device::open_device(
+                &a.path,
+                &jbdev_device::OpenOptions {
+                    read_only: true,
+                    exclusive: false,
+                    ..Default::default()
+                },
+            )?;
+            let total = dev.device.size_bytes();
+            let journal = if a.journal.is_some() {
+                0
+            } else {
+                a.journal_size
+                    .unwrap_or_else(|| jbdev_volume::default_journal_bytes(total))
+            };
+            (total.saturating_sub(bs + journal)) / bs * bs
+        }
+    };
+    anyhow::ensure!(
+        size > 0 && size % bs == 0,
+        "--size must be a positive multiple of the {bs}-byte block size"
+    );
     let mut f = FormatOptions::new(size);
     f.block_size = a.block_size;
     f.journal_bytes = a.journal_size;
-    if let Some(j) = a.journal {
-        f.journal = JournalPlacement::External(j);
+    if let Some(j) = &a.journal {
+        f.journal = JournalPlacement::External(j.clone());
     }
-    let v = Volume::create(&a.path, &f, &OpenOptions::default())
-        .with_context(|| format!("formatting {}", a.path.display()))?;
+    let pb = spinner(format!("formatting {}", a.path.display()));
+    let res = Volume::create(&a.path, &f, &OpenOptions::default());
+    pb.finish_and_clear();
+    let v = res.with_context(|| format!("formatting {}", a.path.display()))?;
+    let journal = match &v.superblock().journal {
+        JournalLocation::Internal { len_bytes, .. } => {
+            format!("internal journal of {len_bytes} bytes")
+        }
+        JournalLocation::External { len_bytes, .. } => {
+            format!(
+                "external journal of {len_bytes} bytes in {}",
+                a.journal.as_ref().expect("external").display()
+            )
+        }
+    };
+    println!(
+        "formatted {}: {size} bytes, {}-byte blocks, {journal}, uuid {}",
+        a.path.display(),
+        a.block_size,
+        uuid_str(&v.superblock().uuid)
+    );
     v.close()?;
-    println!("formatted {}: {} bytes", a.path.display(), size);
     Ok(())
+}
+
+fn uuid_str(u: &[u8; 16]) -> String {
+    uuid::Uuid::from_bytes(*u).hyphenated().to_string()
 }
 
 #[derive(clap::Args)]
 pub struct InfoArgs {
+    /// Volume image or device.
     pub path: PathBuf,
+    /// External journal file or device (default: the path recorded at format time).
     #[arg(long)]
     pub journal: Option<PathBuf>,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    pub json: bool,
 }
 
-pub fn info(_a: InfoArgs) -> anyhow::Result<()> {
-    anyhow::bail!("not built yet")
+pub fn info(a: InfoArgs) -> anyhow::Result<()> {
+    let ins = inspect(&a.path, a.journal.as_deref())
+        .with_context(|| format!("reading {}", a.path.display()))?;
+    let sb = &ins.superblock;
+    let (jkind, jlen) = match &sb.journal {
+        JournalLocation::Internal { len_bytes, .. } => ("internal".to_string(), *len_bytes),
+        JournalLocation::External { len_bytes, .. } => (
+            format!(
+                "external ({})",
+                ins.journal_path
+                    .as_ref()
+                    .map(|p| p.display().to_string())
+                    .unwrap_or_default()
+            ),
+            *len_bytes,
+        ),
+    };
+    let jsb = ins.journal_superblock.as_ref();
+    if a.json {
+        let j = serde_json::json!({
+            "path": a.path.display().to_string(),
+            "uuid": uuid_str(&sb.uuid),
+            "block_size": sb.block_size,
+            "size_bytes": sb.size_bytes,
+            "data_offset_bytes": sb.data_offset_bytes,
+            "journal": { "placement": jkind, "len_bytes": jlen,
+                "clean": jsb.map(|j| j.is_clean()).ok(),
+                "sequence": jsb.map(|j| j.sequence).ok(),
+                "start": jsb.map(|j| j.start).ok(),
+                "error": jsb.err(),
+            },
+            "created_unix_secs": sb.created_unix_secs,
+        });
+        println!("{}", serde_json::to_string_pretty(&j)?);
+        return Ok(());
+    }
+    println!("volume          {}", a.path.display());
+    println!("uuid            {}", uuid_str(&sb.uuid));
+    println!(
+        "size            {} bytes ({} blocks of {})",
+        sb.size_bytes,
+        sb.size_bytes / u64::from(sb.block_size),
+        sb.block_size
+    );
+    println!("data offset     {} bytes", sb.data_offset_bytes);
+    println!(
+        "journal         {jkind}, {jlen} bytes ({} blocks)",
+        jlen / u64::from(sb.block_size)
+    );
+    match jsb {
+        Ok(j) => {
+            println!(
+                "journal format  jbd2 v2, features incompat {:#x}, uuid {}",
+                j.feature_incompat,
+                uuid_str(&j.uuid)
+            );
+            if j.is_clean() {
+                println!("journal state   clean (next transaction {})", j.sequence);
+            } else {
+                println!(
+                    "journal state   in use or needs recovery: log starts at block {} with transaction {}",
+                    j.start, j.sequence
+                );
+            }
+        }
+        Err(e) => println!("journal state   UNREADABLE: {e}"),
+    }
+    Ok(())
 }
 
 #[derive(clap::Args)]
 pub struct CheckArgs {
+    /// Volume image or device.
     pub path: PathBuf,
+    /// External journal file or device.
     #[arg(long)]
     pub journal: Option<PathBuf>,
 }
 
-pub fn check(_a: CheckArgs) -> anyhow::Result<()> {
-    anyhow::bail!("not built yet")
+/// Exit status of `check` when it finds corruption.
+const EXIT_CORRUPT: i32 = 2;
+
+pub fn check(a: CheckArgs) -> anyhow::Result<()> {
+    let ins = match inspect(&a.path, a.journal.as_deref()) {
+        Ok(i) => i,
+        Err(e) => {
+            if matches!(
+                e,
+                jbdev_volume::VolumeError::NotAVolume(_)
+                    | jbdev_volume::VolumeError::BadSuperblock(_)
+                    | jbdev_volume::VolumeError::CorruptJournal(_)
+            ) {
+                println!("{}: {e}", a.path.display());
+                std::process::exit(EXIT_CORRUPT);
+            }
+            return Err(e.into());
+        }
+    };
+    println!(
+        "volume superblock: ok (uuid {}, {} bytes)",
+        uuid_str(&ins.superblock.uuid),
+        ins.superblock.size_bytes
+    );
+    let jsb = match &ins.journal_superblock {
+        Ok(j) => j.clone(),
+        Err(e) => {
+            println!("journal superblock: CORRUPT: {e}");
+            std::process::exit(EXIT_CORRUPT);
+        }
+    };
+    if let JournalLocation::External { uuid, .. } = &ins.superblock.journal {
+        if *uuid != jsb.uuid {
+            println!(
+                "journal superblock: belongs to another volume (uuid {})",
+                uuid_str(&jsb.uuid)
+            );
+            std::process::exit(EXIT_CORRUPT);
+        }
+    }
+    println!(
+        "journal superblock: ok ({} blocks, next transaction {})",
+        jsb.max_len, jsb.sequence
+    );
+    let pb = ProgressBar::new(u64::from(jsb.max_len));
+    pb.set_style(
+        ProgressStyle::with_template("scanning journal {bar:40} {pos}/{len} blocks")
+            .expect("static template"),
+    );
+    let scan = recovery::scan(&ins.region, &mut |n| pb.set_position(n));
+    pb.finish_and_clear();
+    let scan = match scan {
+        Ok(s) => s,
+        Err(e) => {
+            println!("journal: CORRUPT: {e}");
+            std::process::exit(EXIT_CORRUPT);
+        }
+    };
+    let (plan, revoked) = recovery::replay_plan(&scan.txns);
+    match &scan.end {
+        ScanEnd::CleanJournal => println!("journal: clean; recovery has nothing to do"),
+        end => {
+            println!(
+                "journal: needs recovery: {} complete transaction(s) ({} blocks read)",
+                scan.txns.len(),
+                scan.blocks_read
+            );
+            for t in &scan.txns {
+                println!(
+                    "  transaction {}: blocks {}..{}, {} data block(s), {} revoke(s)",
+                    t.sequence,
+                    t.start_pos,
+                    t.end_pos,
+                    t.blocks.len(),
+                    t.revokes.len()
+                );
+            }
+            println!("recovery would replay {} block(s) to their home location; {revoked} logged copies are revoked", plan.len());
+            match end {
+                ScanEnd::TornTail {
+                    sequence,
+                    pos,
+                    reason,
+                } => {
+                    println!("recovery would discard torn last transaction {sequence} (block {pos}): {reason}")
+                }
+                ScanEnd::CorruptMiddle {
+                    sequence,
+                    pos,
+                    reason,
+                } => {
+                    println!("CORRUPT: transaction {sequence} (block {pos}): {reason}");
+                    println!("a read-write open will refuse this volume; open it read-only to rescue data");
+                    std::process::exit(EXIT_CORRUPT);
+                }
+                _ => println!("log ends cleanly at a transaction boundary"),
+            }
+        }
+    }
+    println!("check: ok");
+    Ok(())
 }
 
 #[derive(clap::Subcommand)]
 pub enum JournalCommand {
-    /// Print every block of the journal log.
+    /// Print the blocks of the journal log, from its tail.
     Dump {
+        /// Volume image or device.
         path: PathBuf,
+        /// External journal file or device.
         #[arg(long)]
         journal: Option<PathBuf>,
+        /// Walk the whole log area from its first block, also when the
+        /// journal is clean (shows old, already checkpointed transactions).
+        #[arg(long)]
+        all: bool,
     },
 }
 
-pub fn journal(_c: JournalCommand) -> anyhow::Result<()> {
-    anyhow::bail!("not built yet")
+pub fn journal(c: JournalCommand) -> anyhow::Result<()> {
+    let JournalCommand::Dump { path, journal, all } = c;
+    let ins = inspect(&path, journal.as_deref())
+        .with_context(|| format!("reading {}", path.display()))?;
+    let jsb = ins
+        .journal_superblock
+        .clone()
+        .map_err(|e| anyhow::anyhow!("journal superblock: {e}"))?;
+    println!(
+        "journal superblock: block size {}, {} blocks, first {}, sequence {}, start {}{}",
+        jsb.block_size,
+        jsb.max_len,
+        jsb.first,
+        jsb.sequence,
+        jsb.start,
+        if jsb.is_clean() { " (clean)" } else { "" }
+    );
+    if jsb.is_clean() && !all {
+        println!("the journal is clean: nothing to replay (use --all to walk old log blocks)");
+        return Ok(());
+    }
+    dump_log(&ins, &jsb, all)
+}
+
+fn dump_log(ins: &Inspection, jsb: &format::JournalSuperblock, all: bool) -> anyhow::Result<()> {
+    let seed = jsb.csum_seed();
+    let (first, len) = (jsb.first, jsb.max_len);
+    let mut pos = if all || jsb.is_clean() {
+        first
+    } else {
+        jsb.start
+    };
+    let mut expect = if all { None } else { Some(jsb.sequence) };
+    let mut walked = 0u64;
+    let usable = u64::from(len - first);
+    while walked < usable {
+        let block = ins.read_journal_block(pos)?;
+        walked += 1;
+        let Some(h) = format::read_header(&block) else {
+            if !all {
+                println!("{pos:>8}: no journal header: end of log");
+                return Ok(());
+            }
+            pos = next_pos(pos, first, len);
+            continue;
+        };
+        if let Some(e) = expect {
+            if h.sequence != e {
+                println!(
+                    "{pos:>8}: sequence {} where {e} was expected: end of log",
+                    h.sequence
+                );
+                return Ok(());
+            }
+        }
+        let here = pos;
+        pos = next_pos(pos, first, len);
+        match h.block_type {
+            BLOCKTYPE_DESCRIPTOR => match DescriptorBlock::decode(&block, seed) {
+                Ok(d) => {
+                    println!(
+                        "{here:>8}: descriptor  transaction {} with {} tag(s)",
+                        h.sequence,
+                        d.tags.len()
+                    );
+                    for t in &d.tags {
+                        let data = ins.read_journal_block(pos)?;
+                        let ok = format::data_block_checksum(seed, h.sequence, &data) == t.checksum;
+                        println!(
+                            "{pos:>8}:   data -> home block {} flags {:#x} checksum {:#010x} {}",
+                            t.home_block,
+                            t.flags,
+                            t.checksum,
+                            if ok { "ok" } else { "MISMATCH" }
+                        );
+                        pos = next_pos(pos, first, len);
+                        walked += 1;
+                    }
+                }
+                Err(e) => println!(
+                    "{here:>8}: descriptor  transaction {}: BAD: {e}",
+                    h.sequence
+                ),
+            },
+            BLOCKTYPE_REVOKE => match RevokeBlock::decode(&block, seed) {
+                Ok(r) => println!(
+                    "{here:>8}: revoke      transaction {}: {:?}",
+                    h.sequence, r.blocks
+                ),
+                Err(e) => println!(
+                    "{here:>8}: revoke      transaction {}: BAD: {e}",
+                    h.sequence
+                ),
+            },
+            BLOCKTYPE_COMMIT => {
+                match CommitBlock::decode(&block, seed) {
+                    Ok(c) => println!(
+                        "{here:>8}: commit      transaction {} at {}.{:09}",
+                        h.sequence, c.commit_sec, c.commit_nsec
+                    ),
+                    Err(e) => println!(
+                        "{here:>8}: commit      transaction {}: BAD: {e}",
+                        h.sequence
+                    ),
+                }
+                expect = expect.map(|e| e.wrapping_add(1));
+            }
+            other => println!("{here:>8}: block type {other} (transaction {})", h.sequence),
+        }
+    }
+    Ok(())
 }

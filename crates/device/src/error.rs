@@ -22,11 +22,12 @@ pub enum DeviceError {
     )]
     OutOfRange { offset: u64, len: u64, size: u64 },
     /// An I/O error from the operating system.
-    #[error("{op} failed on {what}: {source}")]
+    #[error("{op} failed on {what}: {error}")]
     Io {
         op: &'static str,
         what: String,
-        source: io::Error,
+        /// The OS error (shown in the message, so not a `source()`).
+        error: io::Error,
     },
     /// The device was opened by another process or handle.
     #[error("{0} is already open (locked by another jbdev process or handle)")]
@@ -48,7 +49,7 @@ impl DeviceError {
         Self::Io {
             op,
             what: what.into(),
-            source,
+            error: source,
         }
     }
 
@@ -57,7 +58,7 @@ impl DeviceError {
         match self {
             Self::Misaligned { .. } | Self::Invalid(_) => libc::EINVAL,
             Self::OutOfRange { .. } => libc::ENOSPC,
-            Self::Io { source, .. } => source.raw_os_error().unwrap_or(libc::EIO),
+            Self::Io { error, .. } => error.raw_os_error().unwrap_or(libc::EIO),
             Self::Busy(_) => libc::EBUSY,
             Self::PowerCut | Self::Injected(_) => libc::EIO,
         }

@@ -16,12 +16,14 @@
 
 mod engine;
 mod error;
+pub mod inspect;
 mod options;
 mod overlay;
 pub mod superblock;
 mod volume;
 
 pub use error::{Result, VolumeError};
+pub use jbdev_journal as journal;
 pub use options::{BatchPolicy, CommitMode, FormatOptions, JournalPlacement, OpenOptions};
 pub use volume::{
     default_journal_bytes, Extent, ExtentState, RecoveryReport, Stats, Transaction, Volume,

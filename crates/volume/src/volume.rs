@@ -112,7 +112,6 @@ pub fn default_journal_bytes(size_bytes: u64) -> u64 {
 /// Smallest journal, in blocks.
 pub const MIN_JOURNAL_BLOCKS: u64 = 16;
 
-
 /// Byte layout a format produces: (journal bytes, total bytes needed on the
 /// volume device, data offset).
 fn plan_layout(f: &FormatOptions) -> Result<(u64, u64, u64)> {
@@ -153,7 +152,10 @@ fn now_unix_secs() -> u64 {
         .unwrap_or(0)
 }
 
-fn read_volume_superblock(dev: &dyn BlockDevice, what: &str) -> Result<VolumeSuperblock> {
+pub(crate) fn read_volume_superblock(
+    dev: &dyn BlockDevice,
+    what: &str,
+) -> Result<VolumeSuperblock> {
     let n = (dev.logical_block_size() as usize).max(VolumeSuperblock::ENCODED_LEN);
     if dev.size_bytes() < n as u64 {
         return Err(VolumeError::NotAVolume(format!(

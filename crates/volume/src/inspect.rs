@@ -1,0 +1,83 @@
+//! Read-only access to a volume's superblocks and journal, for `jbdev info`,
+//! `check` and `journal dump`. Nothing here writes.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use jbdev_device::{open_device, AlignedBuf, BlockDevice, FlushCoalescer};
+use jbdev_journal::format::JournalSuperblock;
+use jbdev_journal::JournalRegion;
+
+use crate::superblock::{JournalLocation, VolumeSuperblock};
+use crate::{Result, VolumeError};
+
+/// A volume opened for inspection.
+pub struct Inspection {
+    pub path: PathBuf,
+    pub device: Arc<dyn BlockDevice>,
+    pub superblock: VolumeSuperblock,
+    pub journal_path: Option<PathBuf>,
+    pub region: JournalRegion,
+    /// The jbd2 superblock, or why it could not be read.
+    pub journal_superblock: std::result::Result<JournalSuperblock, String>,
+}
+
+/// Opens `path` read-only (shared lock: fails with a clear error while a
+/// writer has the volume open) and reads both superblocks.
+pub fn inspect(path: &Path, journal_path: Option<&Path>) -> Result<Inspection> {
+    let dopts = jbdev_device::OpenOptions {
+        read_only: true,
+        ..Default::default()
+    };
+    let device = open_device(path, &dopts)?.device;
+    let superblock =
+        crate::volume::read_volume_superblock(device.as_ref(), &path.display().to_string())?;
+    let bs = superblock.block_size;
+    let (jdev, joff, jlen, jpath) = match &superblock.journal {
+        JournalLocation::Internal {
+            offset_bytes,
+            len_bytes,
+        } => (device.clone(), *offset_bytes, *len_bytes, None),
+        JournalLocation::External {
+            len_bytes,
+            path_hint,
+            ..
+        } => {
+            let jp = match journal_path {
+                Some(p) => p.to_path_buf(),
+                None if !path_hint.is_empty() => PathBuf::from(path_hint),
+                None => {
+                    return Err(VolumeError::InvalidArgument(
+                        "this volume has an external journal: give its path (--journal)".into(),
+                    ))
+                }
+            };
+            (open_device(&jp, &dopts)?.device, 0, *len_bytes, Some(jp))
+        }
+    };
+    let region = JournalRegion::new(
+        jdev,
+        Arc::new(FlushCoalescer::new()),
+        joff,
+        bs,
+        (jlen / u64::from(bs)) as u32,
+    )?;
+    let journal_superblock = region.read_superblock().map_err(|e| e.to_string());
+    Ok(Inspection {
+        path: path.to_path_buf(),
+        device,
+        superblock,
+        journal_path: jpath,
+        region,
+        journal_superblock,
+    })
+}
+
+impl Inspection {
+    /// Reads one journal block.
+    pub fn read_journal_block(&self, pos: u32) -> Result<AlignedBuf> {
+        let mut buf = AlignedBuf::zeroed(self.superblock.block_size as usize);
+        self.region.read_blocks(pos, &mut buf)?;
+        Ok(buf)
+    }
+}
