@@ -101,7 +101,7 @@ fn check_read(vol: &Volume, model: &[u8], off: u64, len: u64) -> Result<(), Test
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(48))]
+    #![proptest_config(ProptestConfig::with_cases(96))]
 
     #[test]
     fn volume_matches_vec_model(ops in proptest::collection::vec(op(), 1..60)) {
