@@ -93,6 +93,8 @@ pub struct Backing {
     pub size_bytes: u64,
     /// Human-readable description for the report.
     pub description: String,
+    /// The file behind the loop device (ram and disk backings).
+    pub backing_file: Option<PathBuf>,
     // Field order is drop order: detach the loop device before removing the file.
     _loop: Option<Cleanup>,
     _file: Option<Cleanup>,
@@ -158,6 +160,7 @@ impl Backing {
             is_block_device: true,
             size_bytes,
             description,
+            backing_file: Some(file),
             _loop: Some(loop_guard),
             _file: Some(file_guard),
         })
@@ -199,6 +202,7 @@ impl Backing {
                 },
                 size_bytes >> 20
             ),
+            backing_file: None,
             _loop: None,
             _file: None,
         })
@@ -330,7 +334,7 @@ pub(crate) fn run(mut cmd: Command) -> Result<String> {
         return Err(BenchError::Command {
             cmd: shown,
             status: out.status.to_string(),
-            stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+            stderr: first_lines(&String::from_utf8_lossy(&out.stderr), 3),
         });
     }
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
@@ -346,4 +350,19 @@ pub fn loop_devices_available() -> bool {
                     .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0"))
             })
             .unwrap_or(false)
+}
+
+/// The first `n` lines of a tool's output (error messages stay short).
+pub(crate) fn first_lines(s: &str, n: usize) -> String {
+    let lines: Vec<&str> = s.trim().lines().collect();
+    let mut out = lines
+        .iter()
+        .take(n)
+        .copied()
+        .collect::<Vec<_>>()
+        .join(" | ");
+    if lines.len() > n {
+        out.push_str(&format!(" | ... ({} more lines)", lines.len() - n));
+    }
+    out
 }

@@ -84,7 +84,7 @@ fn run_quiet(cmd: &str, args: &[&std::ffi::OsStr]) -> bool {
 }
 
 /// True if `dir` is a mount point (per /proc/self/mounts).
-pub(crate) fn is_mounted(dir: &Path) -> bool {
+pub fn is_mounted(dir: &Path) -> bool {
     let Ok(mounts) = std::fs::read_to_string("/proc/self/mounts") else {
         return false;
     };
@@ -95,7 +95,7 @@ pub(crate) fn is_mounted(dir: &Path) -> bool {
 }
 
 /// Loop devices attached to `file` (`losetup -j FILE`).
-pub(crate) fn loops_of(file: &Path) -> Vec<PathBuf> {
+pub fn loops_of(file: &Path) -> Vec<PathBuf> {
     let Ok(out) = Command::new("losetup").arg("-j").arg(file).output() else {
         return Vec::new();
     };

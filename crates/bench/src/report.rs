@@ -331,6 +331,14 @@ pub fn render_scenario(s: &ScenarioReport, fio_percentiles: bool) -> String {
         "p99.9_us"
     );
     for r in &s.runs {
+        // fs_mark reports no latency.
+        let lat = |v: f64| {
+            if r.latency.samples == 0 {
+                "-".to_string()
+            } else {
+                fmt_us(v)
+            }
+        };
         let p999 = r
             .latency
             .percentiles_us
@@ -344,12 +352,16 @@ pub fn render_scenario(s: &ScenarioReport, fio_percentiles: bool) -> String {
             truncate(&r.label(), 44),
             r.threads,
             r.iodepth,
-            fmt_rate(r.ops_per_sec),
+            if r.duration_s > 0.0 {
+                fmt_rate(r.ops_per_sec)
+            } else {
+                "-".into()
+            },
             r.mib_per_sec,
-            fmt_us(r.latency.mean_us),
-            fmt_us(r.latency.p50_us),
-            fmt_us(r.latency.p99_us),
-            fmt_us(p999),
+            lat(r.latency.mean_us),
+            lat(r.latency.p50_us),
+            lat(r.latency.p99_us),
+            lat(p999),
         );
     }
     if fio_percentiles {
