@@ -1,0 +1,220 @@
+//! Helpers shared by the `nbd_*` integration tests: temporary directories,
+//! a `jbdev serve` child process, and external tools with time limits.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+pub const JBDEV: &str = env!("CARGO_BIN_EXE_jbdev");
+
+/// A directory removed on drop.
+pub struct TempDir(pub PathBuf);
+
+impl TempDir {
+    pub fn new(tag: &str) -> Self {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0);
+        let p = std::env::temp_dir().join(format!("jbdev-{tag}-{}-{nanos}", std::process::id()));
+        std::fs::create_dir_all(&p).expect("create temp dir");
+        Self(p)
+    }
+    pub fn path(&self, name: &str) -> PathBuf {
+        self.0.join(name)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// True if `tool` runs; otherwise prints why the caller skips.
+pub fn have_tool(tool: &str, test: &str) -> bool {
+    let ok = Command::new(tool)
+        .arg("--version")
+        .env("PATH", tool_path())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false);
+    if !ok {
+        eprintln!("SKIP {test}: `{tool}` is not installed (CI installs it)");
+    }
+    ok
+}
+
+/// PATH with /usr/bin first: nbdsh runs `python3 -m nbd`, and the libnbd
+/// Python module lives in the system Python, not in a pyenv one.
+pub fn tool_path() -> String {
+    format!("/usr/bin:{}", std::env::var("PATH").unwrap_or_default())
+}
+
+/// Runs `tool args` under `timeout`, returning its output.
+pub fn run_tool(tool: &str, args: &[&str], limit_s: u32) -> Output {
+    let out = Command::new("timeout")
+        .arg("-k")
+        .arg("5")
+        .arg(limit_s.to_string())
+        .arg(tool)
+        .args(args)
+        .env("PATH", tool_path())
+        .stdin(Stdio::null())
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {tool}: {e}"));
+    out
+}
+
+/// Like [`run_tool`] but fails the test on a non-zero exit.
+pub fn run_ok(tool: &str, args: &[&str], limit_s: u32) -> String {
+    let out = run_tool(tool, args, limit_s);
+    assert!(
+        out.status.success(),
+        "{tool} {args:?} failed ({}):\nstdout: {}\nstderr: {}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Formats a volume with the CLI.
+pub fn format_volume(path: &Path, size: &str) {
+    let p = path.to_str().expect("utf-8 path");
+    run_ok(JBDEV, &["format", p, "--size", size], 120);
+}
+
+/// A running `jbdev serve`.
+pub struct ServerProc {
+    pub child: Child,
+    pub tcp: Option<String>,
+    pub unix: Option<PathBuf>,
+    pub log: Arc<Mutex<Vec<String>>>,
+}
+
+impl ServerProc {
+    /// Starts `jbdev serve ARGS --listen 127.0.0.1:0 [--socket SOCK]` and
+    /// waits for its "listening on" lines.
+    pub fn start(args: &[&str], socket: Option<&Path>) -> Self {
+        let mut cmd = Command::new(JBDEV);
+        cmd.arg("serve")
+            .args(args)
+            .args(["--listen", "127.0.0.1:0"]);
+        if let Some(s) = socket {
+            cmd.arg("--socket").arg(s);
+        }
+        cmd.stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .env("JBDEV_LOG", "info");
+        let mut child = cmd.spawn().expect("spawn jbdev serve");
+        let stderr = child.stderr.take().expect("stderr");
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let log2 = log.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if let Some(addr) = line.strip_prefix("jbdev serve: listening on ") {
+                    let _ = tx.send(addr.to_string());
+                }
+                log2.lock().unwrap().push(line);
+            }
+        });
+        let want = 1 + usize::from(socket.is_some());
+        let mut tcp = None;
+        let mut unix = None;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        for _ in 0..want {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let addr = rx.recv_timeout(left).unwrap_or_else(|_| {
+                let _ = child.kill();
+                panic!("jbdev serve did not start: {:?}", log.lock().unwrap());
+            });
+            if addr.starts_with('/') {
+                unix = Some(PathBuf::from(addr));
+            } else {
+                tcp = Some(addr);
+            }
+        }
+        Self {
+            child,
+            tcp,
+            unix,
+            log,
+        }
+    }
+
+    pub fn tcp_uri(&self) -> String {
+        format!("nbd://{}", self.tcp.as_ref().expect("tcp listener"))
+    }
+
+    pub fn unix_uri(&self) -> String {
+        format!(
+            "nbd+unix:///?socket={}",
+            self.unix.as_ref().expect("unix listener").display()
+        )
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// SIGTERM and wait (bounded); returns whether it exited successfully.
+    pub fn stop(mut self) -> bool {
+        let _ = Command::new("kill")
+            .arg("-TERM")
+            .arg(self.child.id().to_string())
+            .status();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Ok(Some(st)) = self.child.try_wait() {
+                return st.success();
+            }
+            if Instant::now() > deadline {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// SIGKILL (a crash) and reap.
+    pub fn crash(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    pub fn log_text(&self) -> String {
+        self.log.lock().unwrap().join("\n")
+    }
+}
+
+impl Drop for ServerProc {
+    fn drop(&mut self) {
+        // Never leave a server behind, even when a test fails.
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// Deterministic pseudo-random bytes.
+pub fn pattern(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}

@@ -1,0 +1,379 @@
+//! Interop of the real `jbdev serve` binary with real NBD clients: nbdinfo,
+//! qemu-io, qemu-img, nbdcopy, nbdsh and fio, over TCP and a unix socket.
+//! Each test skips with a message when its client tool is missing.
+
+mod nbd_common;
+
+use nbd_common::*;
+
+#[test]
+fn nbdinfo_json_shows_the_transmission_flags_over_tcp_and_unix() {
+    if !have_tool("nbdinfo", "nbdinfo_json") {
+        return;
+    }
+    let dir = TempDir::new("nbdinfo");
+    let img = dir.path("a.img");
+    format_volume(&img, "64M");
+    let sock = dir.path("s.sock");
+    let srv = ServerProc::start(&[img.to_str().unwrap()], Some(&sock));
+    for uri in [srv.tcp_uri(), srv.unix_uri()] {
+        let out = run_ok("nbdinfo", &["--json", &uri], 60);
+        let v: serde_json::Value = serde_json::from_str(&out).expect("nbdinfo json");
+        assert_eq!(v["protocol"], "newstyle-fixed", "{out}");
+        assert_eq!(v["structured"], true, "{out}");
+        let e = &v["exports"][0];
+        for flag in [
+            "can_flush",
+            "can_fua",
+            "can_trim",
+            "can_zero",
+            "can_fast_zero",
+            "can_df",
+            "can_cache",
+            "can_multi_conn",
+        ] {
+            assert_eq!(e[flag], true, "{flag} over {uri}: {out}");
+        }
+        assert_eq!(e["is_read_only"], false, "{out}");
+        assert_eq!(e["export-size"], 64u64 << 20, "{out}");
+        assert_eq!(e["block_size_minimum"], 1, "{out}");
+        assert_eq!(e["block_size_preferred"], 4096, "{out}");
+        assert_eq!(e["block_size_maximum"], 32u64 << 20, "{out}");
+        let contexts = e["contexts"].as_array().expect("contexts");
+        assert!(contexts.iter().any(|c| c == "base:allocation"), "{out}");
+    }
+    assert!(srv.stop(), "server did not shut down cleanly");
+}
+
+#[test]
+fn read_only_and_named_exports_are_listed_and_flagged() {
+    if !have_tool("nbdinfo", "read_only_exports") {
+        return;
+    }
+    let dir = TempDir::new("nbdinfo-ro");
+    let a = dir.path("a.img");
+    let b = dir.path("b.img");
+    format_volume(&a, "16M");
+    format_volume(&b, "32M");
+    let export_b = format!("disk-b={}", b.display());
+    let srv = ServerProc::start(
+        &[a.to_str().unwrap(), "--export", &export_b, "--read-only"],
+        None,
+    );
+    let out = run_ok("nbdinfo", &["--list", "--json", &srv.tcp_uri()], 60);
+    let v: serde_json::Value = serde_json::from_str(&out).expect("json");
+    let exports = v["exports"].as_array().expect("exports");
+    assert_eq!(exports.len(), 2, "{out}");
+    let b_info = exports
+        .iter()
+        .find(|e| e["export-name"] == "disk-b")
+        .expect("disk-b listed");
+    assert_eq!(b_info["export-size"], 32u64 << 20, "{out}");
+    for e in exports {
+        assert_eq!(e["is_read_only"], true, "{out}");
+        assert_eq!(e["can_trim"], false, "{out}");
+        assert_eq!(e["can_zero"], false, "{out}");
+    }
+    assert!(srv.stop());
+}
+
+fn qemu_io(uri: &str, cache_none: bool, cmds: &[&str]) -> String {
+    let mut args: Vec<&str> = vec!["-f", "raw"];
+    if cache_none {
+        args.extend(["-t", "none"]);
+    }
+    for c in cmds {
+        args.extend(["-c", c]);
+    }
+    args.push(uri);
+    let out = run_ok("qemu-io", &args, 120);
+    assert!(
+        !out.contains("failed") && !out.contains("error"),
+        "qemu-io {cmds:?} on {uri}: {out}"
+    );
+    out
+}
+
+#[test]
+fn qemu_io_pattern_writes_and_reads_with_fua_and_cache_none() {
+    if !have_tool("qemu-io", "qemu_io_patterns") {
+        return;
+    }
+    let dir = TempDir::new("qemu-io");
+    let img = dir.path("a.img");
+    format_volume(&img, "64M");
+    let sock = dir.path("s.sock");
+    let srv = ServerProc::start(&[img.to_str().unwrap()], Some(&sock));
+    let tcp = srv.tcp_uri();
+    let unix = srv.unix_uri();
+    // Writes over TCP (FUA and plain, aligned and not), reads over unix.
+    qemu_io(
+        &tcp,
+        false,
+        &[
+            "write -f -P 0x5a 0 1M",
+            "write -P 0xa5 1M 192k",
+            "write -f -P 0x11 3000000 777",
+            "flush",
+        ],
+    );
+    qemu_io(
+        &unix,
+        true,
+        &[
+            "read -P 0x5a 0 1M",
+            "read -P 0xa5 1M 192k",
+            "read -P 0x11 3000000 777",
+            "read -P 0 3000777 4096",
+            "write -f -P 0x77 8M 64k",
+            "read -P 0x77 8M 64k",
+        ],
+    );
+    // A pattern that is not there must be reported: the check can fail.
+    let out = run_tool(
+        "qemu-io",
+        &["-f", "raw", "-c", "read -P 0x5b 0 4096", &tcp],
+        60,
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("verification failed"),
+        "wrong pattern was not detected"
+    );
+    assert!(srv.stop(), "server did not shut down cleanly");
+    // Everything survives a clean restart.
+    let srv = ServerProc::start(&[img.to_str().unwrap()], None);
+    qemu_io(
+        &srv.tcp_uri(),
+        true,
+        &[
+            "read -P 0x5a 0 1M",
+            "read -P 0xa5 1M 192k",
+            "read -P 0x11 3000000 777",
+            "read -P 0x77 8M 64k",
+        ],
+    );
+    assert!(srv.stop());
+}
+
+#[test]
+fn qemu_img_convert_then_compare() {
+    if !have_tool("qemu-img", "qemu_img_convert") {
+        return;
+    }
+    let dir = TempDir::new("qemu-img");
+    let img = dir.path("a.img");
+    format_volume(&img, "16M");
+    // A random source with holes: random 256 KiB runs every other MiB.
+    let src = dir.path("src.raw");
+    let mut data = vec![0u8; 16 << 20];
+    for (i, chunk) in data.chunks_mut(1 << 20).enumerate() {
+        if i % 2 == 0 {
+            chunk[..256 << 10].copy_from_slice(&pattern(i as u64 + 1, 256 << 10));
+        }
+    }
+    std::fs::write(&src, &data).unwrap();
+    let srv = ServerProc::start(&[img.to_str().unwrap()], None);
+    let uri = srv.tcp_uri();
+    let s = src.to_str().unwrap();
+    run_ok(
+        "qemu-img",
+        &["convert", "-n", "-f", "raw", "-O", "raw", s, &uri],
+        120,
+    );
+    run_ok(
+        "qemu-img",
+        &["compare", "-f", "raw", "-F", "raw", s, &uri],
+        120,
+    );
+    // A one-byte difference must make compare fail.
+    data[5 << 20] ^= 1;
+    std::fs::write(&src, &data).unwrap();
+    let out = run_tool(
+        "qemu-img",
+        &["compare", "-f", "raw", "-F", "raw", s, &uri],
+        120,
+    );
+    assert_eq!(out.status.code(), Some(1), "compare missed a difference");
+    assert!(srv.stop());
+}
+
+#[test]
+fn nbdcopy_round_trip_with_multi_conn() {
+    if !have_tool("nbdcopy", "nbdcopy_round_trip") {
+        return;
+    }
+    let dir = TempDir::new("nbdcopy");
+    let img = dir.path("a.img");
+    format_volume(&img, "32M");
+    let src = dir.path("src.raw");
+    let data = pattern(42, 32 << 20);
+    std::fs::write(&src, &data).unwrap();
+    let sock = dir.path("s.sock");
+    let srv = ServerProc::start(&[img.to_str().unwrap()], Some(&sock));
+    let s = src.to_str().unwrap();
+    run_ok(
+        "nbdcopy",
+        &[
+            "--flush",
+            "--connections=4",
+            "--requests=16",
+            s,
+            &srv.tcp_uri(),
+        ],
+        180,
+    );
+    let dst = dir.path("dst.raw");
+    let d = dst.to_str().unwrap();
+    run_ok("nbdcopy", &["--connections=4", &srv.unix_uri(), d], 180);
+    let back = std::fs::read(&dst).unwrap();
+    assert!(back == data, "nbdcopy round trip differs");
+    assert!(srv.stop());
+}
+
+const NBDSH_SCRIPT: &str = r#"
+import nbd
+K = 1024
+assert h.can_meta_context(nbd.CONTEXT_BASE_ALLOCATION)
+assert h.can_multi_conn() and h.can_fua() and h.can_zero() and h.can_trim()
+data = bytes((i * 7 + 3) % 251 for i in range(256 * K))
+h.pwrite(data, 0, nbd.CMD_FLAG_FUA)
+h.zero(64 * K, 64 * K)
+h.zero(16 * K, 192 * K, nbd.CMD_FLAG_NO_HOLE)  # (count, offset)
+h.trim(64 * K, 128 * K)
+h.flush()
+assert h.pread(64 * K, 0) == data[:64 * K]
+assert h.pread(64 * K, 64 * K) == bytes(64 * K)
+assert h.pread(64 * K, 128 * K) == bytes(64 * K)
+assert h.pread(16 * K, 192 * K) == bytes(16 * K)
+assert h.pread(48 * K, 208 * K) == data[208 * K:]
+h.pwrite(b'\x42' * (4 * K), 300 * K)
+try:
+    h.zero(4 * K, 300 * K, nbd.CMD_FLAG_FAST_ZERO)  # 4 KiB at 300 KiB
+except nbd.Error as e:
+    assert e.errnum == 95, e
+    # ENOTSUP must leave the contents alone
+    assert h.pread(4 * K, 300 * K) == b'\x42' * (4 * K)
+else:
+    assert h.pread(4 * K, 300 * K) == bytes(4 * K)
+
+got = []
+def cb(meta, off, entries, err):
+    got.append((meta, off, list(entries)))
+    return 0
+h.block_status(1024 * K, 0, cb)
+assert len(got) == 1 and got[0][0] == nbd.CONTEXT_BASE_ALLOCATION, got
+ents = got[0][2]
+assert len(ents) >= 2 and len(ents) % 2 == 0, ents
+pos = 0
+for i in range(0, len(ents), 2):
+    length, flags = ents[i], ents[i + 1]
+    assert length > 0
+    if flags & nbd.STATE_ZERO:
+        # whatever is reported as zero must read as zeroes
+        end = min(pos + length, 1024 * K)
+        assert h.pread(end - pos, pos) == bytes(end - pos), (pos, length)
+    if pos < 64 * K:
+        assert not flags & nbd.STATE_ZERO, (pos, flags)
+    pos += length
+assert pos >= 1  # at least one byte described
+
+one = []
+h.block_status(1024 * K, 0, lambda m, o, e, err: one.append(list(e)) or 0,
+               nbd.CMD_FLAG_REQ_ONE)
+assert len(one) == 1 and len(one[0]) == 2 and one[0][0] <= 1024 * K, one
+h.flush()
+h.shutdown()
+print("NBDSH-OK")
+"#;
+
+#[test]
+fn nbdsh_zero_trim_block_status_and_flush() {
+    if !have_tool("nbdsh", "nbdsh") {
+        return;
+    }
+    let dir = TempDir::new("nbdsh");
+    let img = dir.path("a.img");
+    format_volume(&img, "16M");
+    let sock = dir.path("s.sock");
+    let srv = ServerProc::start(&[img.to_str().unwrap()], Some(&sock));
+    for uri in [srv.tcp_uri(), srv.unix_uri()] {
+        let out = run_ok(
+            "nbdsh",
+            &["--base-allocation", "-u", &uri, "-c", NBDSH_SCRIPT],
+            120,
+        );
+        assert!(out.contains("NBDSH-OK"), "{out}");
+    }
+    assert!(srv.stop());
+}
+
+#[test]
+fn fio_nbd_engine_with_verify() {
+    if !have_tool("fio", "fio_verify") {
+        return;
+    }
+    let engines = run_tool("fio", &["--enghelp"], 30);
+    if !String::from_utf8_lossy(&engines.stdout).contains("nbd") {
+        eprintln!("SKIP fio_verify: this fio has no nbd engine");
+        return;
+    }
+    let dir = TempDir::new("fio");
+    let img = dir.path("a.img");
+    format_volume(&img, "64M");
+    let srv = ServerProc::start(&[img.to_str().unwrap()], None);
+    let uri = format!("--uri={}", srv.tcp_uri());
+    let out = run_ok(
+        "fio",
+        &[
+            "--name=verify",
+            "--ioengine=nbd",
+            &uri,
+            "--rw=randwrite",
+            "--bs=4k",
+            "--size=16M",
+            "--iodepth=32",
+            "--verify=crc32c",
+            "--do_verify=1",
+            "--verify_fatal=1",
+            "--output-format=terse",
+        ],
+        300,
+    );
+    assert!(!out.is_empty());
+    assert!(srv.stop());
+}
+
+#[test]
+fn socket_activation_and_stdio_mode() {
+    if !have_tool("nbdinfo", "socket_activation") || !have_tool("nbdsh", "stdio_mode") {
+        return;
+    }
+    let dir = TempDir::new("activation");
+    let img = dir.path("a.img");
+    format_volume(&img, "8M");
+    let i = img.to_str().unwrap();
+    let out = run_ok(
+        "nbdinfo",
+        &["--json", "--", "[", JBDEV, "serve", i, "]"],
+        60,
+    );
+    let v: serde_json::Value = serde_json::from_str(&out).expect("json");
+    assert_eq!(v["exports"][0]["export-size"], 8u64 << 20, "{out}");
+    assert_eq!(v["exports"][0]["can_multi_conn"], true, "{out}");
+
+    let script = format!(
+        "import nbd\nh.connect_command(['{JBDEV}', 'serve', '-s', '{i}'])\n\
+         h.pwrite(b'jbdev' * 1000, 4096, nbd.CMD_FLAG_FUA)\n\
+         assert h.pread(5000, 4096) == b'jbdev' * 1000\n\
+         h.shutdown()\nprint('STDIO-OK')\n"
+    );
+    let out = run_ok("nbdsh", &["-c", &script], 60);
+    assert!(out.contains("STDIO-OK"), "{out}");
+    // The stdio server flushed and closed the volume: a new server sees it.
+    let script = format!(
+        "h.connect_command(['{JBDEV}', 'serve', '-s', '{i}'])\n\
+         assert h.pread(5000, 4096) == b'jbdev' * 1000\nprint('REOPEN-OK')\n"
+    );
+    let out = run_ok("nbdsh", &["-c", &script], 60);
+    assert!(out.contains("REOPEN-OK"), "{out}");
+}
