@@ -99,9 +99,31 @@ pub struct ServerProc {
 }
 
 impl ServerProc {
+    /// Starts the server after a crash of the previous one. The dead
+    /// process's volume lock can outlive it briefly (the kernel tears down
+    /// its io_uring instances, which hold the file, asynchronously), so a
+    /// refusal with "already open" is retried for a bounded time.
+    pub fn start_after_crash(args: &[&str]) -> Self {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            match Self::try_start(args, None) {
+                Ok(s) => return s,
+                Err(log) if log.contains("already open") && Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+                Err(log) => panic!("jbdev serve did not start: {log}"),
+            }
+        }
+    }
+
     /// Starts `jbdev serve ARGS --listen 127.0.0.1:0 [--socket SOCK]` and
     /// waits for its "listening on" lines.
     pub fn start(args: &[&str], socket: Option<&Path>) -> Self {
+        Self::try_start(args, socket)
+            .unwrap_or_else(|log| panic!("jbdev serve did not start: {log}"))
+    }
+
+    fn try_start(args: &[&str], socket: Option<&Path>) -> Result<Self, String> {
         let mut cmd = Command::new(JBDEV);
         cmd.arg("serve")
             .args(args)
@@ -132,22 +154,23 @@ impl ServerProc {
         let deadline = Instant::now() + Duration::from_secs(30);
         for _ in 0..want {
             let left = deadline.saturating_duration_since(Instant::now());
-            let addr = rx.recv_timeout(left).unwrap_or_else(|_| {
+            let Ok(addr) = rx.recv_timeout(left) else {
                 let _ = child.kill();
-                panic!("jbdev serve did not start: {:?}", log.lock().unwrap());
-            });
+                let _ = child.wait();
+                return Err(log.lock().unwrap().join("\n"));
+            };
             if addr.starts_with('/') {
                 unix = Some(PathBuf::from(addr));
             } else {
                 tcp = Some(addr);
             }
         }
-        Self {
+        Ok(Self {
             child,
             tcp,
             unix,
             log,
-        }
+        })
     }
 
     pub fn tcp_uri(&self) -> String {
