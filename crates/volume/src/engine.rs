@@ -343,9 +343,16 @@ impl Engine {
         let n = out.len() / bs;
         // Runs of blocks that must come from the home location.
         let mut home_runs: Vec<(usize, usize)> = Vec::new();
+        // Resolve every block under all the range's shard locks at once: a
+        // journaled write publishes all its blocks under its shard locks, so
+        // a read sees all of such a write or none of it.
+        let shard_ids = Overlay::shards_for_range(lba, lba + n as u64);
+        let guards: Vec<(usize, MutexGuard<'_, crate::overlay::Shard>)> =
+            shard_ids.iter().map(|&s| (s, self.overlay.lock(s))).collect();
         for i in 0..n {
             let b = lba + i as u64;
-            let src = self.overlay.lock_block(b).source(b, bs);
+            let gi = guards.binary_search_by_key(&Overlay::shard_of(b), |(s, _)| *s).expect("shard locked");
+            let src = guards[gi].1.source(b, bs);
             let dst = &mut out[i * bs..(i + 1) * bs];
             match src {
                 Source::Journaled(r) => dst.copy_from_slice(r.bytes(bs)),
@@ -357,6 +364,7 @@ impl Engine {
                 },
             }
         }
+        drop(guards);
         for (s, len) in home_runs {
             self.home.read_at(
                 &mut out[s * bs..(s + len) * bs],
@@ -633,6 +641,23 @@ impl Engine {
     /// Writes whole blocks `[start, end)` straight to their home location
     /// (`data` = None writes zeroes), with revoke records for any journaled
     /// copies so replay can never resurrect them.
+    ///
+    /// Order, and why:
+    /// 1. Under the home lock (shared) and each shard lock: register the
+    ///    write as pending (reads and read-modify-writes see the new data at
+    ///    once) and set `cancel_below` on journaled copies, so the checkpoint
+    ///    never writes an older copy over the new data. The checkpoint skips
+    ///    such copies only while holding the home lock exclusively, so it
+    ///    either wrote them before step 1 or runs after step 2 completed —
+    ///    and then its home flush, which precedes its tail update, covers
+    ///    this write.
+    /// 2. The home I/O.
+    /// 3. Only now add revoke records to the running transaction. A commit
+    ///    carrying revokes flushes the home device before writing its blocks,
+    ///    so a revoke can never be durable while the data it protects is not.
+    ///    No revoke is added for a block that already has a journaled copy
+    ///    newer than this write: replay must not cancel that copy, and it
+    ///    supersedes older ones anyway.
     pub fn direct(&self, start: Lba, end: Lba, data: Option<AlignedBuf>, fua: bool) -> Result<()> {
         self.check_writable()?;
         if start >= end {
@@ -644,90 +669,76 @@ impl Engine {
         let charge = bound.div_ceil(RevokeBlock::capacity(self.bs) as u64) + 1;
         let stripe_idx = my_stripe();
         let shard_ids = Overlay::shards_for_range(start, end);
+        let in_range = |sh: &crate::overlay::Shard, s: usize| -> Vec<Lba> {
+            if end - start < 8192 {
+                (start..end).filter(|&b| Overlay::shard_of(b) == s && sh.map.contains_key(&b)).collect()
+            } else {
+                sh.map.keys().copied().filter(|&b| start <= b && b < end).collect()
+            }
+        };
+        // Step 1.
+        let home_guard = self.home_lock.read();
         let mut shard_versions: Vec<(usize, u64)> = Vec::with_capacity(shard_ids.len());
-        let home_guard = loop {
-            // Credits first, without the home lock: waiting for journal
-            // space waits for the checkpoint, which needs the home lock.
+        for &s in &shard_ids {
+            let mut sh = self.overlay.lock(s);
+            let rv = sh.bump();
+            sh.pending.push(Pending { id, start, end, ver: rv, data: data.clone() });
+            for b in in_range(&sh, s) {
+                let e = sh.map.get_mut(&b).expect("entry present");
+                e.cancel_below = e.cancel_below.max(rv);
+            }
+            shard_versions.push((s, rv));
+        }
+        // Step 2.
+        let res = match &data {
+            Some(buf) => self.home.write_at(buf, self.home_offset(start), IoPriority::Urgent),
+            None => self.home.write_zeroes(self.home_offset(start), (end - start) * self.bs as u64),
+        };
+        drop(home_guard);
+        if let Err(e) = res {
+            for &(s, _) in &shard_versions {
+                let mut sh = self.overlay.lock(s);
+                sh.pending.retain(|p| p.id != id);
+                sh.bump();
+            }
+            self.abort(format!("direct write to the home location failed: {e}"));
+            return Err(e.into());
+        }
+        // Step 3 (credits first: waiting for space needs no lock of ours).
+        loop {
             let have = self.stripes[stripe_idx].lock().credits;
             if have < charge {
-                self.reserve(stripe_idx, charge - have)?;
+                if let Err(e) = self.reserve(stripe_idx, charge - have) {
+                    for &(s, _) in &shard_versions {
+                        self.overlay.lock(s).pending.retain(|p| p.id != id);
+                    }
+                    return Err(e);
+                }
                 continue;
             }
-            let home_guard = self.home_lock.read();
             let mut stripe = self.stripes[stripe_idx].lock();
             if stripe.credits < charge {
                 continue;
             }
             let tid = stripe.tid;
-            for &s in &shard_ids {
+            for &(s, rv) in &shard_versions {
                 let mut sh = self.overlay.lock(s);
-                let rv = sh.bump();
-                sh.pending.push(Pending {
-                    id,
-                    start,
-                    end,
-                    ver: rv,
-                    data: data.clone(),
-                });
-                let mut revoked: Vec<Lba> = Vec::new();
-                if end - start < 8192 {
-                    for b in start..end {
-                        if Overlay::shard_of(b) == s && sh.map.contains_key(&b) {
-                            revoked.push(b);
-                        }
-                    }
-                } else {
-                    revoked.extend(sh.map.keys().copied().filter(|&b| start <= b && b < end));
-                }
-                for b in revoked {
+                sh.pending.retain(|p| p.id != id);
+                for b in in_range(&sh, s) {
                     let e = sh.map.get_mut(&b).expect("entry present");
-                    e.cancel_below = rv;
+                    match &e.newest {
+                        Some(v) if v.ver > rv => continue,
+                        Some(_) => e.newest = None,
+                        None => {}
+                    }
                     e.tomb_tid = Some(tid);
                     stripe.revokes.push((b, rv));
                 }
-                shard_versions.push((s, rv));
+                sh.bump();
             }
             stripe.credits -= charge;
             stripe.charged += charge;
-            break home_guard;
-        };
-        // The home I/O, with no lock held but the shared home lock.
-        let res = match &data {
-            Some(buf) => self
-                .home
-                .write_at(buf, self.home_offset(start), IoPriority::Urgent),
-            None => self
-                .home
-                .write_zeroes(self.home_offset(start), (end - start) * self.bs as u64),
-        };
-        for &(s, rv) in &shard_versions {
-            let mut sh = self.overlay.lock(s);
-            sh.pending.retain(|p| p.id != id);
-            if res.is_ok() {
-                let in_range: Vec<Lba> = if end - start < 8192 {
-                    (start..end)
-                        .filter(|&b| Overlay::shard_of(b) == s && sh.map.contains_key(&b))
-                        .collect()
-                } else {
-                    sh.map
-                        .keys()
-                        .copied()
-                        .filter(|&b| start <= b && b < end)
-                        .collect()
-                };
-                for b in in_range {
-                    let e = sh.map.get_mut(&b).expect("entry present");
-                    if e.newest.as_ref().is_some_and(|v| v.ver < rv) {
-                        e.newest = None;
-                    }
-                }
-            }
-            sh.bump();
-        }
-        drop(home_guard);
-        if let Err(e) = res {
-            self.abort(format!("direct write to the home location failed: {e}"));
-            return Err(e.into());
+            break;
         }
         self.stats.lock().direct_writes += 1;
         self.home_written_gen.fetch_add(1, Ordering::AcqRel);
@@ -921,6 +932,11 @@ impl Engine {
             }
         };
         let len = self.region.len_blocks();
+        if !revoke_list.is_empty() {
+            // IMPORTANT: revokes protect data that direct writes put home;
+            // that data must be durable before a revoke can be.
+            self.home_flusher.flush(self.home.as_ref())?;
+        }
         let end_pos = match self.opts.commit_mode {
             CommitMode::SingleFlush => {
                 let end = writer::write_log_blocks(&self.region, self.first, head, &log, &prio)?;
