@@ -1,0 +1,142 @@
+#!/usr/bin/env bash
+# Side-by-side NBD benchmark on ONE backing file in ONE run:
+#   jbdev serve  vs  nbdkit file  vs  qemu-nbd -e 4 (cache=none, aio=native)
+# Each server is measured with nbd-loadgen (4 KiB random writes with FUA at
+# QD32 -- fio's nbd engine cannot send FUA -- and 4 KiB random reads at QD32)
+# and with fio's nbd engine (4 KiB random reads at QD32). nbdkit and qemu-nbd
+# serve the file raw first; then the same file is formatted as a jbdev
+# volume and served by jbdev. Every server gets the same prefill (random
+# data over the whole export, so no read is answered from a hole).
+#
+# Usage: scripts/bench-nbd.sh [--seconds N] [--size 1G] [--qd 32] [--dir DIR]
+# Environment: CARGO_TARGET_DIR (where release binaries are built).
+set -euo pipefail
+
+secs=10
+size=1G
+qd=32
+dir=""
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --seconds) secs=$2; shift 2 ;;
+        --size) size=$2; shift 2 ;;
+        --qd) qd=$2; shift 2 ;;
+        --dir) dir=$2; shift 2 ;;
+        *) echo "usage: $0 [--seconds N] [--size 1G] [--qd 32] [--dir DIR]" >&2; exit 2 ;;
+    esac
+done
+
+root=$(cd "$(dirname "$0")/.." && pwd)
+for tool in nbdkit qemu-nbd fio nbdcopy python3; do
+    command -v "$tool" >/dev/null || { echo "bench-nbd: $tool is missing (apt-get install nbdkit qemu-utils fio libnbd-bin)" >&2; exit 1; }
+done
+echo "== building release binaries" >&2
+(cd "$root" && cargo build --release -q -p jbdev -p jbdev-nbd)
+target=${CARGO_TARGET_DIR:-$root/target}/release
+jbdev=$target/jbdev
+loadgen=$target/nbd-loadgen
+
+# The backing file lives on the disk (not tmpfs) unless --dir says otherwise.
+[ -n "$dir" ] || dir=$(mktemp -d "${TMPDIR:-/var/tmp}/jbdev-bench-nbd.XXXXXX")
+mkdir -p "$dir"
+img=$dir/backing.img
+results=$dir/results.jsonl
+: > "$results"
+server_pid=""
+cleanup() {
+    if [ -n "$server_pid" ]; then kill "$server_pid" 2>/dev/null || true; wait "$server_pid" 2>/dev/null || true; fi
+}
+trap cleanup EXIT INT TERM
+
+port=10820
+wait_port() {
+    for _ in $(seq 1 100); do
+        if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then return 0; fi
+        sleep 0.1
+    done
+    echo "bench-nbd: server on port $port did not start" >&2
+    exit 1
+}
+stop_server() {
+    kill -TERM "$server_pid"
+    wait "$server_pid" 2>/dev/null || true
+    server_pid=""
+}
+
+bytes=$(python3 -c "import sys; s=sys.argv[1]; m={'K':1<<10,'M':1<<20,'G':1<<30}; print(int(s[:-1])*m[s[-1].upper()] if s[-1].upper() in m else int(s))" "$size")
+prefill=$dir/prefill.raw
+head -c "$bytes" /dev/urandom > "$prefill"
+
+measure() { # label uri
+    local label=$1 uri=$2
+    echo "== $label: prefill" >&2
+    nbdcopy --flush "$prefill" "$uri"
+    echo "== $label: 4 KiB random writes with FUA, QD$qd (nbd-loadgen)" >&2
+    "$loadgen" --addr "127.0.0.1:$port" --mode randwrite-fua --qd "$qd" --seconds "$secs" --label "$label" --json >> "$results"
+    echo "== $label: 4 KiB random reads, QD$qd (nbd-loadgen)" >&2
+    "$loadgen" --addr "127.0.0.1:$port" --mode randread --qd "$qd" --seconds "$secs" --label "$label" --json >> "$results"
+    echo "== $label: 4 KiB random reads, QD$qd (fio nbd engine)" >&2
+    fio --name=randread --ioengine=nbd --uri="$uri" --rw=randread --bs=4k --iodepth="$qd" \
+        --size="$bytes" --runtime="$secs" --time_based --output-format=json \
+        | python3 -c "
+import json, sys
+j = json.load(sys.stdin)['jobs'][0]['read']
+p = j['clat_ns']['percentile']
+print(json.dumps({'label': '$label', 'mode': 'fio-randread', 'iops': j['iops'],
+    'lat_us': {'mean': j['clat_ns']['mean'] / 1000, 'p50': p['50.000000'] / 1000,
+               'p99': p['99.000000'] / 1000}}))" >> "$results"
+}
+
+# 1. nbdkit file (raw file, page cache; FUA and FLUSH map to fdatasync).
+truncate -s "$bytes" "$img"
+nbdkit -f -i 127.0.0.1 -p "$port" file "$img" &
+server_pid=$!
+wait_port
+measure "nbdkit-file" "nbd://127.0.0.1:$port"
+stop_server
+
+# 2. qemu-nbd, 4 shared clients, O_DIRECT with Linux AIO (flush honoured).
+port=$((port + 1))
+qemu-nbd -e 4 -t -f raw --cache=none --aio=native -b 127.0.0.1 -p "$port" "$img" &
+server_pid=$!
+wait_port
+measure "qemu-nbd" "nbd://127.0.0.1:$port"
+stop_server
+
+# 3. jbdev on the same file, formatted as a volume of the same size.
+port=$((port + 1))
+"$jbdev" format "$img" --size "$size" >/dev/null
+"$jbdev" serve "$img" --listen "127.0.0.1:$port" 2>"$dir/jbdev-serve.log" &
+server_pid=$!
+wait_port
+measure "jbdev" "nbd://127.0.0.1:$port"
+stop_server
+
+python3 - "$results" "$secs" "$qd" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+secs, qd = sys.argv[2], sys.argv[3]
+servers = ["jbdev", "nbdkit-file", "qemu-nbd"]
+modes = [("randwrite-fua", "4k randwrite FUA (loadgen)"),
+         ("randread", "4k randread (loadgen)"),
+         ("fio-randread", "4k randread (fio nbd)")]
+get = {(r["label"], r["mode"]): r for r in rows}
+print(f"\nNBD servers on loopback, QD{qd}, {secs}s per run, same backing file\n")
+hdr = f"{'workload':28} " + " ".join(f"{s:>22}" for s in servers) + f" {'jbdev/best peer':>16}"
+print(hdr)
+print("-" * len(hdr))
+for mode, name in modes:
+    cells, iops = [], {}
+    for s in servers:
+        r = get.get((s, mode))
+        if r is None:
+            cells.append(f"{'-':>22}")
+            continue
+        iops[s] = r["iops"]
+        lat = r["lat_us"]
+        cells.append(f"{r['iops']:>9.0f} IOPS p99 {lat['p99']:>5.0f}us")
+    peers = [iops[s] for s in servers[1:] if s in iops]
+    ratio = f"{iops['jbdev'] / max(peers):>15.2f}x" if peers and "jbdev" in iops and max(peers) > 0 else f"{'-':>16}"
+    print(f"{name:28} " + " ".join(cells) + f" {ratio}")
+print(f"\nraw results: {sys.argv[1]}")
+PY
