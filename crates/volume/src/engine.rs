@@ -172,7 +172,9 @@ pub struct Engine {
     stripes: Box<[CachePadded<Mutex<Stripe>>]>,
     st: Mutex<JState>,
     kick: Condvar,
-    done: Condvar,
+    /// Waiters for transaction `t` sleep on `done[t % 2]`: only N and N+1
+    /// can have waiters, so a commit wakes only its own.
+    done: [Condvar; 2],
     space: Condvar,
     checkpoint_kick: Condvar,
     committed: Mutex<VecDeque<CommittedTxn>>,
@@ -264,7 +266,7 @@ impl Engine {
             stripes,
             st: Mutex::new(st),
             kick: Condvar::new(),
-            done: Condvar::new(),
+            done: [Condvar::new(), Condvar::new()],
             space: Condvar::new(),
             checkpoint_kick: Condvar::new(),
             committed: Mutex::new(VecDeque::new()),
@@ -325,7 +327,9 @@ impl Engine {
             st.error = Some(why);
         }
         self.aborted.store(true, Ordering::Release);
-        self.done.notify_all();
+        self.done.iter().for_each(|c| {
+            c.notify_all();
+        });
         self.space.notify_all();
         self.kick.notify_all();
         self.checkpoint_kick.notify_all();
@@ -347,11 +351,15 @@ impl Engine {
         // journaled write publishes all its blocks under its shard locks, so
         // a read sees all of such a write or none of it.
         let shard_ids = Overlay::shards_for_range(lba, lba + n as u64);
-        let guards: Vec<(usize, MutexGuard<'_, crate::overlay::Shard>)> =
-            shard_ids.iter().map(|&s| (s, self.overlay.lock(s))).collect();
+        let guards: Vec<(usize, MutexGuard<'_, crate::overlay::Shard>)> = shard_ids
+            .iter()
+            .map(|&s| (s, self.overlay.lock(s)))
+            .collect();
         for i in 0..n {
             let b = lba + i as u64;
-            let gi = guards.binary_search_by_key(&Overlay::shard_of(b), |(s, _)| *s).expect("shard locked");
+            let gi = guards
+                .binary_search_by_key(&Overlay::shard_of(b), |(s, _)| *s)
+                .expect("shard locked");
             let src = guards[gi].1.source(b, bs);
             let dst = &mut out[i * bs..(i + 1) * bs];
             match src {
@@ -423,7 +431,13 @@ impl Engine {
         loop {
             // Phase 1, no locks held across I/O: read home content of partial
             // blocks that have no newer copy, remembering the shard version.
-            let mut buf = AlignedBuf::zeroed(lbas.len() * self.bs);
+            let mut buf = match ops {
+                // The common case: one block-aligned write; copy it once.
+                [Op::Write { offset, data }] if offset % bs == 0 && data.len() as u64 % bs == 0 => {
+                    AlignedBuf::from_slice(data)
+                }
+                _ => AlignedBuf::zeroed(lbas.len() * self.bs),
+            };
             let mut pre_read: Vec<(usize, u64)> = Vec::new();
             for (i, &b) in lbas.iter().enumerate() {
                 if !partial[i] {
@@ -606,7 +620,7 @@ impl Engine {
         }
         self.kick.notify_one();
         while st.committed_tid < tid && st.error.is_none() {
-            self.done.wait(&mut st);
+            self.done[(tid % 2) as usize].wait(&mut st);
         }
         st.sync_waiters -= 1;
         if st.committed_tid >= tid {
@@ -671,9 +685,15 @@ impl Engine {
         let shard_ids = Overlay::shards_for_range(start, end);
         let in_range = |sh: &crate::overlay::Shard, s: usize| -> Vec<Lba> {
             if end - start < 8192 {
-                (start..end).filter(|&b| Overlay::shard_of(b) == s && sh.map.contains_key(&b)).collect()
+                (start..end)
+                    .filter(|&b| Overlay::shard_of(b) == s && sh.map.contains_key(&b))
+                    .collect()
             } else {
-                sh.map.keys().copied().filter(|&b| start <= b && b < end).collect()
+                sh.map
+                    .keys()
+                    .copied()
+                    .filter(|&b| start <= b && b < end)
+                    .collect()
             }
         };
         // Step 1.
@@ -682,7 +702,13 @@ impl Engine {
         for &s in &shard_ids {
             let mut sh = self.overlay.lock(s);
             let rv = sh.bump();
-            sh.pending.push(Pending { id, start, end, ver: rv, data: data.clone() });
+            sh.pending.push(Pending {
+                id,
+                start,
+                end,
+                ver: rv,
+                data: data.clone(),
+            });
             for b in in_range(&sh, s) {
                 let e = sh.map.get_mut(&b).expect("entry present");
                 e.cancel_below = e.cancel_below.max(rv);
@@ -691,8 +717,12 @@ impl Engine {
         }
         // Step 2.
         let res = match &data {
-            Some(buf) => self.home.write_at(buf, self.home_offset(start), IoPriority::Urgent),
-            None => self.home.write_zeroes(self.home_offset(start), (end - start) * self.bs as u64),
+            Some(buf) => self
+                .home
+                .write_at(buf, self.home_offset(start), IoPriority::Urgent),
+            None => self
+                .home
+                .write_zeroes(self.home_offset(start), (end - start) * self.bs as u64),
         };
         drop(home_guard);
         if let Err(e) = res {
@@ -823,7 +853,7 @@ impl Engine {
             if empty {
                 st.committed_tid = tid;
                 st.outstanding -= charged;
-                self.done.notify_all();
+                self.done[(tid % 2) as usize].notify_all();
                 if drain {
                     return;
                 }
@@ -872,7 +902,7 @@ impl Engine {
                     st = self.st.lock();
                 }
             }
-            self.done.notify_all();
+            self.done[(tid % 2) as usize].notify_all();
             self.space.notify_all();
         }
     }

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Runs every test of jbdev on a fresh Debian 12 machine (as root): installs
+# the tools the tests drive (fio, qemu-utils, libnbd tools, e2fsprogs, …),
+# then the workspace tests, then a short fuzz run of every decoder.
+#   scripts/test.sh                 # everything (about 10-15 minutes)
+#   FUZZ_SECONDS=0 scripts/test.sh  # skip the fuzz smoke run
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PACKAGES=(fio qemu-utils libnbd-bin python3-libnbd nbdkit e2fsprogs gcc g++ pkg-config valgrind util-linux)
+missing=()
+for p in "${PACKAGES[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ "${#missing[@]}" -gt 0 ]; then
+    if [ "$(id -u)" -ne 0 ]; then
+        echo "test.sh: missing packages ${missing[*]}; run as root (or install them) first" >&2
+        exit 1
+    fi
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}"
+fi
+
+echo "== cargo fmt --check"
+cargo fmt --all -- --check
+echo "== cargo clippy"
+cargo clippy --workspace --all-targets -- -D warnings
+echo "== cargo test"
+cargo test --workspace --no-fail-fast
+if [ "${FUZZ_SECONDS:-5}" != "0" ]; then
+    echo "== fuzz smoke (${FUZZ_SECONDS:-5}s per target)"
+    FUZZ_SECONDS="${FUZZ_SECONDS:-5}" scripts/fuzz-smoke.sh
+fi
+echo "== all tests passed"
