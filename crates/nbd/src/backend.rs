@@ -61,9 +61,9 @@ pub trait Backend: Send + Sync + 'static {
     /// Deallocates; the range then reads as zeroes.
     fn trim(&self, offset: u64, length: u64, fua: bool) -> BackendResult<()>;
     fn write_zeroes(&self, offset: u64, length: u64, fua: bool) -> BackendResult<()>;
-    /// Whether `write_zeroes` is cheaper than writing zero bytes (decides the
-    /// answer to `NBD_CMD_FLAG_FAST_ZERO`).
-    fn zeroes_are_fast(&self) -> bool;
+    /// Whether zeroing this range is cheaper than writing zero bytes to it
+    /// (decides the answer to `NBD_CMD_FLAG_FAST_ZERO`).
+    fn zeroes_are_fast(&self, offset: u64, length: u64) -> bool;
     /// Allocation map of `[offset, offset+length)`: consecutive extents
     /// starting at `offset`, covering at least one byte.
     fn block_status(&self, offset: u64, length: u64) -> BackendResult<Vec<Extent>>;
@@ -94,8 +94,8 @@ impl<B: Backend + ?Sized> Backend for Arc<B> {
     fn write_zeroes(&self, offset: u64, length: u64, fua: bool) -> BackendResult<()> {
         (**self).write_zeroes(offset, length, fua)
     }
-    fn zeroes_are_fast(&self) -> bool {
-        (**self).zeroes_are_fast()
+    fn zeroes_are_fast(&self, offset: u64, length: u64) -> bool {
+        (**self).zeroes_are_fast(offset, length)
     }
     fn block_status(&self, offset: u64, length: u64) -> BackendResult<Vec<Extent>> {
         (**self).block_status(offset, length)
@@ -108,11 +108,25 @@ impl<B: Backend + ?Sized> Backend for Arc<B> {
 pub struct VolumeBackend {
     volume: Arc<jbdev_volume::Volume>,
     read_only: bool,
+    fast_zero_min_bytes: u64,
 }
 
 impl VolumeBackend {
-    pub fn new(volume: Arc<jbdev_volume::Volume>, read_only: bool) -> Self {
-        Self { volume, read_only }
+    /// `fast_zero_min_bytes` is the volume's direct-write threshold
+    /// ([`jbdev_volume::OpenOptions::direct_write_threshold`]): zeroing at
+    /// least that much is done in place (hole punch or BLKZEROOUT plus
+    /// revokes) and is fast; smaller ranges go through the journal like a
+    /// write of zero blocks, so they are not.
+    pub fn new(
+        volume: Arc<jbdev_volume::Volume>,
+        read_only: bool,
+        fast_zero_min_bytes: u64,
+    ) -> Self {
+        Self {
+            volume,
+            read_only,
+            fast_zero_min_bytes,
+        }
     }
 
     pub fn volume(&self) -> &Arc<jbdev_volume::Volume> {
@@ -202,10 +216,10 @@ impl Backend for VolumeBackend {
             vol.write_zeroes(off, len, flags)
         })
     }
-    fn zeroes_are_fast(&self) -> bool {
-        // The journaled engine zeroes by metadata (revoke + unmap), never by
-        // writing zero blocks through the journal.
-        true
+    fn zeroes_are_fast(&self, offset: u64, length: u64) -> bool {
+        // The in-place path needs at least one whole block inside the range.
+        let bs = u64::from(self.volume.block_size().max(1));
+        length >= self.fast_zero_min_bytes && (offset + length) / bs > offset.div_ceil(bs)
     }
     fn block_status(&self, offset: u64, length: u64) -> BackendResult<Vec<Extent>> {
         let extents = self
@@ -339,7 +353,7 @@ impl Backend for MemBackend {
     fn write_zeroes(&self, offset: u64, length: u64, _fua: bool) -> BackendResult<()> {
         self.fill(offset, length, false)
     }
-    fn zeroes_are_fast(&self) -> bool {
+    fn zeroes_are_fast(&self, _offset: u64, _length: u64) -> bool {
         true
     }
     fn block_status(&self, offset: u64, length: u64) -> BackendResult<Vec<Extent>> {

@@ -278,7 +278,7 @@ fn execute(conn: &ConnShared, cookie: u64, cmd: Command, payload: Vec<u8>) -> Ve
             fast,
             ..
         } => {
-            if fast && !b.zeroes_are_fast() {
+            if fast && !b.zeroes_are_fast(offset, length) {
                 Err(BackendError::new(
                     ENOTSUP,
                     "zeroing is not faster than writing",

@@ -89,7 +89,7 @@ impl Backend for GatedBackend {
     fn write_zeroes(&self, o: u64, l: u64, f: bool) -> BackendResult<()> {
         self.inner.write_zeroes(o, l, f)
     }
-    fn zeroes_are_fast(&self) -> bool {
+    fn zeroes_are_fast(&self, _o: u64, _l: u64) -> bool {
         true
     }
     fn block_status(&self, o: u64, l: u64) -> BackendResult<Vec<Extent>> {
