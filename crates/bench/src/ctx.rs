@@ -14,6 +14,9 @@ use crate::error::{io_err, Result};
 use crate::load::LoadSpec;
 use crate::progress::Progress;
 
+/// Bytes at the end of the backing reserved for the kernel's raw writes.
+pub const KERNEL_AREA_BYTES: u64 = 32 << 20;
+
 /// Settings shared by every scenario of a run.
 #[derive(Clone, Debug)]
 pub struct RunConfig {
@@ -61,15 +64,26 @@ impl Ctx<'_> {
         }
     }
 
-    /// Size of the jbdev volume on this backing. The journal (internal) and
-    /// the superblocks must fit beside it; an eighth of the remainder is
-    /// left as slack so the figure does not depend on the engine's exact
-    /// layout. Kernel baselines use the same first `volume_bytes` of the
-    /// device, so both sides touch the same byte ranges.
+    /// Size of the jbdev volume on this backing. The journal (internal),
+    /// the superblocks and the kernel baselines' area must fit beside it;
+    /// an eighth of the remainder is left as slack so the figure does not
+    /// depend on the engine's exact layout.
     pub fn volume_bytes(&self) -> u64 {
         let journal = self.cfg.journal_bytes.unwrap_or(64 << 20);
-        let usable = self.backing.size_bytes.saturating_sub(journal);
+        let usable = self
+            .backing
+            .size_bytes
+            .saturating_sub(journal)
+            .saturating_sub(KERNEL_AREA_BYTES);
         (usable / 8 * 7) & !((1u64 << 20) - 1)
+    }
+
+    /// Where the raw-device kernel baselines of the synchronous scenarios
+    /// write: the last [`KERNEL_AREA_BYTES`] of the backing, which no volume
+    /// uses. So kernel and jbdev runs can alternate on one formatted
+    /// volume, and drift of this noisy machine hits both sides alike.
+    pub fn kernel_base(&self) -> u64 {
+        self.backing.size_bytes.saturating_sub(KERNEL_AREA_BYTES) & !4095
     }
 
     fn open_options(&self, policy: BatchPolicy) -> OpenOptions {

@@ -61,6 +61,7 @@ pub fn kernel_sync_run(ctx: &Ctx<'_>, shape: SyncShape) -> Result<RunRecord> {
     let (file, direct) = open_kernel(&ctx.backing.path, true)?;
     let file = Arc::new(file);
     let path = ctx.backing.path.display().to_string();
+    let base = ctx.kernel_base();
     let r = run_load(&ctx.spec(shape.threads), ctx.progress, |i| {
         let (file, buf, path) = (
             file.clone(),
@@ -68,7 +69,7 @@ pub fn kernel_sync_run(ctx: &Ctx<'_>, shape: SyncShape) -> Result<RunRecord> {
             path.clone(),
         );
         Ok(move |seq: u64| {
-            file.write_all_at(&buf, shape.offset(i, seq))
+            file.write_all_at(&buf, base + shape.offset(i, seq))
                 .map_err(io_err(format!("pwrite {path}")))?;
             Ok(Op::write(buf.len()))
         })
@@ -128,12 +129,13 @@ pub fn jbdev_sync_run(
 
 fn check_threads_fit(ctx: &Ctx<'_>, shape: SyncShape) -> Result<()> {
     let need = (shape.threads * shape.region_bytes) as u64;
-    if need > ctx.volume_bytes() {
+    if need > ctx.volume_bytes() || need > crate::ctx::KERNEL_AREA_BYTES {
         return Err(BenchError::InvalidArgument(format!(
-            "{} threads x {} bytes do not fit the {}-byte volume; use a larger --backing-size",
+            "{} threads x {} bytes do not fit the {}-byte volume or the {}-byte kernel area",
             shape.threads,
             shape.region_bytes,
-            ctx.volume_bytes()
+            ctx.volume_bytes(),
+            crate::ctx::KERNEL_AREA_BYTES
         )));
     }
     Ok(())
@@ -159,13 +161,13 @@ pub fn sync_writers(ctx: &Ctx<'_>, p: &SyncWritersParams) -> Result<ScenarioRepo
     for &t in &p.threads {
         check_threads_fit(ctx, shape(t))?;
     }
-    if p.kernel_baseline {
-        for &t in &p.threads {
-            rep.runs.push(kernel_sync_run(ctx, shape(t))?);
-        }
-    }
+    // Kernel and jbdev alternate at each thread count (the kernel writes
+    // an area the volume does not use), so drift hits both alike.
     let vol = ctx.create_volume(p.policy)?;
     for &t in &p.threads {
+        if p.kernel_baseline {
+            rep.runs.push(kernel_sync_run(ctx, shape(t))?);
+        }
         rep.runs.push(jbdev_sync_run(
             ctx,
             &vol,
@@ -231,8 +233,8 @@ pub fn osync_writers(ctx: &Ctx<'_>, p: &OsyncParams) -> Result<ScenarioReport> {
         region_bytes: p.region_bytes,
     };
     check_threads_fit(ctx, shape)?;
-    rep.runs.push(kernel_sync_run(ctx, shape)?);
     let vol = ctx.create_volume(p.policy)?;
+    rep.runs.push(kernel_sync_run(ctx, shape)?);
     rep.runs
         .push(jbdev_sync_run(ctx, &vol, p.policy, SyncMode::Fua, shape)?);
     vol.close()?;
@@ -276,10 +278,38 @@ pub fn fsync_batch(ctx: &Ctx<'_>, p: &FsyncBatchParams) -> Result<ScenarioReport
     for &t in &p.threads {
         check_threads_fit(ctx, shape(t))?;
     }
-    // The kernel writes the raw device, which destroys a volume, so each
-    // side runs as one group: kernel, then fs_mark on ext4, then jbdev.
+    // At each thread count the kernel and every policy run back to back
+    // (the kernel writes an area the volume does not use; the volume is
+    // reopened with each policy), so drift of this noisy machine hits all
+    // of them alike. fs_mark needs mkfs, which destroys the volume: it
+    // runs last.
+    let first = p.policies.first().copied().unwrap_or(BatchPolicy::Adaptive);
+    let mut vol = Some(ctx.create_volume(first)?);
+    let mut open_policy = first;
     for &t in &p.threads {
         rep.runs.push(kernel_sync_run(ctx, shape(t))?);
+        for &policy in &p.policies {
+            let v = match vol.take() {
+                Some(v) if open_policy == policy => v,
+                Some(v) => {
+                    Volume::close(v)?;
+                    ctx.open_volume(policy)?
+                }
+                None => ctx.open_volume(policy)?,
+            };
+            open_policy = policy;
+            rep.runs.push(jbdev_sync_run(
+                ctx,
+                &v,
+                policy,
+                SyncMode::WriteFlush,
+                shape(t),
+            )?);
+            vol = Some(v);
+        }
+    }
+    if let Some(v) = vol {
+        v.close()?;
     }
     if p.fs_mark {
         if !tool_exists("fs_mark") {
@@ -300,29 +330,6 @@ pub fn fsync_batch(ctx: &Ctx<'_>, p: &FsyncBatchParams) -> Result<ScenarioReport
                 rep.runs.push(fs_mark_run(ctx, &mnt.dir, t, kernel_rate)?);
             }
         }
-    }
-    let mut vol = None;
-    for &policy in &p.policies {
-        let v = match vol.take() {
-            None => ctx.create_volume(policy)?,
-            Some(v) => {
-                Volume::close(v)?;
-                ctx.open_volume(policy)?
-            }
-        };
-        for &t in &p.threads {
-            rep.runs.push(jbdev_sync_run(
-                ctx,
-                &v,
-                policy,
-                SyncMode::WriteFlush,
-                shape(t),
-            )?);
-        }
-        vol = Some(v);
-    }
-    if let Some(v) = vol {
-        v.close()?;
     }
     fsync_batch_targets(&mut rep);
     Ok(rep)
