@@ -62,8 +62,6 @@ pub const STRIPES: usize = 32;
 
 /// Blocks per checkpoint chunk (one vectored write at most).
 const CHECKPOINT_CHUNK_BLOCKS: usize = 64;
-/// A checkpoint runs when nothing else triggers it this often.
-const CHECKPOINT_INTERVAL: Duration = Duration::from_secs(1);
 
 thread_local! {
     static STRIPE_INDEX: usize = {
@@ -1019,7 +1017,7 @@ impl Engine {
                     }
                     let timed_out = self
                         .checkpoint_kick
-                        .wait_for(&mut st, CHECKPOINT_INTERVAL)
+                        .wait_for(&mut st, self.opts.checkpoint_interval)
                         .timed_out();
                     if timed_out && !self.committed.lock().is_empty() {
                         break;

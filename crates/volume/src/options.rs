@@ -104,6 +104,9 @@ pub struct OpenOptions {
     pub commit_mode: CommitMode,
     /// A transaction nobody waits for is committed after this long (default 5 s).
     pub commit_interval: Duration,
+    /// Committed transactions are checkpointed at least this often (also
+    /// sooner when the journal is a quarter full). Default 1 s.
+    pub checkpoint_interval: Duration,
     /// Aligned writes of at least this many bytes go straight to their home
     /// location (with revokes) instead of through the journal. Default 1 MiB;
     /// `u64::MAX` journals everything that fits in a transaction.
@@ -121,6 +124,7 @@ impl Default for OpenOptions {
             max_batch: Duration::from_millis(15),
             commit_mode: CommitMode::SingleFlush,
             commit_interval: Duration::from_secs(5),
+            checkpoint_interval: Duration::from_secs(1),
             direct_write_threshold: 1 << 20,
         }
     }
