@@ -5,18 +5,27 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
     let t = s.trim();
     let digits_end = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
     if digits_end == 0 {
-        return Err(format!("bad size {s:?}: expected a number with an optional K, M, G or T suffix"));
+        return Err(format!(
+            "bad size {s:?}: expected a number with an optional K, M, G or T suffix"
+        ));
     }
-    let n: u64 = t[..digits_end].parse().map_err(|_| format!("bad size {s:?}: number too large"))?;
+    let n: u64 = t[..digits_end]
+        .parse()
+        .map_err(|_| format!("bad size {s:?}: number too large"))?;
     let shift = match t[digits_end..].to_ascii_uppercase().as_str() {
         "" | "B" => 0,
         "K" | "KB" | "KIB" => 10,
         "M" | "MB" | "MIB" => 20,
         "G" | "GB" | "GIB" => 30,
         "T" | "TB" | "TIB" => 40,
-        other => return Err(format!("bad size {s:?}: unknown suffix {other:?} (use K, M, G or T)")),
+        other => {
+            return Err(format!(
+                "bad size {s:?}: unknown suffix {other:?} (use K, M, G or T)"
+            ))
+        }
     };
-    n.checked_mul(1u64 << shift).ok_or_else(|| format!("bad size {s:?}: too large"))
+    n.checked_mul(1u64 << shift)
+        .ok_or_else(|| format!("bad size {s:?}: too large"))
 }
 
 #[cfg(test)]

@@ -1,0 +1,185 @@
+//! The `jbdev` admin commands against the real binary: format, info, check,
+//! journal dump — and clear errors (never a panic) for bad input.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+fn jbdev(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_jbdev"))
+        .args(args)
+        .output()
+        .expect("run jbdev")
+}
+
+fn text(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).to_string() + &String::from_utf8_lossy(&o.stderr)
+}
+
+fn assert_clean_error(o: &Output, what: &str) {
+    let t = text(o);
+    assert!(
+        !o.status.success(),
+        "{what}: expected failure, got success: {t}"
+    );
+    assert!(!t.contains("panicked"), "{what}: panicked: {t}");
+    assert!(!t.trim().is_empty(), "{what}: no message");
+}
+
+#[test]
+fn format_info_check_dump_round_trip() {
+    let dir = tempfile::tempdir().unwrap();
+    let img = dir.path().join("v.img");
+    let p = img.to_str().unwrap();
+    let o = jbdev(&["format", p, "--size", "16M", "--journal-size", "1M"]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(
+        std::fs::metadata(&img).unwrap().len(),
+        4096 + (1 << 20) + (16 << 20)
+    );
+    let o = jbdev(&["info", p]);
+    let t = text(&o);
+    assert!(
+        o.status.success() && t.contains("16777216 bytes") && t.contains("clean"),
+        "{t}"
+    );
+    let o = jbdev(&["info", "--json", p]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("info --json is JSON");
+    assert_eq!(v["size_bytes"], 16 << 20);
+    assert_eq!(v["journal"]["clean"], true);
+    let o = jbdev(&["check", p]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(text(&o).contains("check: ok"));
+    let o = jbdev(&["journal", "dump", p]);
+    assert!(
+        o.status.success() && text(&o).contains("clean"),
+        "{}",
+        text(&o)
+    );
+}
+
+#[test]
+fn external_journal_format_and_check() {
+    let dir = tempfile::tempdir().unwrap();
+    let img = dir.path().join("v.img");
+    let jrn = dir.path().join("v.journal");
+    let o = jbdev(&[
+        "format",
+        img.to_str().unwrap(),
+        "--size",
+        "8M",
+        "--journal",
+        jrn.to_str().unwrap(),
+        "--journal-size",
+        "512K",
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(std::fs::metadata(&jrn).unwrap().len(), 512 << 10);
+    let o = jbdev(&["check", img.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", text(&o));
+    // The journal of another volume is refused.
+    let other = dir.path().join("o.img");
+    let ojrn = dir.path().join("o.journal");
+    let o = jbdev(&[
+        "format",
+        other.to_str().unwrap(),
+        "--size",
+        "8M",
+        "--journal",
+        ojrn.to_str().unwrap(),
+        "--journal-size",
+        "512K",
+    ]);
+    assert!(o.status.success());
+    let o = jbdev(&[
+        "check",
+        img.to_str().unwrap(),
+        "--journal",
+        ojrn.to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(text(&o).contains("another volume"), "{}", text(&o));
+}
+
+#[test]
+fn check_exits_2_on_a_corrupt_superblock() {
+    let dir = tempfile::tempdir().unwrap();
+    let img = dir.path().join("v.img");
+    let p = img.to_str().unwrap();
+    assert!(
+        jbdev(&["format", p, "--size", "4M", "--journal-size", "256K"])
+            .status
+            .success()
+    );
+    let mut bytes = std::fs::read(&img).unwrap();
+    bytes[40] ^= 0xff; // inside the volume superblock
+    std::fs::write(&img, &bytes).unwrap();
+    let o = jbdev(&["check", p]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    let t = text(&o);
+    assert!(t.contains("checksum") || t.contains("superblock"), "{t}");
+    // Damage the journal superblock instead.
+    bytes[40] ^= 0xff;
+    bytes[4096 + 0x1c] ^= 0x01; // s_start
+    std::fs::write(&img, &bytes).unwrap();
+    let o = jbdev(&["check", p]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(text(&o).contains("journal superblock"), "{}", text(&o));
+}
+
+#[test]
+fn bad_input_gives_clear_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let not_volume = dir.path().join("plain");
+    std::fs::write(&not_volume, vec![0u8; 1 << 20]).unwrap();
+    let nv = not_volume.to_str().unwrap();
+    let o = jbdev(&["info", nv]);
+    assert_clean_error(&o, "info on a non-volume");
+    assert!(text(&o).contains("not a jbdev volume"), "{}", text(&o));
+    let o = jbdev(&["check", nv]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert_clean_error(&jbdev(&["info", "/nonexistent/x.img"]), "missing path");
+    assert_clean_error(
+        &jbdev(&["check", dir.path().to_str().unwrap()]),
+        "a directory",
+    );
+    let img = dir.path().join("n.img");
+    let p = img.to_str().unwrap();
+    assert_clean_error(&jbdev(&["format", p, "--size", "12Q"]), "bad suffix");
+    assert_clean_error(
+        &jbdev(&["format", p, "--size", "1000"]),
+        "size not a block multiple",
+    );
+    assert_clean_error(&jbdev(&["format", p]), "missing --size for a file");
+    assert_clean_error(
+        &jbdev(&["format", p, "--size", "4M", "--block-size", "3000"]),
+        "bad block size",
+    );
+    assert_clean_error(
+        &jbdev(&["format", p, "--size", "4M", "--journal-size", "4K"]),
+        "journal too small",
+    );
+    assert_clean_error(
+        &jbdev(&["format", "/nonexistent/dir/x.img", "--size", "4M"]),
+        "bad directory",
+    );
+    assert!(!Path::new("/nonexistent/dir/x.img").exists());
+    assert_clean_error(&jbdev(&["journal", "dump", nv]), "dump of a non-volume");
+}
+
+#[test]
+fn a_volume_is_not_opened_twice() {
+    let dir = tempfile::tempdir().unwrap();
+    let img = dir.path().join("v.img");
+    let p = img.to_str().unwrap();
+    assert!(
+        jbdev(&["format", p, "--size", "4M", "--journal-size", "256K"])
+            .status
+            .success()
+    );
+    let v = jbdev_volume::Volume::open(&img, &jbdev_volume::OpenOptions::default()).unwrap();
+    let o = jbdev(&["info", p]);
+    assert_clean_error(&o, "info while open read-write elsewhere");
+    assert!(text(&o).contains("already open"), "{}", text(&o));
+    v.close().unwrap();
+    assert!(jbdev(&["info", p]).status.success());
+}
