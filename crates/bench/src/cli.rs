@@ -69,6 +69,10 @@ pub struct CommonArgs {
     /// Upper bound of adaptive batching, in microseconds (default: the engine's 15 ms).
     #[arg(long)]
     pub max_batch_us: Option<u64>,
+    /// Writes of at least this many bytes bypass the journal (K/M/G
+    /// suffix); default: the engine's (1 MiB).
+    #[arg(long, value_parser = parse_size)]
+    pub direct_write_threshold: Option<u64>,
     /// No progress bar.
     #[arg(long)]
     pub no_progress: bool,

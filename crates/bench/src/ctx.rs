@@ -30,6 +30,8 @@ pub struct RunConfig {
     pub backend: Backend,
     /// Upper bound of adaptive batching (None: the engine's default).
     pub max_batch: Option<Duration>,
+    /// Direct-write threshold of the volume (None: the engine's default).
+    pub direct_write_threshold: Option<u64>,
     /// Bound on operations per thread per run (every load loop is bounded).
     pub max_ops_per_thread: u64,
 }
@@ -42,6 +44,7 @@ impl Default for RunConfig {
             journal_bytes: None,
             backend: Backend::Auto,
             max_batch: None,
+            direct_write_threshold: None,
             max_ops_per_thread: 50_000_000,
         }
     }
@@ -95,6 +98,9 @@ impl Ctx<'_> {
         };
         if let Some(m) = self.cfg.max_batch {
             o.max_batch = m;
+        }
+        if let Some(t) = self.cfg.direct_write_threshold {
+            o.direct_write_threshold = t;
         }
         o
     }

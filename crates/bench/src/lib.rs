@@ -282,6 +282,7 @@ pub fn run_plans(
         journal_bytes: common.journal_size,
         backend: common.backend,
         max_batch: common.max_batch_us.map(Duration::from_micros),
+        direct_write_threshold: common.direct_write_threshold,
         ..RunConfig::default()
     };
     let bcfg = BackingConfig {

@@ -25,6 +25,7 @@ fn common(device: PathBuf, dir: &std::path::Path) -> CommonArgs {
         journal_size: Some(4 << 20),
         backend: Backend::Auto,
         max_batch_us: None,
+        direct_write_threshold: None,
         no_progress: true,
     }
 }
