@@ -76,11 +76,13 @@ measure() { # label uri
     echo "== $label: 4 KiB random reads, QD$qd (nbd-loadgen)" >&2
     "$loadgen" --addr "127.0.0.1:$port" --mode randread --qd "$qd" --seconds "$secs" --label "$label" --json >> "$results"
     echo "== $label: 4 KiB random reads, QD$qd (fio nbd engine)" >&2
+    # fio's nbd engine prints a line to stdout before the JSON: use --output.
     fio --name=randread --ioengine=nbd --uri="$uri" --rw=randread --bs=4k --iodepth="$qd" \
         --size="$bytes" --runtime="$secs" --time_based --output-format=json \
-        | python3 -c "
+        --output="$dir/fio-$label.json" >/dev/null
+    python3 -c "
 import json, sys
-j = json.load(sys.stdin)['jobs'][0]['read']
+j = json.load(open('$dir/fio-$label.json'))['jobs'][0]['read']
 p = j['clat_ns']['percentile']
 print(json.dumps({'label': '$label', 'mode': 'fio-randread', 'iops': j['iops'],
     'lat_us': {'mean': j['clat_ns']['mean'] / 1000, 'p50': p['50.000000'] / 1000,

@@ -265,9 +265,11 @@ fn main() {
     let ops = hist.len();
     let iops = ops as f64 / elapsed_s;
     let p = |q: f64| hist.value_at_quantile(q);
-    let mode = format!("{:?}", a.mode)
-        .to_lowercase()
-        .replace("fua", "-fua");
+    let mode = match a.mode {
+        Mode::Read => "randread",
+        Mode::Write => "randwrite",
+        Mode::WriteFua => "randwrite-fua",
+    };
     if a.json {
         let v = serde_json::json!({
             "label": a.label, "mode": mode, "bs": a.bs, "qd": a.qd, "conns": a.conns,
