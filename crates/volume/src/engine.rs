@@ -109,6 +109,10 @@ struct JState {
     /// When the first sync request for the running transaction arrived.
     running_first_sync: Option<Instant>,
     committed_tid: Tid,
+    /// A commit is in progress (by a leading writer or the commit thread).
+    committing: bool,
+    /// The newest cut found nothing to commit (drain is complete).
+    last_cut_empty: bool,
     /// Highest transaction somebody asked to be committed.
     want_commit: Tid,
     sync_waiters: u32,
@@ -170,6 +174,8 @@ pub struct Engine {
     stripes: Box<[CachePadded<Mutex<Stripe>>]>,
     st: Mutex<JState>,
     kick: Condvar,
+    /// A batching leader waits here for more sync waiters to join.
+    joined: Condvar,
     /// Waiters for transaction `t` sleep on `done[t % 2]`: only N and N+1
     /// can have waiters, so a commit wakes only its own.
     done: [Condvar; 2],
@@ -227,6 +233,8 @@ impl Engine {
             running_created: Instant::now(),
             running_first_sync: None,
             committed_tid: tid0 - 1,
+            committing: false,
+            last_cut_empty: false,
             want_commit: 0,
             sync_waiters: 0,
             last_batch_waiters: 0,
@@ -264,6 +272,7 @@ impl Engine {
             stripes,
             st: Mutex::new(st),
             kick: Condvar::new(),
+            joined: Condvar::new(),
             done: [Condvar::new(), Condvar::new()],
             space: Condvar::new(),
             checkpoint_kick: Condvar::new(),
@@ -591,19 +600,30 @@ impl Engine {
                 self.stripes[stripe_idx].lock().credits += grant;
                 return Ok(());
             }
-            // Out of space: get the running transaction committed so it
-            // can be checkpointed, and the checkpoint going urgently.
-            st.want_commit = st.want_commit.max(st.running_tid);
+            // Out of space: get the checkpoint going urgently, and commit
+            // the running transaction (leading the commit ourselves if none
+            // is in progress) so its blocks can be checkpointed too.
             st.space_waiters += 1;
             st.checkpoint_request = true;
-            self.kick.notify_one();
             self.checkpoint_kick.notify_one();
-            self.space.wait_for(&mut st, Duration::from_millis(100));
+            if !st.committing && !st.shutdown {
+                st = self.commit_once(st, false);
+            }
+            let free = st.capacity.saturating_sub(st.used + st.outstanding);
+            if free < need && st.error.is_none() {
+                self.space.wait_for(&mut st, Duration::from_millis(100));
+            }
             st.space_waiters -= 1;
         }
     }
 
     /// Waits until transaction `tid` is committed (durable).
+    ///
+    /// Leader/follower group commit: if no commit is in progress, the caller
+    /// becomes the leader and commits the running transaction itself (after
+    /// the batching wait), so a lone syncing writer pays no thread hand-off.
+    /// Otherwise it follows: it sleeps until the commit covering `tid` is
+    /// done, or until the previous leader hands it the lead.
     pub fn wait_commit(&self, tid: Tid) -> Result<()> {
         let mut st = self.st.lock();
         if st.committed_tid >= tid {
@@ -616,8 +636,13 @@ impl Engine {
         if tid == st.running_tid && st.running_first_sync.is_none() {
             st.running_first_sync = Some(Instant::now());
         }
-        self.kick.notify_one();
+        self.joined.notify_one();
         while st.committed_tid < tid && st.error.is_none() {
+            if !st.committing && !st.shutdown {
+                debug_assert_eq!(tid, st.running_tid);
+                st = self.commit_once(st, true);
+                continue;
+            }
             self.done[(tid % 2) as usize].wait(&mut st);
         }
         st.sync_waiters -= 1;
@@ -808,60 +833,83 @@ impl Engine {
         }
     }
 
+    /// The background committer: commits transactions nobody waits for
+    /// (age or size trigger), and drains at shutdown. Sync requests are
+    /// committed by their own leaders (see [`Engine::wait_commit`]).
     pub fn commit_thread(self: &Arc<Self>) {
         let mut st = self.st.lock();
         loop {
-            if st.error.is_some() {
-                if st.shutdown {
-                    return;
-                }
-                self.kick.wait(&mut st);
-                continue;
+            if st.error.is_some() && st.shutdown {
+                return;
             }
-            let want_sync = st.want_commit >= st.running_tid;
             let timed = st.running_created.elapsed() >= self.opts.commit_interval;
             let sized = st.credits_since_cut >= self.max_txn_blocks / 2;
+            // A sync request nobody leads (a leader that hit shutdown).
+            let orphan = st.want_commit >= st.running_tid && st.shutdown;
             let drain = st.shutdown;
-            if !(want_sync || timed || sized || drain) {
+            if st.error.is_some() || st.committing || !(timed || sized || drain || orphan) {
                 let deadline = st.running_created + self.opts.commit_interval;
                 self.kick.wait_until(&mut st, deadline);
                 continue;
             }
-            if want_sync && !drain {
-                if let Some(deadline) = self.batch_deadline(&st) {
-                    let adaptive = self.opts.batch_policy == BatchPolicy::Adaptive;
-                    while Instant::now() < deadline
-                        && !(adaptive && st.sync_waiters >= st.last_batch_waiters.max(2))
-                        && !st.shutdown
-                        && st.error.is_none()
-                    {
-                        self.kick.wait_until(&mut st, deadline);
-                    }
-                }
-            }
             let tid = st.running_tid;
-            let waiters = st.sync_waiters;
-            let started = Instant::now();
-            let (blocks, revokes, charged) = self.cut(tid);
-            st.running_tid = tid + 1;
-            st.running_created = started;
-            st.running_first_sync = None;
-            st.credits_since_cut = 0;
-            let empty = blocks.is_empty() && revokes.is_empty();
-            if empty {
-                st.committed_tid = tid;
-                st.outstanding -= charged;
-                self.done[(tid % 2) as usize].notify_all();
-                if drain {
-                    return;
-                }
-                continue;
+            st = self.commit_once(st, false);
+            if drain && st.committed_tid >= tid && st.last_cut_empty {
+                return;
             }
+        }
+    }
+
+    /// Commits the running transaction. The caller holds the state lock and
+    /// no commit is in progress; the lock is released for the batching wait
+    /// and the I/O and held again on return.
+    ///
+    /// Phases: (1) batching wait, sync commits only; (2) cut under the state
+    /// lock and all stripe locks; (3) write and flush, no lock held;
+    /// (4) publish: committed_tid, log head, space, wake the followers and
+    /// hand the lead to a waiter of the next transaction.
+    fn commit_once<'a>(
+        &'a self,
+        mut st: MutexGuard<'a, JState>,
+        sync: bool,
+    ) -> MutexGuard<'a, JState> {
+        assert!(!st.committing, "two commits at once");
+        st.committing = true;
+        // Phase 1.
+        if sync && !st.shutdown {
+            if let Some(deadline) = self.batch_deadline(&st) {
+                let adaptive = self.opts.batch_policy == BatchPolicy::Adaptive;
+                while Instant::now() < deadline
+                    && !(adaptive && st.sync_waiters >= st.last_batch_waiters.max(2))
+                    && !st.shutdown
+                    && st.error.is_none()
+                {
+                    self.joined.wait_until(&mut st, deadline);
+                }
+            }
+        }
+        // Phase 2.
+        let tid = st.running_tid;
+        let waiters = st.sync_waiters;
+        let started = Instant::now();
+        let (blocks, revokes, charged) = self.cut(tid);
+        st.running_tid = tid + 1;
+        st.running_created = started;
+        st.running_first_sync = None;
+        st.credits_since_cut = 0;
+        let empty = blocks.is_empty() && revokes.is_empty();
+        st.last_cut_empty = empty;
+        if empty {
+            st.committed_tid = tid;
+            st.outstanding -= charged;
+        } else {
             let sequence = st.next_sequence;
             let head = st.head;
             drop(st);
+            // Phase 3.
             let res = self.write_commit(tid, sequence, head, blocks, revokes, charged);
             st = self.st.lock();
+            // Phase 4.
             match res {
                 Ok(txn) => {
                     let elapsed = started.elapsed();
@@ -895,14 +943,22 @@ impl Engine {
                     }
                 }
                 Err(e) => {
+                    st.committing = false;
                     drop(st);
                     self.abort(format!("journal commit failed: {e}"));
-                    st = self.st.lock();
+                    return self.st.lock();
                 }
             }
-            self.done[(tid % 2) as usize].notify_all();
-            self.space.notify_all();
         }
+        st.committing = false;
+        self.done[(tid % 2) as usize].notify_all();
+        // Hand the lead to one waiter of the next transaction, if any.
+        if st.want_commit >= st.running_tid {
+            self.done[((tid + 1) % 2) as usize].notify_one();
+        }
+        self.kick.notify_one();
+        self.space.notify_all();
+        st
     }
 
     fn write_commit(
