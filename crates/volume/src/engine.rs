@@ -60,8 +60,15 @@ use crate::{BatchPolicy, CommitMode, OpenOptions, Result, VolumeError};
 /// Number of transaction-join stripes (power of two).
 pub const STRIPES: usize = 32;
 
-/// Blocks per checkpoint chunk (one vectored write at most).
-const CHECKPOINT_CHUNK_BLOCKS: usize = 64;
+/// Blocks validated and written per checkpoint chunk (the home lock is
+/// held for one chunk at a time, so direct writes wait at most that long).
+const CHECKPOINT_CHUNK_BLOCKS: usize = 512;
+/// Blocks per checkpoint round: the tail advances (and space is freed)
+/// after every round instead of after the whole backlog.
+const CHECKPOINT_ROUND_BLOCKS: usize = 4096;
+/// Writes in flight at once during a checkpoint (one thread each, since the
+/// device API is synchronous): random home blocks need queue depth.
+const CHECKPOINT_WRITERS: usize = 8;
 
 thread_local! {
     static STRIPE_INDEX: usize = {
@@ -440,7 +447,9 @@ impl Engine {
             // blocks that have no newer copy, remembering the shard version.
             let mut buf = match ops {
                 // The common case: one block-aligned write; copy it once.
-                [Op::Write { offset, data }] if offset % bs == 0 && data.len() as u64 % bs == 0 => {
+                [Op::Write { offset, data }]
+                    if offset.is_multiple_of(bs) && (data.len() as u64).is_multiple_of(bs) =>
+                {
                     AlignedBuf::from_slice(data)
                 }
                 _ => AlignedBuf::zeroed(lbas.len() * self.bs),
@@ -1084,7 +1093,18 @@ impl Engine {
                     || st.checkpoint_shutdown;
                 st.checkpoint_request = false;
             }
-            let batch: Vec<CommittedTxn> = self.committed.lock().drain(..).collect();
+            let batch: Vec<CommittedTxn> = {
+                let mut q = self.committed.lock();
+                let mut blocks = 0;
+                let mut n = 0;
+                while n < q.len()
+                    && (n == 0 || blocks + q[n].blocks.len() <= CHECKPOINT_ROUND_BLOCKS)
+                {
+                    blocks += q[n].blocks.len();
+                    n += 1;
+                }
+                q.drain(..n).collect()
+            };
             if batch.is_empty() {
                 continue;
             }
@@ -1126,6 +1146,8 @@ impl Engine {
             } else {
                 IoPriority::Background
             };
+            // Runs of consecutive blocks, all zero or all data.
+            let mut runs: Vec<(usize, usize, bool)> = Vec::new();
             let mut i = 0;
             while i < todo.len() {
                 let zero = is_zero(todo[i].2.bytes(bs));
@@ -1136,6 +1158,10 @@ impl Engine {
                 {
                     j += 1;
                 }
+                runs.push((i, j, zero));
+                i = j;
+            }
+            let write_run = |&(i, j, zero): &(usize, usize, bool)| -> Result<()> {
                 let off = self.home_offset(todo[i].0);
                 if zero {
                     self.home.write_zeroes(off, (j - i) as u64 * bs as u64)?;
@@ -1146,9 +1172,32 @@ impl Engine {
                         .collect();
                     self.home.write_vectored_at(&iov, off, prio)?;
                 }
-                written += (j - i) as u64;
-                i = j;
+                Ok(())
+            };
+            if runs.len() <= 1 {
+                runs.iter().try_for_each(write_run)?;
+            } else {
+                let next = AtomicU64::new(0);
+                let results: Vec<Result<()>> = std::thread::scope(|scope| {
+                    let workers: Vec<_> = (0..CHECKPOINT_WRITERS.min(runs.len()))
+                        .map(|_| {
+                            scope.spawn(|| loop {
+                                let k = next.fetch_add(1, Ordering::Relaxed) as usize;
+                                match runs.get(k) {
+                                    Some(run) => write_run(run)?,
+                                    None => return Ok(()),
+                                }
+                            })
+                        })
+                        .collect();
+                    workers
+                        .into_iter()
+                        .map(|w| w.join().expect("checkpoint writer panicked"))
+                        .collect()
+                });
+                results.into_iter().collect::<Result<()>>()?;
             }
+            written += todo.len() as u64;
             drop(_home);
             if !urgent {
                 // Pace background writeback so foreground reads get the device.
