@@ -377,3 +377,32 @@ fn socket_activation_and_stdio_mode() {
     let out = run_ok("nbdsh", &["-c", &script], 60);
     assert!(out.contains("REOPEN-OK"), "{out}");
 }
+
+#[test]
+fn trim_and_write_zeroes_of_4_gib() {
+    if !have_tool("nbdsh", "trim_4gib") {
+        return;
+    }
+    let dir = TempDir::new("trim4g");
+    let img = dir.path("big.img");
+    format_volume(&img, "5G"); // sparse: nothing is written but metadata
+    let srv = ServerProc::start(&[img.to_str().unwrap()], None);
+    let script = r#"
+import nbd
+G = 1024 ** 3
+h.pwrite(b"a" * 4096, 4096 * 1000)
+h.pwrite(b"b" * 4096, 4 * G + 4096)
+h.trim(4 * G - 4096, 0, nbd.CMD_FLAG_FUA)       # the largest compact length, aligned
+assert h.pread(4096, 4096 * 1000) == bytes(4096)
+assert h.pread(4096, 4 * G + 4096) == b"b" * 4096  # beyond the range: untouched
+h.pwrite(b"c" * 4096, 4096 * 2000)
+h.zero(2 ** 32 - 1, 1)                           # unaligned, maximal length
+assert h.pread(4096, 4096 * 2000) == bytes(4096)
+assert h.pread(1, 2 ** 32 - 1) == b"\0"
+assert h.pread(4096, 4 * G + 4096) == b"b" * 4096
+print("BIG-OK")
+"#;
+    let out = run_ok("nbdsh", &["-u", &srv.tcp_uri(), "-c", script], 300);
+    assert!(out.contains("BIG-OK"), "{out}");
+    assert!(srv.stop());
+}
