@@ -202,7 +202,7 @@ fn bad_input_is_answered_or_dropped_and_nothing_acknowledged_is_lost() {
         }
     }
     assert!(
-        answered >= 16 && answered < 2000,
+        (16..2000).contains(&answered),
         "flood answered {answered} times"
     );
     assert!(closed_by_server(&mut s));
