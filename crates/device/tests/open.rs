@@ -29,7 +29,7 @@ fn nonexistent_path_without_create_is_a_not_found_error() {
     let path = dir.path().join("missing.img");
     for b in backends() {
         match open_device(&path, &opts(b)) {
-            Err(DeviceError::Io { source, .. }) => {
+            Err(DeviceError::Io { error: source, .. }) => {
                 assert_eq!(source.kind(), std::io::ErrorKind::NotFound)
             }
             Err(e) => panic!("{b:?}: unexpected error {e}"),
@@ -137,7 +137,7 @@ fn read_only_refuses_writes_but_reads() {
             d.write_zeroes(0, 4096),
         ] {
             match r {
-                Err(DeviceError::Io { source, .. }) => {
+                Err(DeviceError::Io { error: source, .. }) => {
                     assert_eq!(source.raw_os_error(), Some(libc::EROFS), "{b:?}")
                 }
                 other => panic!("{b:?}: write on a read-only device gave {other:?}"),
