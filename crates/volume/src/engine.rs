@@ -883,6 +883,12 @@ impl Engine {
         sync: bool,
     ) -> MutexGuard<'a, JState> {
         assert!(!st.committing, "two commits at once");
+        // IMPORTANT: after a failed commit no later transaction may be
+        // committed: `committed_tid` would pass the failed one and its
+        // waiters would be told their data is durable.
+        if st.error.is_some() {
+            return st;
+        }
         st.committing = true;
         // Phase 1.
         if sync && !st.shutdown {
@@ -952,9 +958,21 @@ impl Engine {
                     }
                 }
                 Err(e) => {
+                    // IMPORTANT: the error is recorded under the same lock
+                    // hold that ends the commit. If the lock were dropped
+                    // with `committing` false and no error yet, another
+                    // writer could lead the next commit (an empty cut needs
+                    // no I/O) and move `committed_tid` past this failed
+                    // transaction: its FUA writers would get Ok for data
+                    // that never reached the journal.
+                    let why = format!("journal commit failed: {e}");
+                    if st.error.is_none() {
+                        st.error = Some(why.clone());
+                    }
+                    self.aborted.store(true, Ordering::Release);
                     st.committing = false;
                     drop(st);
-                    self.abort(format!("journal commit failed: {e}"));
+                    self.abort(why);
                     return self.st.lock();
                 }
             }

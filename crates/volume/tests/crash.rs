@@ -146,6 +146,7 @@ fn base_for(bases: &[Arc<Base>; 2], journal_bytes: u64) -> Arc<Base> {
 /// What a finished (or crashed) run leaves for verification.
 struct RunResult {
     dev: Arc<FaultDevice>,
+    trace: Option<Arc<TraceDev>>,
     histories: Vec<History>,
     flushes: Vec<FlushRec>,
     /// Mutating device ops the workload issued (after open).
@@ -191,6 +192,7 @@ fn thread_workload(
     p: &CaseParams,
     t: usize,
     max_tx_bytes: u64,
+    trace: Option<&TraceDev>,
 ) -> (History, Vec<FlushRec>) {
     let (lo, hi) = region(t, p.threads);
     let mut rng = StdRng::seed_from_u64(p.seed ^ ((t as u64 + 1) << 56));
@@ -214,6 +216,9 @@ fn thread_workload(
             let start = clock.tick();
             let res = vol.flush();
             let ack = res.is_ok().then(|| clock.tick());
+            if let Some(tr) = trace {
+                tr.mark(format!("t{t} flush start@{start} ack {ack:?}"));
+            }
             flushes.push(FlushRec { start, ack });
             if res.is_err() {
                 break;
@@ -352,7 +357,11 @@ fn thread_workload(
             };
         }
         let ack = res.is_ok().then(|| clock.tick());
-        h.ops.push(Op { ack, ..op });
+        let op = Op { ack, ..op };
+        if let Some(tr) = trace {
+            tr.mark(format!("t{t} returned {}", op.summary()));
+        }
+        h.ops.push(op);
         match res {
             Ok(()) => {}
             // Power cut or injected failure: the thread stops here.
@@ -371,7 +380,11 @@ fn thread_workload(
 /// (or at the end).
 fn run_case(p: &CaseParams, base: &Base) -> Result<RunResult, String> {
     let dev = Arc::new(FaultDevice::from_image(base.image.clone(), SECTOR as u32));
-    let vol = Volume::open_device(as_dev(&dev), None, &p.open_options())
+    let trace = Arc::new(TraceDev {
+        inner: dev.clone(),
+        log: parking_lot::Mutex::new(Vec::new()),
+    });
+    let vol = Volume::open_device(trace.clone(), None, &p.open_options())
         .map_err(|e| format!("open of the base image failed: {e}"))?;
     let ops_at_open = dev.ops();
     if let Some(n) = p.crash_after {
@@ -383,7 +396,10 @@ fn run_case(p: &CaseParams, base: &Base) -> Result<RunResult, String> {
         let handles: Vec<_> = (0..p.threads)
             .map(|t| {
                 let (vol, clock) = (&vol, &clock);
-                s.spawn(move || thread_workload(vol, clock, p, t, max_tx))
+                {
+                    let trace: &TraceDev = &trace;
+                    s.spawn(move || thread_workload(vol, clock, p, t, max_tx, Some(trace)))
+                }
             })
             .collect();
         handles
@@ -420,6 +436,7 @@ fn run_case(p: &CaseParams, base: &Base) -> Result<RunResult, String> {
     }
     Ok(RunResult {
         dev,
+        trace: Some(trace),
         histories,
         flushes,
         workload_ops,
@@ -502,8 +519,10 @@ fn verify_images(
         }
         let (content, recovery_ops) =
             recover(img.clone(), &opts).map_err(|e| format!("{what}, image {name}: {e}"))?;
-        check_content(mix, base, histories, flushes, &content)
-            .map_err(|e| format!("{what}, image {name}: {e}"))?;
+        check_content(mix, base, histories, flushes, &content).map_err(|e| {
+            dump_failure(what, &name, dev, &img);
+            format!("{what}, image {name}: {e}")
+        })?;
         counts.crash_points += 1;
         if recovery_ops > 0 {
             recoverable.push((name, img, recovery_ops));
@@ -553,6 +572,118 @@ fn verify_images(
     Ok(())
 }
 
+/// Diagnostics: with `JBDEV_CRASH_DUMP=<dir>`, a failing crash image is
+/// written there with the device's durable and live images, for offline
+/// analysis (the `analyze_dump` test).
+fn dump_failure(what: &str, name: &str, dev: &FaultDevice, img: &[u8]) {
+    let Some(dir) = std::env::var_os("JBDEV_CRASH_DUMP") else {
+        return;
+    };
+    let dir = std::path::PathBuf::from(dir);
+    let _ = std::fs::create_dir_all(&dir);
+    let tag = format!("{:016x}", image_hash(img));
+    let _ = std::fs::write(dir.join(format!("{tag}.crash")), img);
+    let _ = std::fs::write(dir.join(format!("{tag}.durable")), dev.durable_image());
+    let _ = std::fs::write(dir.join(format!("{tag}.live")), dev.live_image());
+    let mut txt = format!("{what}\nimage {name}\n");
+    TRACE.with(|t| {
+        if let Some(t) = t.borrow().as_ref() {
+            for l in t.log.lock().iter() {
+                txt += l;
+                txt += "\n";
+            }
+        }
+    });
+    let _ = std::fs::write(dir.join(format!("{tag}.txt")), txt);
+    println!("dumped failing image to {}/{tag}.*", dir.display());
+}
+
+/// Diagnostics: a pass-through device recording every mutating op (thread
+/// name, kind, offset, the first 16 bytes of every sector written), dumped
+/// next to a failing image.
+struct TraceDev {
+    inner: Arc<FaultDevice>,
+    log: parking_lot::Mutex<Vec<String>>,
+}
+
+impl TraceDev {
+    fn mark(&self, what: String) {
+        self.log.lock().push(format!("MARK {what}"));
+    }
+
+    /// Runs `op` with the log locked, so the log order is the device's order.
+    fn traced(
+        &self,
+        kind: &str,
+        offset: u64,
+        len: u64,
+        data: Option<&[u8]>,
+        op: impl FnOnce() -> jbdev_device::Result<()>,
+    ) -> jbdev_device::Result<()> {
+        let mut log = self.log.lock();
+        let r = op();
+        let ok = r.is_ok();
+        let th = std::thread::current();
+        let mut line = format!(
+            "{} {kind} off={offset} len={len} ok={ok}",
+            th.name().unwrap_or("?")
+        );
+        if let Some(d) = data {
+            for s in d.chunks(SECTOR) {
+                line += " ";
+                for b in &s[..16] {
+                    line += &format!("{b:02x}");
+                }
+            }
+        }
+        log.push(line);
+        r
+    }
+}
+
+impl jbdev_device::BlockDevice for TraceDev {
+    fn size_bytes(&self) -> u64 {
+        self.inner.size_bytes()
+    }
+    fn logical_block_size(&self) -> u32 {
+        self.inner.logical_block_size()
+    }
+    fn read_vectored_at(
+        &self,
+        bufs: &mut [std::io::IoSliceMut<'_>],
+        offset: u64,
+    ) -> jbdev_device::Result<()> {
+        self.inner.read_vectored_at(bufs, offset)
+    }
+    fn write_vectored_at(
+        &self,
+        bufs: &[std::io::IoSlice<'_>],
+        offset: u64,
+        prio: jbdev_device::IoPriority,
+    ) -> jbdev_device::Result<()> {
+        let data: Vec<u8> = bufs.iter().flat_map(|b| b.iter().copied()).collect();
+        self.traced("write", offset, data.len() as u64, Some(&data), || {
+            self.inner.write_vectored_at(bufs, offset, prio)
+        })
+    }
+    fn flush(&self) -> jbdev_device::Result<()> {
+        self.traced("flush", 0, 0, None, || self.inner.flush())
+    }
+    fn write_zeroes(&self, offset: u64, len: u64) -> jbdev_device::Result<()> {
+        self.traced("zeroes", offset, len, None, || {
+            self.inner.write_zeroes(offset, len)
+        })
+    }
+    fn backend_name(&self) -> &'static str {
+        "trace"
+    }
+}
+
+thread_local! {
+    /// The trace of the case this thread runs (see [`TraceDev`]).
+    static TRACE: std::cell::RefCell<Option<Arc<TraceDev>>> = const { std::cell::RefCell::new(None) };
+}
+
 /// Runs one random case end to end. Returns the device ops per workload op
 /// observed when the case ran to the end (to calibrate crash points).
 fn one_case(
@@ -567,6 +698,7 @@ fn one_case(
         run_case(&p2, &base2)
     })?;
     counts.cases += 1;
+    TRACE.with(|t| *t.borrow_mut() = run.trace.clone());
     let any_failed = run
         .histories
         .iter()
@@ -768,7 +900,7 @@ fn single_thread_run(p: &CaseParams, base: &Base, crash_after: Option<u64>) -> R
         {
             let dev = dev.clone();
             move || {
-                let (h, mut flushes) = thread_workload(&vol, &clock, &p2, 0, max_tx);
+                let (h, mut flushes) = thread_workload(&vol, &clock, &p2, 0, max_tx, None);
                 let start = clock.tick();
                 let res = vol.close();
                 let ack = res.is_ok().then(|| clock.tick());
@@ -782,6 +914,7 @@ fn single_thread_run(p: &CaseParams, base: &Base, crash_after: Option<u64>) -> R
     flushes.sort_by_key(|f| f.start);
     RunResult {
         dev,
+        trace: None,
         histories: vec![h],
         flushes,
         workload_ops: ops,
@@ -828,7 +961,7 @@ fn sticky_error_after_failed_write_or_flush() {
             move || {
                 let clock = Clock::default();
                 let max_tx = vol.max_transaction_bytes();
-                let (mut h, mut flushes) = thread_workload(&vol, &clock, &p2, 0, max_tx);
+                let (mut h, mut flushes) = thread_workload(&vol, &clock, &p2, 0, max_tx, None);
                 let mut failed = h.ops.last().is_some_and(|o| o.ack.is_none())
                     || flushes.last().is_some_and(|f| f.ack.is_none());
                 if !failed {
