@@ -1053,6 +1053,109 @@ fn sticky_error_after_failed_write_or_flush() {
     assert!(aborted_runs > 0, "no injected failure aborted the volume");
 }
 
+/// Regression: a failed journal write or flush with several threads syncing
+/// at once. A failed commit must never be followed by a later one (an empty
+/// cut needs no I/O) that moves the committed transaction past it: followers
+/// of the failed commit would get Ok for data that never reached the
+/// journal. Every acknowledged FUA write and flush must survive, in the crash
+/// images of the failed state and on a reopen of the live image. The race
+/// is narrow, so each failure point runs several times.
+#[test]
+fn sticky_error_with_concurrent_syncing_writers() {
+    let started = Instant::now();
+    let bases = bases();
+    let base = base_for(&bases, 64 * 1024);
+    let mut counts = Counts::default();
+    let mut aborted_runs = 0;
+    let mut runs = 0;
+    for k in 1..=48u64 {
+        for rep in 0..4u64 {
+            let seed = 0xfa11_0000 ^ (k << 8) ^ rep;
+            let p = CaseParams {
+                seed,
+                mix: Mix::Journaled,
+                threads: 4,
+                ops_per_thread: 12,
+                journal_bytes: 64 * 1024,
+                policy: BatchPolicy::None,
+                commit_mode: CommitMode::SingleFlush,
+                commit_interval: Duration::from_secs(5),
+                direct_threshold: u64::MAX,
+                crash_after: None,
+            };
+            let what = format!("injected failure at device op {k} (run {rep}, seed {seed:#x})");
+            let dev = Arc::new(FaultDevice::from_image(base.image.clone(), SECTOR as u32));
+            let vol = Volume::open_device(as_dev(&dev), None, &p.open_options()).expect("open");
+            dev.fail_op(k);
+            let p2 = p.clone();
+            let (histories, mut flushes) = with_watchdog(&what, CASE_LIMIT, move || {
+                let clock = Clock::default();
+                let max_tx = vol.max_transaction_bytes();
+                let results: Vec<(History, Vec<FlushRec>)> = std::thread::scope(|s| {
+                    let handles: Vec<_> = (0..p2.threads)
+                        .map(|t| {
+                            let (vol, clock, p2) = (&vol, &clock, &p2);
+                            s.spawn(move || thread_workload(vol, clock, p2, t, max_tx, None))
+                        })
+                        .collect();
+                    handles
+                        .into_iter()
+                        .map(|h| h.join().expect("workload thread panicked"))
+                        .collect()
+                });
+                drop(vol);
+                let mut histories = Vec::new();
+                let mut flushes = Vec::new();
+                for (h, f) in results {
+                    histories.push(h);
+                    flushes.extend(f);
+                }
+                (histories, flushes)
+            });
+            flushes.sort_by_key(|f| f.start);
+            runs += 1;
+            if histories
+                .iter()
+                .any(|h| h.ops.iter().any(|o| o.ack.is_none()))
+            {
+                aborted_runs += 1;
+            }
+            verify_images(
+                &what,
+                &dev,
+                Mix::Journaled,
+                &base.content,
+                &histories,
+                &flushes,
+                &[seed],
+                None,
+                false,
+                &mut counts,
+            )
+            .unwrap_or_else(|e| panic!("CRASH CONSISTENCY VIOLATION\n{e}"));
+            let reopened = Arc::new(FaultDevice::from_image(dev.live_image(), SECTOR as u32));
+            let vol = Volume::open_device(as_dev(&reopened), None, &verify_open_options())
+                .unwrap_or_else(|e| panic!("{what}: reopen failed: {e}"));
+            let content = read_all(&vol).expect("read after reopen");
+            check_content(
+                Mix::Journaled,
+                &base.content,
+                &histories,
+                &flushes,
+                &content,
+            )
+            .unwrap_or_else(|e| panic!("{what}: after reopen: {e}"));
+        }
+    }
+    println!(
+        "sticky error, concurrent writers: {runs} runs, {aborted_runs} saw the volume abort, \
+         {} crash points verified in {:.1?}",
+        counts.crash_points,
+        started.elapsed()
+    );
+    assert!(aborted_runs > 0, "no injected failure aborted the volume");
+}
+
 /// After a failed write or flush was reported, every later write-like call
 /// must fail with `VolumeError::Aborted`. Returns Ok(true).
 fn check_refuses_writes(vol: &Volume, off: u64) -> Result<bool, String> {
