@@ -40,11 +40,14 @@ loadgen=$target/nbd-loadgen
 [ -n "$dir" ] || dir=$(mktemp -d "${TMPDIR:-/var/tmp}/jbdev-bench-nbd.XXXXXX")
 mkdir -p "$dir"
 img=$dir/backing.img
+prefill=$dir/prefill.raw
 results=$dir/results.jsonl
 : > "$results"
 server_pid=""
 cleanup() {
     if [ -n "$server_pid" ]; then kill "$server_pid" 2>/dev/null || true; wait "$server_pid" 2>/dev/null || true; fi
+    # Keep the results, not the gigabytes.
+    rm -f "$img" "$prefill"
 }
 trap cleanup EXIT INT TERM
 
@@ -64,7 +67,6 @@ stop_server() {
 }
 
 bytes=$(python3 -c "import sys; s=sys.argv[1]; m={'K':1<<10,'M':1<<20,'G':1<<30}; print(int(s[:-1])*m[s[-1].upper()] if s[-1].upper() in m else int(s))" "$size")
-prefill=$dir/prefill.raw
 head -c "$bytes" /dev/urandom > "$prefill"
 
 measure() { # label uri
