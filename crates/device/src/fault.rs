@@ -97,6 +97,12 @@ enum Payload {
 struct PendingWrite {
     offset: u64,
     payload: Payload,
+    /// A FUA write: durable when it completed. It stays in the unflushed
+    /// list (always applied, never dropped or torn) so that an older
+    /// overlapping unflushed write can never appear on top of it in a crash
+    /// image — a device does not write back stale cache over newer durable
+    /// data.
+    fua: bool,
 }
 
 impl PendingWrite {
@@ -286,6 +292,12 @@ impl FaultDevice {
         let mut rng = SplitMix64::new(seed);
         let sector = u64::from(self.sector_size);
         for w in st.unflushed.iter().chain(st.in_flight.iter()) {
+            if w.fua && !st.in_flight.as_ref().is_some_and(|f| std::ptr::eq(f, w)) {
+                // Completed FUA writes are durable; re-applying them here
+                // keeps older overlapping writes from landing on top.
+                w.apply(&mut image);
+                continue;
+            }
             let pick = rng.below(total);
             if pick < u64::from(odds.drop) {
                 continue;
@@ -326,9 +338,24 @@ impl FaultDevice {
 
     /// Runs a write-like op (`what` names it for injected errors).
     fn mutate(&self, what: &'static str, offset: u64, len: u64, payload: Payload) -> Result<()> {
+        self.mutate_with(what, offset, len, payload, false)
+    }
+
+    fn mutate_with(
+        &self,
+        what: &'static str,
+        offset: u64,
+        len: u64,
+        payload: Payload,
+        fua: bool,
+    ) -> Result<()> {
         check_request(self.size_bytes, self.sector_size, offset, len)?;
         let mut st = self.state.lock();
-        let w = PendingWrite { offset, payload };
+        let w = PendingWrite {
+            offset,
+            payload,
+            fua,
+        };
         match Self::admit(&mut st) {
             Admission::CutNow => {
                 // Only the op that meets the cut is "in flight"; ops after it
@@ -340,6 +367,9 @@ impl FaultDevice {
             Admission::Injected => Err(DeviceError::Injected(what)),
             Admission::Proceed => {
                 w.apply(&mut st.live);
+                if w.fua {
+                    w.apply(&mut st.durable);
+                }
                 st.unflushed.push(w);
                 st.ops += 1;
                 Ok(())
@@ -385,6 +415,21 @@ impl BlockDevice for FaultDevice {
             data.extend_from_slice(b);
         }
         self.mutate("write", offset, len, Payload::Bytes(data))
+    }
+
+    fn write_vectored_durable_at(
+        &self,
+        bufs: &[IoSlice<'_>],
+        offset: u64,
+        _prio: IoPriority,
+    ) -> Result<()> {
+        let len = iov_len(bufs);
+        check_request(self.size_bytes, self.sector_size, offset, len)?;
+        let mut data = Vec::with_capacity(len as usize);
+        for b in bufs {
+            data.extend_from_slice(b);
+        }
+        self.mutate_with("write (FUA)", offset, len, Payload::Bytes(data), true)
     }
 
     fn flush(&self) -> Result<()> {
@@ -754,5 +799,36 @@ mod tests {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod fua_tests {
+    use super::*;
+
+    #[test]
+    fn fua_write_is_durable_alone_and_never_overwritten_by_older_writes() {
+        let d = FaultDevice::new(8192, 512);
+        d.write_at(&[1u8; 512], 0, IoPriority::Urgent).unwrap(); // older, unflushed
+        d.write_at(&[2u8; 512], 4096, IoPriority::Urgent).unwrap(); // unrelated, unflushed
+        d.write_vectored_durable_at(&[IoSlice::new(&[3u8; 512])], 0, IoPriority::Urgent)
+            .unwrap();
+        assert_eq!(&d.durable_image()[..512], &[3u8; 512][..]);
+        assert_eq!(
+            d.durable_image()[4096],
+            0,
+            "FUA must not make other writes durable"
+        );
+        let mut lost_other = false;
+        for seed in 0..64 {
+            let img = d.crash_image(seed);
+            assert_eq!(
+                &img[..512],
+                &[3u8; 512][..],
+                "seed {seed}: FUA data replaced by an older write"
+            );
+            lost_other |= img[4096] == 0;
+        }
+        assert!(lost_other, "the unrelated unflushed write was never lost");
     }
 }

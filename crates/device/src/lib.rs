@@ -72,6 +72,19 @@ pub trait BlockDevice: Send + Sync {
     /// Writes `bufs` back to back starting at `offset`.
     fn write_vectored_at(&self, bufs: &[IoSlice<'_>], offset: u64, prio: IoPriority) -> Result<()>;
 
+    /// Writes `bufs` at `offset` and returns once THIS data is durable
+    /// (force unit access: RWF_DSYNC on io_uring). It says nothing about any
+    /// other write. The default writes, then flushes.
+    fn write_vectored_durable_at(
+        &self,
+        bufs: &[IoSlice<'_>],
+        offset: u64,
+        prio: IoPriority,
+    ) -> Result<()> {
+        self.write_vectored_at(bufs, offset, prio)?;
+        self.flush()
+    }
+
     /// Makes every completed write durable (a device cache flush).
     fn flush(&self) -> Result<()>;
 

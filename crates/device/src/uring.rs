@@ -237,6 +237,9 @@ impl Ring {
 enum Dir {
     Read,
     Write,
+    /// A write that completes only once its data is durable (RWF_DSYNC:
+    /// FUA on devices that have it, write + flush otherwise).
+    WriteDsync,
 }
 
 impl Dir {
@@ -244,6 +247,7 @@ impl Dir {
         match self {
             Dir::Read => "io_uring readv",
             Dir::Write => "io_uring writev",
+            Dir::WriteDsync => "io_uring writev (dsync)",
         }
     }
 }
@@ -283,6 +287,11 @@ unsafe fn transfer(
                 .offset(offset)
                 .ioprio(ioprio)
                 .build(),
+            Dir::WriteDsync => opcode::Writev::new(types::Fd(fd), ptr, count)
+                .offset(offset)
+                .ioprio(ioprio)
+                .rw_flags(libc::RWF_DSYNC)
+                .build(),
         };
         // SAFETY: `iovs` (and so `chunk`) lives until we return, and the
         // memory it describes is valid per this function's contract;
@@ -304,7 +313,7 @@ unsafe fn transfer(
         if res == 0 {
             let kind = match dir {
                 Dir::Read => io::ErrorKind::UnexpectedEof,
-                Dir::Write => io::ErrorKind::WriteZero,
+                Dir::Write | Dir::WriteDsync => io::ErrorKind::WriteZero,
             };
             return Err(DeviceError::io(dir.op_name(), what, kind.into()));
         }
@@ -379,6 +388,7 @@ impl UringDevice {
         bufs: &[IoSlice<'_>],
         offset: u64,
         ioprio: u16,
+        dir: Dir,
     ) -> Result<()> {
         let fd = self.f.file.as_raw_fd();
         let what = self.f.what();
@@ -394,7 +404,7 @@ impl UringDevice {
                 iov_len: bounce.len(),
             }];
             // SAFETY: `bounce` is owned here and outlives the call.
-            return unsafe { transfer(ring, fd, Dir::Write, &mut iov, offset, ioprio, &what) };
+            return unsafe { transfer(ring, fd, dir, &mut iov, offset, ioprio, &what) };
         }
         let mut iovs: Vec<libc::iovec> = bufs
             .iter()
@@ -406,7 +416,7 @@ impl UringDevice {
             .collect();
         // SAFETY: the iovecs describe `bufs`, borrowed for the whole call;
         // a write only reads them.
-        unsafe { transfer(ring, fd, Dir::Write, &mut iovs, offset, ioprio, &what) }
+        unsafe { transfer(ring, fd, dir, &mut iovs, offset, ioprio, &what) }
     }
 
     fn fsync_on_ring(&self, ring: &mut Ring) -> Result<()> {
@@ -470,9 +480,37 @@ impl BlockDevice for UringDevice {
         if iov_len(bufs) == 0 {
             return Ok(());
         }
-        match with_ring(|ring| self.write_on_ring(ring, bufs, offset, ioprio_of(prio))) {
+        match with_ring(|ring| self.write_on_ring(ring, bufs, offset, ioprio_of(prio), Dir::Write))
+        {
             Some(res) => res,
             None => crate::pread::pwrite_all(&self.f, bufs, offset),
+        }
+    }
+
+    fn write_vectored_durable_at(
+        &self,
+        bufs: &[IoSlice<'_>],
+        offset: u64,
+        prio: IoPriority,
+    ) -> Result<()> {
+        check_request(
+            self.f.size_bytes,
+            self.f.logical_block_size,
+            offset,
+            iov_len(bufs),
+        )?;
+        check_writable(&self.f)?;
+        if iov_len(bufs) == 0 {
+            return Ok(());
+        }
+        match with_ring(|ring| {
+            self.write_on_ring(ring, bufs, offset, ioprio_of(prio), Dir::WriteDsync)
+        }) {
+            Some(res) => res,
+            None => {
+                crate::pread::pwrite_all(&self.f, bufs, offset)?;
+                self.flush()
+            }
         }
     }
 

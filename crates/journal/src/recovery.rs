@@ -447,7 +447,15 @@ mod tests {
     /// 9 at `sb.start`; returns the position of the data block.
     fn write_txn(region: &JournalRegion, sb: &JournalSuperblock, data: &[u8]) -> u32 {
         let log = writer::build_transaction(sb, sb.sequence, &[(9, data)], &[], SystemTime::now());
-        writer::write_log_blocks(region, sb.first, sb.start, &log, &|| IoPriority::Urgent).unwrap();
+        writer::write_log_blocks(
+            region,
+            sb.first,
+            sb.start,
+            &log,
+            &|| IoPriority::Urgent,
+            false,
+        )
+        .unwrap();
         sb.start + 1
     }
 

@@ -80,6 +80,19 @@ impl JournalRegion {
         Ok(self.dev.write_vectored_at(bufs, off, prio)?)
     }
 
+    /// Writes consecutive blocks starting at `pos` (no wrap-around) and
+    /// returns once they are durable (force unit access).
+    pub fn write_blocks_durable(
+        &self,
+        pos: u32,
+        bufs: &[IoSlice<'_>],
+        prio: IoPriority,
+    ) -> Result<()> {
+        let bytes: u64 = bufs.iter().map(|b| b.len() as u64).sum();
+        let off = self.byte_offset(pos, bytes / u64::from(self.block_size))?;
+        Ok(self.dev.write_vectored_durable_at(bufs, off, prio)?)
+    }
+
     /// Makes every completed journal write durable (shared with concurrent callers).
     pub fn flush(&self) -> Result<()> {
         Ok(self.flusher.flush(self.dev.as_ref())?)

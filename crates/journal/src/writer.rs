@@ -229,12 +229,17 @@ pub fn build_transaction<'a>(
 /// re-evaluated before every run, so a commit that somebody starts waiting
 /// for mid-way is finished at urgent priority. Returns the position after
 /// the last block.
+///
+/// With `durable`, every run is written with force-unit-access
+/// ([`jbdev_device::BlockDevice::write_vectored_durable_at`]): when this
+/// returns, these blocks are durable without a separate flush.
 pub fn write_log_blocks(
     region: &JournalRegion,
     first: u32,
     mut pos: u32,
     blocks: &[LogBlock<'_>],
     prio: &dyn Fn() -> IoPriority,
+    durable: bool,
 ) -> Result<u32> {
     const MAX_IOV: usize = 256;
     let len = region.len_blocks();
@@ -246,7 +251,11 @@ pub fn write_log_blocks(
             .iter()
             .map(|b| IoSlice::new(b.bytes()))
             .collect();
-        region.write_blocks(pos, &iov, prio())?;
+        if durable {
+            region.write_blocks_durable(pos, &iov, prio())?;
+        } else {
+            region.write_blocks(pos, &iov, prio())?;
+        }
         i += n;
         pos += n as u32;
         if pos >= len {

@@ -970,6 +970,10 @@ fn sticky_error_after_failed_write_or_flush() {
                     // fail; if it did not, the failure may be this write's.
                     let id = u64::MAX - 1;
                     let data = stamped(id, h.lo, 512);
+                    // Successful device ops before this write started: if
+                    // they reach k, the injected failure was already
+                    // returned to the engine (maybe to a background thread).
+                    let before = dev.ops() - at_open;
                     let res = vol.write_at(&data, h.lo, WriteFlags::FUA);
                     let ack = res.is_ok().then(|| clock.tick());
                     h.ops.push(Op {
@@ -979,7 +983,7 @@ fn sticky_error_after_failed_write_or_flush() {
                         extents: vec![(h.lo, data)],
                         ack,
                     });
-                    if res.is_ok() && dev.ops() - at_open >= k {
+                    if res.is_ok() && before >= k {
                         panic!(
                             "{what2}: the injected failure was swallowed: a FUA write \
                              still succeeds after it"
