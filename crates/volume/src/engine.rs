@@ -92,11 +92,17 @@ struct Stripe {
     credits: u64,
     /// Credits spent in the running transaction.
     charged: u64,
+    /// Data blocks this stripe added to the running transaction (for its
+    /// share of descriptor blocks).
+    data_blocks: u64,
 }
 
 /// What a cut takes from the stripes: blocks (with versions), revokes
-/// (with versions) and the credits they paid.
-type Cut = (Vec<(Lba, u64, BlockRef)>, Vec<(Lba, u64)>, u64);
+/// (with versions), the credits they paid, and the unspent credits the
+/// stripes held (returned to the pool, so no stripe keeps journal space
+/// across transactions — a stripe whose threads went quiet would otherwise
+/// strand it).
+type Cut = (Vec<(Lba, u64, BlockRef)>, Vec<(Lba, u64)>, u64, u64);
 
 /// A committed transaction waiting for checkpoint.
 pub struct CommittedTxn {
@@ -206,10 +212,22 @@ pub struct Engine {
     first: u32,
 }
 
-/// Journal credits a journaled request of `n` blocks pays: the blocks, their
-/// share of descriptor blocks, and a commit block.
+/// Most journal credits a journaled request of `n` blocks can pay: the
+/// blocks, their descriptor blocks, and a commit block.
 pub fn credits_for_blocks(n: u64, bs: usize) -> u64 {
     n + n.div_ceil(DescriptorBlock::capacity(bs) as u64) + 1
+}
+
+/// Credits a request of `n` blocks pays in a stripe that already added
+/// `stripe.data_blocks` to the running transaction: the blocks, the
+/// descriptor blocks the stripe's total newly needs, and — for the stripe's
+/// first charge in the transaction — a commit block. Summed over stripes
+/// this covers the transaction (`ceil(a/c) + ceil(b/c) >= ceil((a+b)/c)`),
+/// while a stream of 4 KiB writes pays about one credit each instead of three.
+fn stripe_charge(stripe: &Stripe, n: u64, bs: usize) -> u64 {
+    let cap = DescriptorBlock::capacity(bs) as u64;
+    let b = stripe.data_blocks;
+    n + (b + n).div_ceil(cap) - b.div_ceil(cap) + u64::from(stripe.charged == 0)
 }
 
 impl Engine {
@@ -432,8 +450,7 @@ impl Engine {
             .map(|ranges| !covers_block(ranges, self.bs))
             .collect();
         let n = lbas.len() as u64;
-        let charge = credits_for_blocks(n, self.bs);
-        if charge > self.max_txn_blocks {
+        if credits_for_blocks(n, self.bs) > self.max_txn_blocks {
             return Err(VolumeError::TooLarge {
                 len: n * bs,
                 max: self.max_atomic_blocks() * bs,
@@ -473,13 +490,17 @@ impl Engine {
             }
             // Credits.
             {
-                let have = self.stripes[stripe_idx].lock().credits;
-                if have < charge {
-                    self.reserve(stripe_idx, charge - have)?;
+                let (have, need) = {
+                    let s = self.stripes[stripe_idx].lock();
+                    (s.credits, stripe_charge(&s, n, self.bs))
+                };
+                if have < need {
+                    self.reserve(stripe_idx, need - have)?;
                     continue;
                 }
             }
             let mut stripe = self.stripes[stripe_idx].lock();
+            let charge = stripe_charge(&stripe, n, self.bs);
             if stripe.credits < charge {
                 continue;
             }
@@ -572,6 +593,7 @@ impl Engine {
             }
             stripe.credits -= charge;
             stripe.charged += charge;
+            stripe.data_blocks += n;
             drop(guards);
             drop(stripe);
             if fua {
@@ -815,16 +837,19 @@ impl Engine {
     /// Locks every stripe, takes what they hold and starts transaction `tid + 1`.
     fn cut(&self, tid: Tid) -> Cut {
         let mut guards: Vec<_> = self.stripes.iter().map(|s| s.lock()).collect();
-        let (mut blocks, mut revokes, mut charged) = (Vec::new(), Vec::new(), 0);
+        let (mut blocks, mut revokes, mut charged, mut unspent) = (Vec::new(), Vec::new(), 0, 0);
         for g in guards.iter_mut() {
             debug_assert_eq!(g.tid, tid);
             blocks.append(&mut g.blocks);
             revokes.append(&mut g.revokes);
             charged += g.charged;
+            unspent += g.credits;
             g.charged = 0;
+            g.credits = 0;
+            g.data_blocks = 0;
             g.tid = tid + 1;
         }
-        (blocks, revokes, charged)
+        (blocks, revokes, charged, unspent)
     }
 
     fn batch_deadline(&self, st: &JState) -> Option<Instant> {
@@ -907,7 +932,8 @@ impl Engine {
         let tid = st.running_tid;
         let waiters = st.sync_waiters;
         let started = Instant::now();
-        let (blocks, revokes, charged) = self.cut(tid);
+        let (blocks, revokes, charged, unspent) = self.cut(tid);
+        st.outstanding -= unspent;
         st.running_tid = tid + 1;
         st.running_created = started;
         st.running_first_sync = None;
