@@ -443,6 +443,40 @@ impl UringDevice {
     }
 }
 
+impl UringDevice {
+    /// A checked vectored write; `Dir::WriteDsync` returns once the data is
+    /// durable. Without a ring (this thread could not get one) it falls back
+    /// to pwritev, plus a flush for a durable write.
+    fn write_checked(
+        &self,
+        bufs: &[IoSlice<'_>],
+        offset: u64,
+        prio: IoPriority,
+        dir: Dir,
+    ) -> Result<()> {
+        check_request(
+            self.f.size_bytes,
+            self.f.logical_block_size,
+            offset,
+            iov_len(bufs),
+        )?;
+        check_writable(&self.f)?;
+        if iov_len(bufs) == 0 {
+            return Ok(());
+        }
+        match with_ring(|ring| self.write_on_ring(ring, bufs, offset, ioprio_of(prio), dir)) {
+            Some(res) => res,
+            None => {
+                crate::pread::pwrite_all(&self.f, bufs, offset)?;
+                if dir == Dir::WriteDsync {
+                    self.flush()?;
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
 impl BlockDevice for UringDevice {
     fn size_bytes(&self) -> u64 {
         self.f.size_bytes
@@ -470,21 +504,7 @@ impl BlockDevice for UringDevice {
     }
 
     fn write_vectored_at(&self, bufs: &[IoSlice<'_>], offset: u64, prio: IoPriority) -> Result<()> {
-        check_request(
-            self.f.size_bytes,
-            self.f.logical_block_size,
-            offset,
-            iov_len(bufs),
-        )?;
-        check_writable(&self.f)?;
-        if iov_len(bufs) == 0 {
-            return Ok(());
-        }
-        match with_ring(|ring| self.write_on_ring(ring, bufs, offset, ioprio_of(prio), Dir::Write))
-        {
-            Some(res) => res,
-            None => crate::pread::pwrite_all(&self.f, bufs, offset),
-        }
+        self.write_checked(bufs, offset, prio, Dir::Write)
     }
 
     fn write_vectored_durable_at(
@@ -493,25 +513,7 @@ impl BlockDevice for UringDevice {
         offset: u64,
         prio: IoPriority,
     ) -> Result<()> {
-        check_request(
-            self.f.size_bytes,
-            self.f.logical_block_size,
-            offset,
-            iov_len(bufs),
-        )?;
-        check_writable(&self.f)?;
-        if iov_len(bufs) == 0 {
-            return Ok(());
-        }
-        match with_ring(|ring| {
-            self.write_on_ring(ring, bufs, offset, ioprio_of(prio), Dir::WriteDsync)
-        }) {
-            Some(res) => res,
-            None => {
-                crate::pread::pwrite_all(&self.f, bufs, offset)?;
-                self.flush()
-            }
-        }
+        self.write_checked(bufs, offset, prio, Dir::WriteDsync)
     }
 
     fn flush(&self) -> Result<()> {
@@ -560,6 +562,31 @@ mod tests {
         let dev = open_device(&dir.path().join("img"), &opts).unwrap().device;
         assert_eq!(dev.backend_name(), "io_uring");
         Some((dir, dev))
+    }
+
+    #[test]
+    fn durable_write_round_trips_and_refuses_bad_requests() {
+        let Some((_dir, dev)) = uring_file(1 << 20) else {
+            return;
+        };
+        let lbs = dev.logical_block_size() as usize;
+        let mut data = AlignedBuf::zeroed(3 * lbs);
+        data.iter_mut()
+            .enumerate()
+            .for_each(|(i, b)| *b = (i % 253) as u8);
+        let halves: Vec<IoSlice<'_>> = data.chunks(lbs).map(IoSlice::new).collect();
+        dev.write_vectored_durable_at(&halves, 2 * lbs as u64, IoPriority::Urgent)
+            .unwrap();
+        let mut back = AlignedBuf::zeroed(3 * lbs);
+        dev.read_at(&mut back, 2 * lbs as u64).unwrap();
+        assert!(back[..] == data[..]);
+        let one = [IoSlice::new(&data[..lbs])];
+        assert!(dev
+            .write_vectored_durable_at(&one, (1 << 20) as u64, IoPriority::Urgent)
+            .is_err());
+        assert!(dev
+            .write_vectored_durable_at(&[IoSlice::new(&data[..7])], 0, IoPriority::Urgent)
+            .is_err());
     }
 
     #[test]
