@@ -283,8 +283,17 @@ impl Volume {
             bs as u32,
             jblocks,
         )?;
-        // Zero the log so a dump of a fresh journal shows nothing stale.
-        jdev.write_zeroes(joff, journal_bytes)?;
+        // Write zeroes over the whole log (not a hole punch): a dump of a
+        // fresh journal shows nothing stale, and on a file every journal
+        // block is allocated now, so a commit is a pure overwrite and its
+        // FUA write costs no filesystem metadata update.
+        let zeros = AlignedBuf::zeroed(1 << 20);
+        let mut done = 0u64;
+        while done < journal_bytes {
+            let n = (journal_bytes - done).min(zeros.len() as u64) as usize;
+            jdev.write_at(&zeros[..n], joff + done, IoPriority::Urgent)?;
+            done += n as u64;
+        }
         let mut jsb = JournalSuperblock::new(bs as u32, jblocks, uuid);
         jsb.users = vec![uuid];
         jsb.max_transaction = (jblocks / 4).max(3);
