@@ -46,6 +46,11 @@ pub struct ServeArgs {
     /// I/O backend of the volume: auto, uring or pread.
     #[arg(long, default_value = "auto")]
     pub backend: jbdev_device::Backend,
+    /// Read home blocks with O_DIRECT only, bypassing the page cache (by
+    /// default reads go through it, like `nbdkit file`; writes are always
+    /// O_DIRECT and journaled).
+    #[arg(long)]
+    pub no_read_cache: bool,
 }
 
 pub fn run(a: ServeArgs) -> anyhow::Result<()> {
@@ -72,6 +77,7 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
     let opts = OpenOptions {
         read_only: a.read_only,
         backend: a.backend,
+        read_cache: !a.no_read_cache,
         ..OpenOptions::default()
     };
     let mut exports = Vec::new();

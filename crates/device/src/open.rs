@@ -45,6 +45,12 @@ pub struct OpenOptions {
     /// Create a regular file of this size if the path does not exist, or
     /// extend a smaller regular file to it.
     pub create_size: Option<u64>,
+    /// With O_DIRECT, also open a buffered read-only descriptor and serve
+    /// reads from the page cache through it. Coherent with our O_DIRECT
+    /// writes: the kernel invalidates cached pages over a direct write's range
+    /// when it completes, and the volume never reads a block from home while
+    /// a write of it is in flight (the overlay serves it until then).
+    pub read_cache: bool,
 }
 
 impl Default for OpenOptions {
@@ -55,6 +61,7 @@ impl Default for OpenOptions {
             direct: true,
             exclusive: true,
             create_size: None,
+            read_cache: false,
         }
     }
 }

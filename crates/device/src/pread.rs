@@ -23,6 +23,9 @@ pub struct DeviceFile {
     pub direct: bool,
     /// True if opened without write access; writes are refused.
     pub read_only: bool,
+    /// A buffered read-only descriptor reads go through (see
+    /// [`OpenOptions::read_cache`]).
+    pub cached_reader: Option<File>,
 }
 
 impl DeviceFile {
@@ -130,6 +133,16 @@ pub fn open_file(path: &Path, opts: &OpenOptions) -> Result<DeviceFile> {
         }
     }
     let size_bytes = size_bytes - size_bytes % u64::from(logical_block_size);
+    let cached_reader = if opts.read_cache && direct {
+        Some(
+            FsOpenOptions::new()
+                .read(true)
+                .open(path)
+                .map_err(|e| DeviceError::io("open (read cache)", what.clone(), e))?,
+        )
+    } else {
+        None
+    };
     Ok(DeviceFile {
         file,
         path: path.to_path_buf(),
@@ -138,6 +151,7 @@ pub fn open_file(path: &Path, opts: &OpenOptions) -> Result<DeviceFile> {
         is_block_device,
         direct,
         read_only: opts.read_only,
+        cached_reader,
     })
 }
 
@@ -503,9 +517,31 @@ pub(crate) fn pwrite_all(f: &DeviceFile, bufs: &[IoSlice<'_>], offset: u64) -> R
     unsafe { transfer(f, Dir::Write, &mut iovs, offset) }
 }
 
+/// Reads through the buffered descriptor: page-cache hits need no device
+/// I/O and no alignment.
+pub(crate) fn pread_cached(
+    f: &DeviceFile,
+    reader: &File,
+    bufs: &mut [IoSliceMut<'_>],
+    offset: u64,
+) -> Result<()> {
+    use std::os::unix::fs::FileExt;
+    let mut pos = offset;
+    for b in bufs.iter_mut() {
+        reader
+            .read_exact_at(b, pos)
+            .map_err(|e| DeviceError::io("pread (cached)", f.what(), e))?;
+        pos += b.len() as u64;
+    }
+    Ok(())
+}
+
 /// Reads all of `bufs` at `offset`, bouncing through an aligned buffer if
 /// O_DIRECT needs it.
 pub(crate) fn pread_all(f: &DeviceFile, bufs: &mut [IoSliceMut<'_>], offset: u64) -> Result<()> {
+    if let Some(reader) = &f.cached_reader {
+        return pread_cached(f, reader, bufs, offset);
+    }
     if needs_bounce(f, bufs.iter().map(|b| &**b)) {
         let mut bounce = AlignedBuf::zeroed(iov_len_mut(bufs) as usize);
         let mut iov = [libc::iovec {

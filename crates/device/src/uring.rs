@@ -496,6 +496,9 @@ impl BlockDevice for UringDevice {
         if iov_len_mut(bufs) == 0 {
             return Ok(());
         }
+        if let Some(reader) = &self.f.cached_reader {
+            return crate::pread::pread_cached(&self.f, reader, bufs, offset);
+        }
         // Only a thread that cannot have a ring uses the portable path.
         match with_ring(|ring| self.read_on_ring(ring, bufs, offset)) {
             Some(res) => res,

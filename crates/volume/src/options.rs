@@ -98,6 +98,9 @@ pub struct OpenOptions {
     pub backend: Backend,
     /// Use O_DIRECT on files (default true).
     pub direct_io: bool,
+    /// Serve reads of home blocks from the page cache (a second, buffered
+    /// read-only descriptor; writes stay O_DIRECT). Default false.
+    pub read_cache: bool,
     pub batch_policy: BatchPolicy,
     /// Upper bound of the adaptive batching wait (default 15 ms).
     pub max_batch: Duration,
@@ -120,6 +123,7 @@ impl Default for OpenOptions {
             journal_path: None,
             backend: Backend::Auto,
             direct_io: true,
+            read_cache: false,
             batch_policy: BatchPolicy::Adaptive,
             max_batch: Duration::from_millis(15),
             commit_mode: CommitMode::SingleFlush,

@@ -176,6 +176,7 @@ impl Volume {
             backend: oopts.backend,
             direct: oopts.direct_io,
             create_size: Some(create),
+            read_cache: oopts.read_cache,
             ..Default::default()
         };
         let dev = open_device(path, &dopts(needed))?.device;
@@ -193,6 +194,7 @@ impl Volume {
             backend: opts.backend,
             direct: opts.direct_io,
             read_only: opts.read_only,
+            read_cache: opts.read_cache,
             ..Default::default()
         };
         let dev = open_device(path, &dopts)?.device;
