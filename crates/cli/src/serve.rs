@@ -100,11 +100,7 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
             }
         };
         let description = format!("jbdev volume {} ({} bytes)", key.display(), vol.size());
-        let backend = Arc::new(VolumeBackend::new(
-            vol,
-            a.read_only,
-            opts.direct_write_threshold,
-        ));
+        let backend = Arc::new(VolumeBackend::new(vol, a.read_only));
         exports.push(Export::new(name.clone(), description, backend));
     }
     drop(by_path);

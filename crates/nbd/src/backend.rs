@@ -108,63 +108,30 @@ impl<B: Backend + ?Sized> Backend for Arc<B> {
 pub struct VolumeBackend {
     volume: Arc<jbdev_volume::Volume>,
     read_only: bool,
-    fast_zero_min_bytes: u64,
 }
 
 impl VolumeBackend {
-    /// `fast_zero_min_bytes` is the volume's direct-write threshold
-    /// ([`jbdev_volume::OpenOptions::direct_write_threshold`]): zeroing at
-    /// least that much is done in place (hole punch or BLKZEROOUT plus
-    /// revokes) and is fast; smaller ranges go through the journal like a
-    /// write of zero blocks, so they are not.
-    pub fn new(
-        volume: Arc<jbdev_volume::Volume>,
-        read_only: bool,
-        fast_zero_min_bytes: u64,
-    ) -> Self {
-        Self {
-            volume,
-            read_only,
-            fast_zero_min_bytes,
-        }
+    /// A backend serving `volume`.
+    pub fn new(volume: Arc<jbdev_volume::Volume>, read_only: bool) -> Self {
+        Self { volume, read_only }
     }
 
     pub fn volume(&self) -> &Arc<jbdev_volume::Volume> {
         &self.volume
     }
 
-    /// Largest piece handed to the volume in one call: a write may not exceed
-    /// one journal transaction (`VolumeError::TooLarge`); NBD does not
-    /// promise atomicity of a request, so larger ones are split.
-    fn chunk_bytes(&self) -> u64 {
-        self.volume.max_transaction_bytes().max(1 << 20)
-    }
-
-    /// Runs `op` over `[offset, offset+length)` in chunks. With `fua`, a
-    /// single-chunk request keeps its FUA (so it joins the group commit);
-    /// a split one is made durable by one flush at the end.
-    fn chunked(
+    /// Runs `op` once over the whole request. The volume takes any size:
+    /// requests that fit in one journal transaction are journaled
+    /// (all-or-nothing), larger ones go straight home (NBD promises no
+    /// atomicity for them), and FUA makes either durable before it returns.
+    fn call(
         &self,
         offset: u64,
         length: u64,
         fua: bool,
         mut op: impl FnMut(u64, u64, jbdev_volume::WriteFlags) -> jbdev_volume::Result<()>,
     ) -> BackendResult<()> {
-        let chunk = self.chunk_bytes();
-        if length <= chunk {
-            let flags = jbdev_volume::WriteFlags { fua };
-            return op(offset, length, flags).map_err(map_volume_error);
-        }
-        let mut done = 0;
-        while done < length {
-            let n = (length - done).min(chunk);
-            op(offset + done, n, jbdev_volume::WriteFlags::NONE).map_err(map_volume_error)?;
-            done += n;
-        }
-        if fua {
-            self.volume.flush().map_err(map_volume_error)?;
-        }
-        Ok(())
+        op(offset, length, jbdev_volume::WriteFlags { fua }).map_err(map_volume_error)
     }
 }
 
@@ -196,7 +163,7 @@ impl Backend for VolumeBackend {
     }
     fn write_at(&self, buf: &[u8], offset: u64, fua: bool) -> BackendResult<()> {
         let vol = &self.volume;
-        self.chunked(offset, buf.len() as u64, fua, |off, len, flags| {
+        self.call(offset, buf.len() as u64, fua, |off, len, flags| {
             let start = (off - offset) as usize;
             vol.write_at(&buf[start..start + len as usize], off, flags)
         })
@@ -206,20 +173,18 @@ impl Backend for VolumeBackend {
     }
     fn trim(&self, offset: u64, length: u64, fua: bool) -> BackendResult<()> {
         let vol = &self.volume;
-        self.chunked(offset, length, fua, |off, len, flags| {
+        self.call(offset, length, fua, |off, len, flags| {
             vol.trim(off, len, flags)
         })
     }
     fn write_zeroes(&self, offset: u64, length: u64, fua: bool) -> BackendResult<()> {
         let vol = &self.volume;
-        self.chunked(offset, length, fua, |off, len, flags| {
+        self.call(offset, length, fua, |off, len, flags| {
             vol.write_zeroes(off, len, flags)
         })
     }
     fn zeroes_are_fast(&self, offset: u64, length: u64) -> bool {
-        // The in-place path needs at least one whole block inside the range.
-        let bs = u64::from(self.volume.block_size().max(1));
-        length >= self.fast_zero_min_bytes && (offset + length) / bs > offset.div_ceil(bs)
+        self.volume.zeroes_in_place(offset, length)
     }
     fn block_status(&self, offset: u64, length: u64) -> BackendResult<Vec<Extent>> {
         let extents = self

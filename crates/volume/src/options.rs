@@ -110,9 +110,11 @@ pub struct OpenOptions {
     /// Committed transactions are checkpointed at least this often (also
     /// sooner when the journal is a quarter full). Default 1 s.
     pub checkpoint_interval: Duration,
-    /// Aligned writes of at least this many bytes go straight to their home
-    /// location (with revokes) instead of through the journal. Default 1 MiB;
-    /// `u64::MAX` journals everything that fits in a transaction.
+    /// Writes (and write-zeroes/trims) of at least this many bytes go
+    /// straight to their home location (with revokes) instead of through the
+    /// journal — giving up all-or-nothing for them. Default `u64::MAX`: every
+    /// request that fits in one transaction is journaled (atomic), and only
+    /// larger ones go home directly.
     pub direct_write_threshold: u64,
 }
 
@@ -129,7 +131,7 @@ impl Default for OpenOptions {
             commit_mode: CommitMode::SingleFlush,
             commit_interval: Duration::from_secs(5),
             checkpoint_interval: Duration::from_secs(1),
-            direct_write_threshold: 1 << 20,
+            direct_write_threshold: u64::MAX,
         }
     }
 }

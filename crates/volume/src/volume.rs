@@ -630,6 +630,17 @@ impl Volume {
             .direct(mid_start / bs, mid_end / bs, None, flags.fua)
     }
 
+    /// True if [`Volume::write_zeroes`] of this range zeroes in place (hole
+    /// punch / BLKZEROOUT) rather than journaling zero blocks — i.e. is fast
+    /// (NBD's FAST_ZERO).
+    pub fn zeroes_in_place(&self, offset: u64, len: u64) -> bool {
+        let bs = self.engine.bs as u64;
+        let touched = (offset + len).div_ceil(bs) - offset / bs;
+        let small = len < self.engine.opts.direct_write_threshold
+            && touched <= self.engine.max_atomic_blocks();
+        !small && (offset + len) / bs > offset.div_ceil(bs)
+    }
+
     /// Starts an atomic multi-extent transaction.
     pub fn transaction(&self) -> Transaction<'_> {
         Transaction {
