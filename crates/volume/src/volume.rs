@@ -530,51 +530,47 @@ impl Volume {
     /// Writes `buf` at `offset` (any alignment). Visible to readers when this
     /// returns; durable when it returns if `flags.fua`, else after a later
     /// [`Volume::flush`]. Atomic across a crash up to
-    /// [`Volume::max_transaction_bytes`] unless it goes straight home
-    /// (aligned and at least `direct_write_threshold` bytes).
+    /// [`Volume::max_transaction_bytes`]; a larger write (or one at least a
+    /// user-lowered `direct_write_threshold`) goes straight home and is
+    /// old-or-new per sector until flushed.
     pub fn write_at(&self, buf: &[u8], offset: u64, flags: WriteFlags) -> Result<()> {
         self.check(offset, buf.len() as u64)?;
         self.engine.check_writable()?;
-        let bs = self.engine.bs as u64;
-        let len = buf.len() as u64;
-        let touched = (offset + len).div_ceil(bs) - offset / bs;
-        let large = len >= self.engine.opts.direct_write_threshold
-            || touched > self.engine.max_atomic_blocks();
-        if !large {
+        let Some((mid_start, mid_end)) = self.direct_part(offset, buf.len() as u64) else {
             return self
                 .engine
                 .journaled(&[Op::Write { offset, data: buf }], flags.fua);
-        }
-        // Direct: the partial head and tail blocks through the journal, the
-        // aligned middle straight home.
-        let mid_start = offset.div_ceil(bs) * bs;
-        let mid_end = (offset + len) / bs * bs;
-        if mid_end <= mid_start {
-            return self
-                .engine
-                .journaled(&[Op::Write { offset, data: buf }], flags.fua);
-        }
+        };
+        // The partial head and tail blocks through the journal, the aligned
+        // middle straight home.
         let head = (mid_start - offset) as usize;
-        let tail_start = (mid_end - offset) as usize;
-        let mut edge_ops = Vec::new();
-        if head > 0 {
-            edge_ops.push(Op::Write {
-                offset,
-                data: &buf[..head],
-            });
-        }
-        if tail_start < buf.len() {
-            edge_ops.push(Op::Write {
-                offset: mid_end,
-                data: &buf[tail_start..],
-            });
-        }
+        let tail = (mid_end - offset) as usize;
+        let edges = [(offset, &buf[..head]), (mid_end, &buf[tail..])];
+        let edge_ops: Vec<Op<'_>> = edges
+            .iter()
+            .filter(|(_, d)| !d.is_empty())
+            .map(|&(offset, data)| Op::Write { offset, data })
+            .collect();
         if !edge_ops.is_empty() {
             self.engine.journaled(&edge_ops, false)?;
         }
-        let mid = AlignedBuf::from_slice(&buf[head..tail_start]);
+        let bs = self.engine.bs as u64;
+        let mid = AlignedBuf::from_slice(&buf[head..tail]);
         self.engine
             .direct(mid_start / bs, mid_end / bs, Some(mid), flags.fua)
+    }
+
+    /// The aligned middle `[start, end)` of a request that goes straight to
+    /// its home location, or None if it goes through the journal: requests
+    /// that fit in one transaction (and are below a user-lowered
+    /// `direct_write_threshold`) are journaled, all-or-nothing.
+    fn direct_part(&self, offset: u64, len: u64) -> Option<(u64, u64)> {
+        let bs = self.engine.bs as u64;
+        let touched = (offset + len).div_ceil(bs) - offset / bs;
+        let journaled = len < self.engine.opts.direct_write_threshold
+            && touched <= self.engine.max_atomic_blocks();
+        let (start, end) = (offset.div_ceil(bs) * bs, (offset + len) / bs * bs);
+        (!journaled && end > start).then_some((start, end))
     }
 
     /// Makes every write that returned before this call durable.
@@ -594,38 +590,30 @@ impl Volume {
         self.write_zeroes(offset, len, flags)
     }
 
-    /// Zeroes a range. Small ranges go through the journal (atomic); large
-    /// ones are zeroed in place (hole punch / BLKZEROOUT) with revokes.
+    /// Zeroes a range. Ranges that fit in a transaction go through the
+    /// journal (atomic); larger ones are zeroed in place (hole punch /
+    /// BLKZEROOUT) with revokes.
     pub fn write_zeroes(&self, offset: u64, len: u64, flags: WriteFlags) -> Result<()> {
         self.check(offset, len)?;
         self.engine.check_writable()?;
-        let bs = self.engine.bs as u64;
-        let touched = (offset + len).div_ceil(bs) - offset / bs;
-        let small = len < self.engine.opts.direct_write_threshold
-            && touched <= self.engine.max_atomic_blocks();
-        let mid_start = offset.div_ceil(bs) * bs;
-        let mid_end = (offset + len) / bs * bs;
-        if small || mid_end <= mid_start {
+        let Some((mid_start, mid_end)) = self.direct_part(offset, len) else {
             return self
                 .engine
                 .journaled(&[Op::Zero { offset, len }], flags.fua);
-        }
-        let mut edge_ops = Vec::new();
-        if mid_start > offset {
-            edge_ops.push(Op::Zero {
-                offset,
-                len: mid_start - offset,
-            });
-        }
-        if offset + len > mid_end {
-            edge_ops.push(Op::Zero {
-                offset: mid_end,
-                len: offset + len - mid_end,
-            });
-        }
+        };
+        let edges = [
+            (offset, mid_start - offset),
+            (mid_end, offset + len - mid_end),
+        ];
+        let edge_ops: Vec<Op<'_>> = edges
+            .iter()
+            .filter(|(_, n)| *n > 0)
+            .map(|&(offset, len)| Op::Zero { offset, len })
+            .collect();
         if !edge_ops.is_empty() {
             self.engine.journaled(&edge_ops, false)?;
         }
+        let bs = self.engine.bs as u64;
         self.engine
             .direct(mid_start / bs, mid_end / bs, None, flags.fua)
     }
@@ -634,11 +622,7 @@ impl Volume {
     /// punch / BLKZEROOUT) rather than journaling zero blocks — i.e. is fast
     /// (NBD's FAST_ZERO).
     pub fn zeroes_in_place(&self, offset: u64, len: u64) -> bool {
-        let bs = self.engine.bs as u64;
-        let touched = (offset + len).div_ceil(bs) - offset / bs;
-        let small = len < self.engine.opts.direct_write_threshold
-            && touched <= self.engine.max_atomic_blocks();
-        !small && (offset + len) / bs > offset.div_ceil(bs)
+        self.direct_part(offset, len).is_some()
     }
 
     /// Starts an atomic multi-extent transaction.
