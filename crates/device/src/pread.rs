@@ -155,53 +155,34 @@ pub fn open_file(path: &Path, opts: &OpenOptions) -> Result<DeviceFile> {
     })
 }
 
-/// `_IOR(0x12, 114, size_t)`: the direction bits and their position differ
-/// between architectures, so build it like the kernel headers do.
-const BLKGETSIZE64: libc::c_ulong = {
-    #[cfg(any(
-        target_arch = "mips",
-        target_arch = "mips64",
-        target_arch = "powerpc",
-        target_arch = "powerpc64",
-        target_arch = "sparc",
-        target_arch = "sparc64"
-    ))]
-    const IOC_READ: libc::c_ulong = 2 << 29;
-    #[cfg(not(any(
-        target_arch = "mips",
-        target_arch = "mips64",
-        target_arch = "powerpc",
-        target_arch = "powerpc64",
-        target_arch = "sparc",
-        target_arch = "sparc64"
-    )))]
-    const IOC_READ: libc::c_ulong = 2 << 30;
-    IOC_READ | ((std::mem::size_of::<usize>() as libc::c_ulong) << 16) | (0x12 << 8) | 114
-};
+/// Architectures whose ioctl direction bits differ from the generic layout
+/// (`_IOC_NONE` = 1 and `_IOC_READ` = 2 at bit 29, instead of 0 and 2 at bit
+/// 30), so the numbers are built like the kernel headers do.
+#[cfg(any(
+    target_arch = "mips",
+    target_arch = "mips64",
+    target_arch = "powerpc",
+    target_arch = "powerpc64",
+    target_arch = "sparc",
+    target_arch = "sparc64"
+))]
+const IOC_NONE_READ: (libc::c_ulong, libc::c_ulong) = (1 << 29, 2 << 29);
+#[cfg(not(any(
+    target_arch = "mips",
+    target_arch = "mips64",
+    target_arch = "powerpc",
+    target_arch = "powerpc64",
+    target_arch = "sparc",
+    target_arch = "sparc64"
+)))]
+const IOC_NONE_READ: (libc::c_ulong, libc::c_ulong) = (0, 2 << 30);
 
-/// `_IO(0x12, 127)`: "no direction" is 0 on most architectures but
-/// `1 << 29` on mips/powerpc/sparc.
-const BLKZEROOUT: libc::c_ulong = {
-    #[cfg(any(
-        target_arch = "mips",
-        target_arch = "mips64",
-        target_arch = "powerpc",
-        target_arch = "powerpc64",
-        target_arch = "sparc",
-        target_arch = "sparc64"
-    ))]
-    const IOC_NONE: libc::c_ulong = 1 << 29;
-    #[cfg(not(any(
-        target_arch = "mips",
-        target_arch = "mips64",
-        target_arch = "powerpc",
-        target_arch = "powerpc64",
-        target_arch = "sparc",
-        target_arch = "sparc64"
-    )))]
-    const IOC_NONE: libc::c_ulong = 0;
-    IOC_NONE | (0x12 << 8) | 127
-};
+/// `_IOR(0x12, 114, size_t)`.
+const BLKGETSIZE64: libc::c_ulong =
+    IOC_NONE_READ.1 | ((std::mem::size_of::<usize>() as libc::c_ulong) << 16) | (0x12 << 8) | 114;
+
+/// `_IO(0x12, 127)`.
+const BLKZEROOUT: libc::c_ulong = IOC_NONE_READ.0 | (0x12 << 8) | 127;
 
 fn blkdev_size(file: &File, what: &str) -> Result<u64> {
     let mut size: u64 = 0;
@@ -492,12 +473,7 @@ unsafe fn transfer(
 pub(crate) fn pwrite_all(f: &DeviceFile, bufs: &[IoSlice<'_>], offset: u64) -> Result<()> {
     check_writable(f)?;
     if needs_bounce(f, bufs.iter().map(|b| &**b)) {
-        let mut bounce = AlignedBuf::zeroed(iov_len(bufs) as usize);
-        let mut pos = 0;
-        for b in bufs {
-            bounce[pos..pos + b.len()].copy_from_slice(b);
-            pos += b.len();
-        }
+        let mut bounce = gather(bufs);
         let mut iov = [libc::iovec {
             iov_base: bounce.as_mut_ptr().cast(),
             iov_len: bounce.len(),
@@ -515,6 +491,28 @@ pub(crate) fn pwrite_all(f: &DeviceFile, bufs: &[IoSlice<'_>], offset: u64) -> R
         .collect();
     // SAFETY: the iovecs describe `bufs`, borrowed for the whole call.
     unsafe { transfer(f, Dir::Write, &mut iovs, offset) }
+}
+
+/// The bytes of `bufs` back to back in one aligned buffer: the bounce an
+/// O_DIRECT write of unaligned memory goes through.
+pub(crate) fn gather(bufs: &[IoSlice<'_>]) -> AlignedBuf {
+    let mut bounce = AlignedBuf::zeroed(iov_len(bufs) as usize);
+    let mut pos = 0;
+    for b in bufs {
+        bounce[pos..pos + b.len()].copy_from_slice(b);
+        pos += b.len();
+    }
+    bounce
+}
+
+/// Copies a bounce buffer that an O_DIRECT read filled out into `bufs`.
+pub(crate) fn scatter(bounce: &[u8], bufs: &mut [IoSliceMut<'_>]) {
+    let mut pos = 0;
+    for b in bufs.iter_mut() {
+        let n = b.len();
+        b.copy_from_slice(&bounce[pos..pos + n]);
+        pos += n;
+    }
 }
 
 /// Reads through the buffered descriptor: page-cache hits need no device
@@ -551,12 +549,7 @@ pub(crate) fn pread_all(f: &DeviceFile, bufs: &mut [IoSliceMut<'_>], offset: u64
         // SAFETY: `bounce` is owned here, outlives the call, and nothing else
         // touches it meanwhile.
         unsafe { transfer(f, Dir::Read, &mut iov, offset) }?;
-        let mut pos = 0;
-        for b in bufs.iter_mut() {
-            let n = b.len();
-            b.copy_from_slice(&bounce[pos..pos + n]);
-            pos += n;
-        }
+        scatter(&bounce, bufs);
         return Ok(());
     }
     let mut iovs: Vec<libc::iovec> = bufs

@@ -362,12 +362,7 @@ impl UringDevice {
             // SAFETY: `bounce` is owned here, outlives the call and nobody
             // else accesses it meanwhile.
             unsafe { transfer(ring, fd, Dir::Read, &mut iov, offset, 0, &what) }?;
-            let mut pos = 0;
-            for b in bufs.iter_mut() {
-                let n = b.len();
-                b.copy_from_slice(&bounce[pos..pos + n]);
-                pos += n;
-            }
+            crate::pread::scatter(&bounce, bufs);
             return Ok(());
         }
         let mut iovs: Vec<libc::iovec> = bufs
@@ -393,12 +388,7 @@ impl UringDevice {
         let fd = self.f.file.as_raw_fd();
         let what = self.f.what();
         if needs_bounce(&self.f, bufs.iter().map(|b| &**b)) {
-            let mut bounce = AlignedBuf::zeroed(iov_len(bufs) as usize);
-            let mut pos = 0;
-            for b in bufs {
-                bounce[pos..pos + b.len()].copy_from_slice(b);
-                pos += b.len();
-            }
+            let mut bounce = crate::pread::gather(bufs);
             let mut iov = [libc::iovec {
                 iov_base: bounce.as_mut_ptr().cast(),
                 iov_len: bounce.len(),
