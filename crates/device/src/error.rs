@@ -38,6 +38,10 @@ pub enum DeviceError {
     /// An error injected by the fault-injecting device.
     #[error("injected I/O error on {0}")]
     Injected(&'static str),
+    /// A device flush failed earlier; no later flush through the same
+    /// coalescer can vouch for data written before that failure.
+    #[error("an earlier flush of this device failed ({0}); writes before it may be lost, so no flush can succeed until the device is reopened")]
+    FlushFailed(String),
     /// Bad argument when opening (size, path kind, block size).
     #[error("{0}")]
     Invalid(String),
@@ -60,7 +64,7 @@ impl DeviceError {
             Self::OutOfRange { .. } => libc::ENOSPC,
             Self::Io { error, .. } => error.raw_os_error().unwrap_or(libc::EIO),
             Self::Busy(_) => libc::EBUSY,
-            Self::PowerCut | Self::Injected(_) => libc::EIO,
+            Self::PowerCut | Self::Injected(_) | Self::FlushFailed(_) => libc::EIO,
         }
     }
 }

@@ -3,20 +3,33 @@
 //! **Scan** walks the log from the superblock's `s_start`, expecting
 //! transaction `s_sequence`, and verifies every block of every transaction:
 //! descriptor and revoke tail checksums, each data block's tag checksum,
-//! the commit block checksum. It stops at the first block that does not
-//! carry the expected sequence.
+//! the commit block checksum. It stops at the first transaction that does
+//! not verify, then reads the whole log area once more (the *survey*) for
+//! verified blocks of later transactions, the highest sequence present and
+//! unreadable blocks. Before any of it, the superblock's geometry is checked
+//! against the region the volume reserved ([`check_geometry`]).
 //!
-//! Decision table for a transaction that fails verification (or has no
-//! commit block before the log ends):
+//! Decision table for the first transaction S that does not verify:
 //!
-//! | later transaction with a valid block exists? | verdict       | read-write open | read-only open |
-//! |----------------------------------------------|---------------|-----------------|----------------|
-//! | no                                           | torn tail     | discard it      | discard it     |
-//! | yes                                          | corrupt middle| error           | replay before it |
+//! | S fails at                     | later txn in the log area? | unreadable block? | verdict        | read-write open | read-only open   |
+//! |--------------------------------|----------------------------|-------------------|----------------|-----------------|------------------|
+//! | its first block (no header of S) | no                       | no                | end of log     | replay all      | replay all       |
+//! | a later block (torn, no commit)  | no                       | no                | torn tail      | discard S       | discard S        |
+//! | any block                        | yes                      | —                 | corrupt middle | refused         | replay before S  |
+//! | an unreadable block              | —                        | —                 | corrupt middle | refused         | replay before S  |
+//! | anywhere                         | no                       | yes, elsewhere    | corrupt middle | refused         | replay before S  |
 //!
-//! A later transaction can only exist if this one's commit was flushed
-//! before it was written (commits are never pipelined), so a valid later
-//! block proves this transaction was complete and has since been damaged.
+//! A later transaction can only exist if S's commit was durable before it
+//! was written (commits are never pipelined), so a valid later block proves
+//! S was complete once and has since been damaged — even when the damage
+//! hit S's first block, which otherwise looks exactly like the end of the
+//! log. An unreadable block could hide such a later transaction, so it
+//! cannot be judged: the read-write open is refused rather than risk
+//! dropping acknowledged transactions.
+//!
+//! The next sequence written after recovery is one past both S and the
+//! highest sequence of any verified block in the log area, so a stale
+//! block can never pass for part of a new transaction.
 //!
 //! A transaction verifies when its descriptor, revoke and commit blocks
 //! pass their checksums, every data block passes its tag checksum, and the
@@ -109,11 +122,74 @@ pub struct ReplayEntry {
 struct Bad {
     pos: u32,
     reason: String,
+    /// The transaction's very first block is not a header of the expected
+    /// sequence: either the log ends here or this header is damaged.
+    at_boundary: bool,
+    /// A block could not be read at all.
+    unreadable: bool,
+}
+
+/// Smallest log (blocks after `s_first`) the engine can work with.
+pub const MIN_LOG_BLOCKS: u32 = 8;
+
+/// Checks every geometry field of a journal superblock against the region
+/// the volume reserved for it, clean or not. A superblock that claims more
+/// blocks than the region holds would let the log head run over whatever
+/// follows the journal; one with another block size would misplace every
+/// block.
+pub fn check_geometry(sb: &JournalSuperblock, region: &JournalRegion) -> Result<()> {
+    let bad = |what: String| Err(JournalError::Inconsistent(what));
+    if sb.block_size != region.block_size() {
+        return bad(format!(
+            "journal superblock says {}-byte blocks, the volume uses {}-byte blocks",
+            sb.block_size,
+            region.block_size()
+        ));
+    }
+    if sb.max_len != region.len_blocks() {
+        return bad(format!(
+            "journal superblock says the journal has {} blocks (s_maxlen), the volume reserved {}",
+            sb.max_len,
+            region.len_blocks()
+        ));
+    }
+    if sb.first == 0 || sb.first >= sb.max_len || sb.max_len - sb.first < MIN_LOG_BLOCKS {
+        return bad(format!(
+            "journal log starts at block {} (s_first) of {}: it needs block 0 for the superblock \
+             and at least {MIN_LOG_BLOCKS} log blocks",
+            sb.first, sb.max_len
+        ));
+    }
+    if sb.start != 0 && !(sb.first..sb.max_len).contains(&sb.start) {
+        return bad(format!(
+            "s_start {} outside the log {}..{}",
+            sb.start, sb.first, sb.max_len
+        ));
+    }
+    if sb.nr_users > 1 || sb.users.len() > 1 {
+        return bad(format!(
+            "journal is shared by {} users; a jbdev journal serves one volume",
+            sb.nr_users
+        ));
+    }
+    if let Some(u) = sb.users.first() {
+        if *u != sb.uuid {
+            return bad("the journal's user uuid differs from its own uuid".into());
+        }
+    }
+    Ok(())
 }
 
 /// Pass 1: scan the log. `progress` receives the number of blocks read so far.
+///
+/// Decision for the first transaction that does not verify (the module
+/// documentation has the table): a valid block of a later transaction
+/// anywhere in the log area proves it was complete once, so it is damage
+/// in the middle; otherwise it is the torn (or absent) tail. Unreadable
+/// journal blocks cannot be judged and count as damage.
 pub fn scan(region: &JournalRegion, progress: &mut dyn FnMut(u64)) -> Result<Scan> {
     let sb = region.read_superblock()?;
+    check_geometry(&sb, region)?;
     let mut out = Scan {
         superblock: sb.clone(),
         txns: Vec::new(),
@@ -124,22 +200,41 @@ pub fn scan(region: &JournalRegion, progress: &mut dyn FnMut(u64)) -> Result<Sca
     if sb.is_clean() {
         return Ok(out);
     }
+    let failure = walk_log(region, &sb, &mut out, progress)?;
+    let sequence = sb.sequence.wrapping_add(out.txns.len() as u32);
+    // The whole log area, once: later transactions, the highest sequence
+    // present, unreadable blocks.
+    let survey = survey_log(region, &sb, sequence)?;
+    out.end = decide(failure, &survey, sequence);
+    // IMPORTANT: the next transaction written must carry a sequence that
+    // exists nowhere in the log area, or a stale block of an old lap could
+    // pass for part of it at the next recovery.
+    let mut next = sequence.wrapping_add(1);
+    if let Some(max) = survey.max_sequence {
+        if is_after(max, next) || max == next {
+            next = max.wrapping_add(1);
+        }
+    }
+    out.next_sequence = next;
+    Ok(out)
+}
+
+/// `a` was written after `b` (sequence numbers wrap; half the space ahead
+/// counts as "after").
+fn is_after(a: u32, b: u32) -> bool {
+    let d = a.wrapping_sub(b);
+    d != 0 && d < 1 << 31
+}
+
+/// Walks and verifies transactions from `s_start`; appends the complete
+/// ones to `out.txns`. Returns why the walk stopped.
+fn walk_log(
+    region: &JournalRegion,
+    sb: &JournalSuperblock,
+    out: &mut Scan,
+    progress: &mut dyn FnMut(u64),
+) -> Result<Bad> {
     let (first, len) = (sb.first, sb.max_len);
-    if sb.first == 0 || sb.first >= sb.max_len || sb.start < sb.first || sb.start >= sb.max_len {
-        return Err(JournalError::Inconsistent(format!(
-            "s_start {} / s_first {} outside the {}-block journal",
-            sb.start, sb.first, sb.max_len
-        )));
-    }
-    if sb.max_len != region.len_blocks() || sb.block_size != region.block_size() {
-        return Err(JournalError::Inconsistent(format!(
-            "journal superblock says {} blocks of {} bytes, the volume expects {} of {}",
-            sb.max_len,
-            sb.block_size,
-            region.len_blocks(),
-            region.block_size()
-        )));
-    }
     let usable = u64::from(len - first);
     let seed = sb.csum_seed();
     let bs = sb.block_size as usize;
@@ -147,79 +242,91 @@ pub fn scan(region: &JournalRegion, progress: &mut dyn FnMut(u64)) -> Result<Sca
     let mut pos = sb.start;
     let mut sequence = sb.sequence;
     let mut walked: u64 = 0;
-
-    'txns: loop {
-        let start_pos = pos;
+    // Reads one log block; an unreadable one ends the walk as damage.
+    let mut read = |pos: u32, buf: &mut [u8], out: &mut Scan| -> Result<Option<Bad>> {
+        if walked >= usable {
+            return Err(JournalError::Inconsistent(format!(
+                "log starting at block {} wraps onto itself",
+                sb.start
+            )));
+        }
+        walked += 1;
+        out.blocks_read += 1;
+        progress(out.blocks_read);
+        match region.read_blocks(pos, buf) {
+            Ok(()) => Ok(None),
+            Err(JournalError::Device(e)) => Ok(Some(Bad {
+                pos,
+                reason: format!("journal block {pos} is unreadable: {e}"),
+                at_boundary: false,
+                unreadable: true,
+            })),
+            Err(e) => Err(e),
+        }
+    };
+    loop {
         let mut txn = ScannedTxn {
             sequence,
-            start_pos,
-            end_pos: start_pos,
+            start_pos: pos,
+            end_pos: pos,
             blocks: Vec::new(),
             revokes: Vec::new(),
             commit_sec: 0,
         };
         let mut first_block = true;
         let mut digest = DataDigest::new(seed, sequence);
-        let failure: Bad = loop {
-            if walked >= usable {
-                return Err(JournalError::Inconsistent(format!(
-                    "log starting at block {} wraps onto itself in transaction {sequence}",
-                    sb.start
-                )));
+        let failure: Option<Bad> = loop {
+            if let Some(b) = read(pos, &mut buf, out)? {
+                break Some(b);
             }
-            region.read_blocks(pos, &mut buf)?;
-            walked += 1;
-            out.blocks_read += 1;
-            progress(out.blocks_read);
-            let header = format::read_header(&buf);
-            let header = match header {
+            let header = match format::read_header(&buf) {
                 Some(h) if h.sequence == sequence => h,
-                _ if first_block => {
-                    // Clean end of the log at a transaction boundary.
-                    out.end = ScanEnd::End;
-                    break 'txns;
-                }
                 _ => {
-                    break Bad {
+                    break Some(Bad {
                         pos,
-                        reason: "no commit block".into(),
-                    }
+                        reason: if first_block {
+                            format!("no header of transaction {sequence}")
+                        } else {
+                            "no commit block".into()
+                        },
+                        at_boundary: first_block,
+                        unreadable: false,
+                    })
                 }
             };
             first_block = false;
             let here = pos;
             pos = next_pos(pos, first, len);
+            let bad = |reason: String| {
+                Some(Bad {
+                    pos: here,
+                    reason,
+                    at_boundary: false,
+                    unreadable: false,
+                })
+            };
             match header.block_type {
                 BLOCKTYPE_DESCRIPTOR => {
                     let d = match DescriptorBlock::decode(&buf, seed) {
                         Ok(d) => d,
-                        Err(e) => {
-                            break Bad {
-                                pos: here,
-                                reason: format!("descriptor: {e}"),
-                            }
-                        }
+                        Err(e) => break bad(format!("descriptor: {e}")),
                     };
-                    let mut bad = None;
+                    let mut failed = None;
                     for tag in &d.tags {
-                        if walked >= usable {
-                            bad = Some(Bad {
-                                pos,
-                                reason: "descriptor runs past the log".into(),
-                            });
+                        if let Some(b) = read(pos, &mut buf, out)? {
+                            failed = Some(b);
                             break;
                         }
-                        region.read_blocks(pos, &mut buf)?;
-                        walked += 1;
-                        out.blocks_read += 1;
                         let sum = format::data_block_checksum(seed, sequence, &buf);
                         if sum != tag.checksum {
-                            bad = Some(Bad {
+                            failed = Some(Bad {
                                 pos,
                                 reason: format!(
                                     "data block for home block {} fails its checksum ({sum:#010x} != {:#010x})",
                                     tag.home_block, tag.checksum
                                 ),
+                                at_boundary: false,
+                                unreadable: false,
                             });
                             break;
                         }
@@ -231,105 +338,90 @@ pub fn scan(region: &JournalRegion, progress: &mut dyn FnMut(u64)) -> Result<Sca
                         });
                         pos = next_pos(pos, first, len);
                     }
-                    if let Some(b) = bad {
-                        break b;
+                    if failed.is_some() {
+                        break failed;
                     }
                 }
                 BLOCKTYPE_REVOKE => match RevokeBlock::decode(&buf, seed) {
                     Ok(r) => txn.revokes.extend(r.blocks),
-                    Err(e) => {
-                        break Bad {
-                            pos: here,
-                            reason: format!("revoke block: {e}"),
-                        }
-                    }
+                    Err(e) => break bad(format!("revoke block: {e}")),
                 },
                 BLOCKTYPE_COMMIT => match CommitBlock::decode(&buf, seed) {
                     // IMPORTANT: tag checksums (crc32c) cannot tell a torn
                     // data block made of crc32c-framed records from the
                     // real one; the digest can (see `writer`).
                     Ok(_) if writer::commit_digest(&buf).is_some_and(|d| d != digest.finish()) => {
-                        break Bad {
-                            pos: here,
-                            reason: "the data blocks do not match the commit block's digest \
-                                     (a data block is torn or stale)"
-                                .into(),
-                        }
+                        break bad("the data blocks do not match the commit block's digest \
+                             (a data block is torn or stale)"
+                            .into())
                     }
                     Ok(c) => {
                         txn.commit_sec = c.commit_sec;
                         txn.end_pos = pos;
                         out.txns.push(txn);
                         sequence = sequence.wrapping_add(1);
-                        continue 'txns;
+                        break None;
                     }
-                    Err(e) => {
-                        break Bad {
-                            pos: here,
-                            reason: format!("commit block: {e}"),
-                        }
-                    }
+                    Err(e) => break bad(format!("commit block: {e}")),
                 },
-                other => {
-                    break Bad {
-                        pos: here,
-                        reason: format!("unknown block type {other}"),
-                    }
-                }
+                other => break bad(format!("unknown block type {other}")),
             }
         };
-        // Transaction `sequence` failed: torn tail or corrupt middle?
-        let later = find_later_block(region, &sb, sequence)?;
-        out.end = match later {
-            None => ScanEnd::TornTail {
-                sequence,
-                pos: failure.pos,
-                reason: failure.reason,
-            },
-            Some(at) => ScanEnd::CorruptMiddle {
-                sequence,
-                pos: failure.pos,
-                reason: format!(
-                    "{} (transaction {} found at block {at})",
-                    failure.reason,
-                    sequence.wrapping_add(1)
-                ),
-            },
-        };
-        break;
+        if let Some(failure) = failure {
+            return Ok(failure);
+        }
     }
-    let end_seq = match &out.end {
-        ScanEnd::TornTail { sequence, .. } | ScanEnd::CorruptMiddle { sequence, .. } => *sequence,
-        _ => sequence,
-    };
-    out.next_sequence = end_seq.wrapping_add(1);
-    Ok(out)
 }
 
-/// Looks through the whole log for a verified descriptor, revoke or commit
-/// block of a transaction newer than `sequence`.
-fn find_later_block(
+/// What a pass over the whole log area found.
+struct Survey {
+    /// Position of a verified block of a transaction after the failed one.
+    later_at: Option<(u32, u32)>,
+    /// Highest sequence of any verified block "after" `s_sequence - 2^31`.
+    max_sequence: Option<u32>,
+    /// First unreadable block, with the error.
+    unreadable: Option<(u32, String)>,
+}
+
+/// Reads every log block once. `failed_sequence` is the first transaction
+/// the walk could not verify.
+fn survey_log(
     region: &JournalRegion,
     sb: &JournalSuperblock,
-    sequence: u32,
-) -> Result<Option<u32>> {
+    failed_sequence: u32,
+) -> Result<Survey> {
     const CHUNK: u32 = 64;
     let bs = sb.block_size as usize;
     let seed = sb.csum_seed();
+    let mut out = Survey {
+        later_at: None,
+        max_sequence: None,
+        unreadable: None,
+    };
+    // Sequences before the superblock's lap are stale; only those in the
+    // half of the sequence space from `s_sequence - 1` onwards count.
+    let floor = sb.sequence.wrapping_sub(1);
     let mut buf = AlignedBuf::zeroed(bs * CHUNK as usize);
     let mut pos = sb.first;
     while pos < sb.max_len {
         let n = CHUNK.min(sb.max_len - pos);
-        region.read_blocks(pos, &mut buf[..n as usize * bs])?;
-        for i in 0..n as usize {
-            let block = &buf[i * bs..(i + 1) * bs];
+        let chunk_ok = region.read_blocks(pos, &mut buf[..n as usize * bs]).is_ok();
+        for i in 0..n {
+            let block = &mut buf[i as usize * bs..(i as usize + 1) * bs];
+            if !chunk_ok {
+                // Find which blocks of the chunk fail.
+                if let Err(e) = region.read_blocks(pos + i, block) {
+                    if out.unreadable.is_none() {
+                        out.unreadable = Some((pos + i, e.to_string()));
+                    }
+                    continue;
+                }
+            }
+            let block = &buf[i as usize * bs..(i as usize + 1) * bs];
             let Some(h) = format::read_header(block) else {
                 continue;
             };
-            // Sequence numbers only grow; `h.sequence - sequence` in 1..2^31
-            // means "written after".
-            let delta = h.sequence.wrapping_sub(sequence);
-            if delta == 0 || delta >= 1 << 31 {
+            if !is_after(h.sequence, floor) {
                 continue;
             }
             let valid = match h.block_type {
@@ -338,13 +430,59 @@ fn find_later_block(
                 BLOCKTYPE_COMMIT => CommitBlock::decode(block, seed).is_ok(),
                 _ => false,
             };
-            if valid {
-                return Ok(Some(pos + i as u32));
+            if !valid {
+                continue;
+            }
+            if out.max_sequence.is_none_or(|m| is_after(h.sequence, m)) {
+                out.max_sequence = Some(h.sequence);
+            }
+            if out.later_at.is_none() && is_after(h.sequence, failed_sequence) {
+                out.later_at = Some((pos + i, h.sequence));
             }
         }
         pos += n;
     }
-    Ok(None)
+    Ok(out)
+}
+
+/// The decision table (see the module documentation).
+fn decide(failure: Bad, survey: &Survey, sequence: u32) -> ScanEnd {
+    if failure.unreadable {
+        return ScanEnd::CorruptMiddle {
+            sequence,
+            pos: failure.pos,
+            reason: failure.reason,
+        };
+    }
+    if let Some((at, later)) = survey.later_at {
+        return ScanEnd::CorruptMiddle {
+            sequence,
+            pos: failure.pos,
+            reason: format!(
+                "{} (transaction {later} found at block {at})",
+                failure.reason
+            ),
+        };
+    }
+    if let Some((at, e)) = &survey.unreadable {
+        // A later transaction could hide in the block we cannot read.
+        return ScanEnd::CorruptMiddle {
+            sequence,
+            pos: *at,
+            reason: format!(
+                "journal block {at} is unreadable ({e}); the end of the log cannot be proven"
+            ),
+        };
+    }
+    if failure.at_boundary {
+        ScanEnd::End
+    } else {
+        ScanEnd::TornTail {
+            sequence,
+            pos: failure.pos,
+            reason: failure.reason,
+        }
+    }
 }
 
 /// Passes 2 and 3 (planning): the revoke table and, per home block, the copy

@@ -325,53 +325,75 @@ fn read_reply(
         )
         .to_vec()]);
     }
-    let extents = if df || length < HOLE_SCAN_MIN_BYTES {
-        Vec::new()
+    // IMPORTANT: one backend read for the whole request, then holes found
+    // in the data itself. A separate block-status call before the read (or
+    // several reads for one request) could see a different moment: data
+    // acknowledged in between would go out as zeroes, or a journaled write
+    // would show half old, half new.
+    let mut data = vec![0u8; length as usize];
+    b.read_at(&mut data, offset)?;
+    let pieces = if df || length < HOLE_SCAN_MIN_BYTES {
+        vec![(0usize, length as usize, false)]
     } else {
-        b.block_status(offset, length.into())?
+        zero_runs(&data, HOLE_GRANULE_BYTES, HOLE_MIN_RUN_BYTES)
     };
-    let any_hole = extents.iter().any(|e| e.zero);
-    if !any_hole {
-        let mut data = vec![0u8; length as usize];
-        b.read_at(&mut data, offset)?;
+    if pieces.len() == 1 && !pieces[0].2 {
         return Ok(vec![
             codec::encode_data_chunk_head(cookie, true, offset, length),
             data,
         ]);
     }
-    // Mixed: one chunk per extent, holes without data. Extents are clipped
-    // to the request; the backend covers it from `offset` on, and whatever
-    // it did not describe is read as data.
-    let end = offset + u64::from(length);
-    let mut pieces: Vec<(u64, u32, bool)> = Vec::new();
-    let mut pos = offset;
-    for e in &extents {
-        if e.offset != pos || pos >= end {
-            break;
-        }
-        let n = (e.offset + e.length).min(end) - pos;
-        if n == 0 {
-            break;
-        }
-        pieces.push((pos, n as u32, e.zero));
-        pos += n;
-    }
-    if pos < end {
-        pieces.push((pos, (end - pos) as u32, false));
-    }
     let mut parts = Vec::with_capacity(pieces.len() * 2);
     let last = pieces.len() - 1;
-    for (i, (off, n, zero)) in pieces.into_iter().enumerate() {
+    for (i, (from, to, zero)) in pieces.into_iter().enumerate() {
+        let (off, n) = (offset + from as u64, (to - from) as u32);
         if zero {
             parts.push(codec::encode_hole_chunk(cookie, i == last, off, n));
         } else {
-            let mut data = vec![0u8; n as usize];
-            b.read_at(&mut data, off)?;
             parts.push(codec::encode_data_chunk_head(cookie, i == last, off, n));
-            parts.push(data);
+            parts.push(data[from..to].to_vec());
         }
     }
     Ok(parts)
+}
+
+/// Granule of the zero scan of read data.
+const HOLE_GRANULE_BYTES: usize = 4096;
+/// Shortest zero run sent as a hole chunk (shorter runs are not worth a chunk).
+const HOLE_MIN_RUN_BYTES: usize = 64 * 1024;
+
+/// Splits `data` into `(from, to, is_zero)` pieces covering it in order:
+/// runs of all-zero granules at least `min_run` long are zero pieces.
+fn zero_runs(data: &[u8], granule: usize, min_run: usize) -> Vec<(usize, usize, bool)> {
+    let mut out: Vec<(usize, usize, bool)> = Vec::new();
+    let mut pos = 0;
+    let mut data_start = 0;
+    while pos < data.len() {
+        let is_zero = |at: usize| {
+            let end = (at + granule).min(data.len());
+            data[at..end].iter().all(|&x| x == 0)
+        };
+        if !is_zero(pos) {
+            pos += granule;
+            continue;
+        }
+        let run_start = pos;
+        while pos < data.len() && is_zero(pos) {
+            pos += granule;
+        }
+        let run_end = pos.min(data.len());
+        if run_end - run_start >= min_run {
+            if run_start > data_start {
+                out.push((data_start, run_start, false));
+            }
+            out.push((run_start, run_end, true));
+            data_start = run_end;
+        }
+    }
+    if data_start < data.len() || out.is_empty() {
+        out.push((data_start, data.len(), false));
+    }
+    out
 }
 
 fn block_status_reply(
@@ -550,4 +572,29 @@ fn discard(r: &mut dyn Read, n: u64) -> io::Result<()> {
         return Err(io::ErrorKind::UnexpectedEof.into());
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod zero_run_tests {
+    use super::zero_runs;
+
+    #[test]
+    fn zero_runs_cover_the_data_in_order() {
+        let g = 4;
+        let mut d = vec![1u8; 64];
+        d[8..40].fill(0); // 32 zero bytes at 8
+        let runs = zero_runs(&d, g, 16);
+        assert_eq!(runs, vec![(0, 8, false), (8, 40, true), (40, 64, false)]);
+        // Too short to be a hole.
+        assert_eq!(zero_runs(&d, g, 64), vec![(0, 64, false)]);
+        assert_eq!(zero_runs(&[0u8; 10], g, 8), vec![(0, 10, true)]);
+        assert_eq!(zero_runs(&[7u8; 10], g, 8), vec![(0, 10, false)]);
+        // A single non-zero byte keeps its granule as data.
+        let mut e = vec![0u8; 64];
+        e[33] = 9;
+        assert_eq!(
+            zero_runs(&e, g, 16),
+            vec![(0, 32, true), (32, 36, false), (36, 64, true)]
+        );
+    }
 }

@@ -44,7 +44,7 @@
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::io::IoSlice;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant, SystemTime};
 
 use crossbeam_utils::CachePadded;
@@ -52,7 +52,9 @@ use jbdev_device::{AlignedBuf, BlockDevice, FlushCoalescer, IoPriority};
 use jbdev_journal::format::{DescriptorBlock, JournalSuperblock, RevokeBlock};
 use jbdev_journal::writer::{self, LogBlock};
 use jbdev_journal::JournalRegion;
-use parking_lot::{Condvar, Mutex, MutexGuard, RwLock};
+use parking_lot::{Condvar, Mutex, RwLock};
+
+use crate::lockorder::{Rank, Ranked};
 
 use crate::overlay::{BlockRef, Lba, Overlay, Pending, Source, Tid, Version};
 use crate::{BatchPolicy, CommitMode, OpenOptions, Result, VolumeError};
@@ -69,6 +71,9 @@ const CHECKPOINT_ROUND_BLOCKS: usize = 4096;
 /// Writes in flight at once during a checkpoint (one thread each, since the
 /// device API is synchronous): random home blocks need queue depth.
 const CHECKPOINT_WRITERS: usize = 8;
+/// Lock-free attempts of a read (or of a read-modify-write's home read)
+/// before it reads home under the shard locks, which always succeeds.
+const READ_OPTIMISTIC_TRIES: u32 = 3;
 
 thread_local! {
     static STRIPE_INDEX: usize = {
@@ -204,6 +209,9 @@ pub struct Engine {
     home_flushed_gen: AtomicU64,
     /// Read on every write; written once, when the journal aborts.
     aborted: AtomicBool,
+    /// Why the journal aborted. A `OnceLock`, not a field of `st`, so that a
+    /// writer can report it while holding a stripe or shard lock.
+    abort_reason: OnceLock<String>,
     pending_id: AtomicU64,
     pub opts: OpenOptions,
     pub max_txn_blocks: u64,
@@ -306,6 +314,7 @@ impl Engine {
             home_written_gen: AtomicU64::new(0),
             home_flushed_gen: AtomicU64::new(0),
             aborted: AtomicBool::new(false),
+            abort_reason: OnceLock::new(),
             pending_id: AtomicU64::new(1),
             opts,
             max_txn_blocks,
@@ -334,6 +343,16 @@ impl Engine {
         n
     }
 
+    /// The journal state lock (rank 1 in [`crate::lockorder`]).
+    fn state(&self) -> Ranked<'_, JState> {
+        Ranked::lock(&self.st, Rank::State)
+    }
+
+    /// A stripe lock (rank 2).
+    fn stripe(&self, i: usize) -> Ranked<'_, Stripe> {
+        Ranked::lock(&self.stripes[i], Rank::Stripe)
+    }
+
     fn home_offset(&self, lba: Lba) -> u64 {
         self.data_offset + lba * self.bs as u64
     }
@@ -345,8 +364,23 @@ impl Engine {
             return Err(VolumeError::ReadOnly);
         }
         if self.aborted.load(Ordering::Acquire) {
-            let st = self.st.lock();
-            return Err(VolumeError::Aborted(st.error.clone().unwrap_or_default()));
+            return Err(self.aborted_now());
+        }
+        Ok(())
+    }
+
+    /// The error every request gets after an abort. Lock-free.
+    fn aborted_now(&self) -> VolumeError {
+        VolumeError::Aborted(self.abort_reason.get().cloned().unwrap_or_default())
+    }
+
+    /// IMPORTANT: the last check before acknowledging anything. After an
+    /// abort nothing is acknowledged, even a request whose own I/O finished:
+    /// the caller then treats it as "may or may not have happened", which is
+    /// always true of a failed request.
+    fn ack(&self) -> Result<()> {
+        if self.aborted.load(Ordering::Acquire) {
+            return Err(self.aborted_now());
         }
         Ok(())
     }
@@ -354,7 +388,8 @@ impl Engine {
     /// Aborts the journal: every later write fails until the volume is reopened.
     pub fn abort(&self, why: String) {
         tracing::error!("journal aborted: {why}");
-        let mut st = self.st.lock();
+        let _ = self.abort_reason.set(why.clone());
+        let mut st = self.state();
         if st.error.is_none() {
             st.error = Some(why);
         }
@@ -362,6 +397,9 @@ impl Engine {
         self.done.iter().for_each(|c| {
             c.notify_all();
         });
+        // A batching leader sleeps here: it must not go on to commit and
+        // acknowledge after the abort.
+        self.joined.notify_all();
         self.space.notify_all();
         self.kick.notify_all();
         self.checkpoint_kick.notify_all();
@@ -374,27 +412,67 @@ impl Engine {
     // ----- reads ----------------------------------------------------------
 
     /// Reads whole blocks `[lba, lba + n)` into `out` (n * bs bytes).
+    ///
+    /// The view is consistent: every journaled write overlapping the range
+    /// is seen whole or not at all. Blocks are resolved under all the
+    /// range's shard locks at once (a journaled write publishes all its
+    /// blocks under its shard locks). Blocks whose newest copy is home are
+    /// read after the locks are dropped, then the shard versions are checked
+    /// again: any publish, checkpoint completion or direct write in the
+    /// range bumps them, and the read is retried — otherwise a checkpoint
+    /// could put one block of a write home before we read it and another
+    /// after. After [`READ_OPTIMISTIC_TRIES`] tries the home reads are done
+    /// under the shard locks, so a read always finishes.
     pub fn read_blocks(&self, lba: Lba, out: &mut [u8]) -> Result<()> {
-        let bs = self.bs;
-        let n = out.len() / bs;
-        // Runs of blocks that must come from the home location.
-        let mut home_runs: Vec<(usize, usize)> = Vec::new();
-        // Resolve every block under all the range's shard locks at once: a
-        // journaled write publishes all its blocks under its shard locks, so
-        // a read sees all of such a write or none of it.
+        let n = out.len() / self.bs;
         let shard_ids = Overlay::shards_for_range(lba, lba + n as u64);
-        let guards: Vec<(usize, MutexGuard<'_, crate::overlay::Shard>)> = shard_ids
-            .iter()
-            .map(|&s| (s, self.overlay.lock(s)))
-            .collect();
-        for i in 0..n {
+        let mut home_runs: Vec<(usize, usize)> = Vec::new();
+        for attempt in 0.. {
+            let locked = attempt >= READ_OPTIMISTIC_TRIES;
+            home_runs.clear();
+            let guards: Vec<(usize, Ranked<'_, crate::overlay::Shard>)> = shard_ids
+                .iter()
+                .map(|&s| (s, self.overlay.lock(s)))
+                .collect();
+            self.resolve_blocks(lba, out, &guards, &mut home_runs);
+            if home_runs.is_empty() {
+                return Ok(());
+            }
+            if locked {
+                self.read_home_runs(lba, out, &home_runs)?;
+                return Ok(());
+            }
+            let versions: Vec<u64> = guards.iter().map(|(_, g)| g.version).collect();
+            drop(guards);
+            self.read_home_runs(lba, out, &home_runs)?;
+            let unchanged = shard_ids
+                .iter()
+                .zip(&versions)
+                .all(|(&s, &v)| self.overlay.lock(s).version == v);
+            if unchanged {
+                return Ok(());
+            }
+        }
+        unreachable!("the locked attempt always returns")
+    }
+
+    /// Copies every block of `[lba, ..)` that has a newer copy than home
+    /// into `out`; lists the runs that must come from home.
+    fn resolve_blocks(
+        &self,
+        lba: Lba,
+        out: &mut [u8],
+        guards: &[(usize, Ranked<'_, crate::overlay::Shard>)],
+        home_runs: &mut Vec<(usize, usize)>,
+    ) {
+        let bs = self.bs;
+        for i in 0..out.len() / bs {
             let b = lba + i as u64;
             let gi = guards
                 .binary_search_by_key(&Overlay::shard_of(b), |(s, _)| *s)
                 .expect("shard locked");
-            let src = guards[gi].1.source(b, bs);
             let dst = &mut out[i * bs..(i + 1) * bs];
-            match src {
+            match guards[gi].1.source(b, bs) {
                 Source::Journaled(r) => dst.copy_from_slice(r.bytes(bs)),
                 Source::Pending(buf, off) => dst.copy_from_slice(&buf[off..off + bs]),
                 Source::Zero => dst.fill(0),
@@ -404,8 +482,11 @@ impl Engine {
                 },
             }
         }
-        drop(guards);
-        for (s, len) in home_runs {
+    }
+
+    fn read_home_runs(&self, lba: Lba, out: &mut [u8], runs: &[(usize, usize)]) -> Result<()> {
+        let bs = self.bs;
+        for &(s, len) in runs {
             self.home.read_at(
                 &mut out[s * bs..(s + len) * bs],
                 self.home_offset(lba + s as u64),
@@ -459,6 +540,7 @@ impl Engine {
         let index: HashMap<Lba, usize> = lbas.iter().enumerate().map(|(i, &b)| (b, i)).collect();
         let shard_ids = Overlay::shards_for_blocks(lbas.iter().copied());
         let stripe_idx = my_stripe();
+        let mut conflicts = 0u32;
         loop {
             // Phase 1, no locks held across I/O: read home content of partial
             // blocks that have no newer copy, remembering the shard version.
@@ -491,7 +573,7 @@ impl Engine {
             // Credits.
             {
                 let (have, need) = {
-                    let s = self.stripes[stripe_idx].lock();
+                    let s = self.stripe(stripe_idx);
                     (s.credits, stripe_charge(&s, n, self.bs))
                 };
                 if have < need {
@@ -499,17 +581,17 @@ impl Engine {
                     continue;
                 }
             }
-            let mut stripe = self.stripes[stripe_idx].lock();
+            let mut stripe = self.stripe(stripe_idx);
             let charge = stripe_charge(&stripe, n, self.bs);
             if stripe.credits < charge {
                 continue;
             }
             self.check_writable()?;
-            let mut guards: Vec<(usize, MutexGuard<'_, crate::overlay::Shard>)> = shard_ids
+            let mut guards: Vec<(usize, Ranked<'_, crate::overlay::Shard>)> = shard_ids
                 .iter()
                 .map(|&s| (s, self.overlay.lock(s)))
                 .collect();
-            let guard_of = |g: &Vec<(usize, MutexGuard<'_, crate::overlay::Shard>)>, b: Lba| {
+            let guard_of = |g: &Vec<(usize, Ranked<'_, crate::overlay::Shard>)>, b: Lba| {
                 g.binary_search_by_key(&Overlay::shard_of(b), |(s, _)| *s)
                     .expect("shard locked")
             };
@@ -530,6 +612,12 @@ impl Engine {
                         let pre = pre_read.iter().find(|(pi, _)| *pi == i);
                         match pre {
                             Some(&(_, v)) if v == sh.version => {}
+                            // Writers elsewhere in the shard keep changing
+                            // its version: read home under the lock, where
+                            // nothing can change it (progress guaranteed).
+                            _ if conflicts >= READ_OPTIMISTIC_TRIES => {
+                                self.home.read_at(dst, self.home_offset(b))?;
+                            }
                             _ => {
                                 conflict = true;
                                 break;
@@ -539,6 +627,7 @@ impl Engine {
                 }
             }
             if conflict {
+                conflicts += 1;
                 drop(guards);
                 drop(stripe);
                 continue;
@@ -599,14 +688,14 @@ impl Engine {
             if fua {
                 self.wait_commit(tid)?;
             }
-            return Ok(());
+            return self.ack();
         }
     }
 
     /// Moves at least `need` journal blocks of credit to a stripe, waiting
     /// for checkpoints if the journal is full.
     fn reserve(&self, stripe_idx: usize, need: u64) -> Result<()> {
-        let mut st = self.st.lock();
+        let mut st = self.state();
         loop {
             if st.error.is_some() {
                 return Err(Self::aborted_error(&st));
@@ -628,7 +717,7 @@ impl Engine {
                     self.kick.notify_one();
                 }
                 drop(st);
-                self.stripes[stripe_idx].lock().credits += grant;
+                self.stripe(stripe_idx).credits += grant;
                 return Ok(());
             }
             // Out of space: get the checkpoint going urgently, and commit
@@ -642,7 +731,7 @@ impl Engine {
             }
             let free = st.capacity.saturating_sub(st.used + st.outstanding);
             if free < need && st.error.is_none() {
-                self.space.wait_for(&mut st, Duration::from_millis(100));
+                self.space.wait_for(st.inner(), Duration::from_millis(100));
             }
             st.space_waiters -= 1;
         }
@@ -656,7 +745,10 @@ impl Engine {
     /// Otherwise it follows: it sleeps until the commit covering `tid` is
     /// done, or until the previous leader hands it the lead.
     pub fn wait_commit(&self, tid: Tid) -> Result<()> {
-        let mut st = self.st.lock();
+        let mut st = self.state();
+        if st.error.is_some() {
+            return Err(Self::aborted_error(&st));
+        }
         if st.committed_tid >= tid {
             return Ok(());
         }
@@ -679,10 +771,10 @@ impl Engine {
                 st = self.commit_once(st, true);
                 continue;
             }
-            self.done[(tid % 2) as usize].wait(&mut st);
+            self.done[(tid % 2) as usize].wait(st.inner());
         }
         st.sync_waiters -= 1;
-        if st.committed_tid >= tid {
+        if st.committed_tid >= tid && st.error.is_none() {
             Ok(())
         } else {
             Err(Self::aborted_error(&st))
@@ -692,7 +784,7 @@ impl Engine {
     /// Makes every write that returned before this call durable.
     pub fn flush(&self) -> Result<()> {
         self.check_writable()?;
-        let tid = self.st.lock().running_tid;
+        let tid = self.state().running_tid;
         self.wait_commit(tid)?;
         // Direct writes bypass the journal: flush the home device if any
         // completed that no finished flush covers. (A flag cleared by one
@@ -706,7 +798,7 @@ impl Engine {
             }
             self.home_flushed_gen.fetch_max(written, Ordering::AcqRel);
         }
-        Ok(())
+        self.ack()
     }
 
     // ----- direct home writes ---------------------------------------------
@@ -795,7 +887,7 @@ impl Engine {
         }
         // Step 3 (credits first: waiting for space needs no lock of ours).
         loop {
-            let have = self.stripes[stripe_idx].lock().credits;
+            let have = self.stripe(stripe_idx).credits;
             if have < charge {
                 if let Err(e) = self.reserve(stripe_idx, charge - have) {
                     for &(s, _) in &shard_versions {
@@ -805,7 +897,7 @@ impl Engine {
                 }
                 continue;
             }
-            let mut stripe = self.stripes[stripe_idx].lock();
+            let mut stripe = self.stripe(stripe_idx);
             if stripe.credits < charge {
                 continue;
             }
@@ -834,14 +926,14 @@ impl Engine {
         if fua {
             self.flush()?;
         }
-        Ok(())
+        self.ack()
     }
 
     // ----- commit thread --------------------------------------------------
 
     /// Locks every stripe, takes what they hold and starts transaction `tid + 1`.
     fn cut(&self, tid: Tid) -> Cut {
-        let mut guards: Vec<_> = self.stripes.iter().map(|s| s.lock()).collect();
+        let mut guards: Vec<_> = (0..STRIPES).map(|i| self.stripe(i)).collect();
         let (mut blocks, mut revokes, mut charged, mut unspent) = (Vec::new(), Vec::new(), 0, 0);
         for g in guards.iter_mut() {
             debug_assert_eq!(g.tid, tid);
@@ -883,7 +975,7 @@ impl Engine {
     /// (age or size trigger), and drains at shutdown. Sync requests are
     /// committed by their own leaders (see [`Engine::wait_commit`]).
     pub fn commit_thread(self: &Arc<Self>) {
-        let mut st = self.st.lock();
+        let mut st = self.state();
         loop {
             if st.error.is_some() && st.shutdown {
                 return;
@@ -895,7 +987,7 @@ impl Engine {
             let drain = st.shutdown;
             if st.error.is_some() || st.committing || !(timed || sized || drain || orphan) {
                 let deadline = st.running_created + self.opts.commit_interval;
-                self.kick.wait_until(&mut st, deadline);
+                self.kick.wait_until(st.inner(), deadline);
                 continue;
             }
             let tid = st.running_tid;
@@ -914,11 +1006,7 @@ impl Engine {
     /// lock and all stripe locks; (3) write and flush, no lock held;
     /// (4) publish: committed_tid, log head, space, wake the followers and
     /// hand the lead to a waiter of the next transaction.
-    fn commit_once<'a>(
-        &'a self,
-        mut st: MutexGuard<'a, JState>,
-        sync: bool,
-    ) -> MutexGuard<'a, JState> {
+    fn commit_once<'a>(&'a self, mut st: Ranked<'a, JState>, sync: bool) -> Ranked<'a, JState> {
         assert!(!st.committing, "two commits at once");
         // IMPORTANT: after a failed commit no later transaction may be
         // committed: `committed_tid` would pass the failed one and its
@@ -936,9 +1024,18 @@ impl Engine {
                     && !st.shutdown
                     && st.error.is_none()
                 {
-                    self.joined.wait_until(&mut st, deadline);
+                    self.joined.wait_until(st.inner(), deadline);
                 }
             }
+        }
+        // IMPORTANT: the journal may have aborted during the wait (abort
+        // wakes `joined`); committing now could acknowledge FUA writers.
+        if st.error.is_some() {
+            st.committing = false;
+            self.done.iter().for_each(|c| {
+                c.notify_all();
+            });
+            return st;
         }
         // Phase 2.
         let tid = st.running_tid;
@@ -961,7 +1058,7 @@ impl Engine {
             drop(st);
             // Phase 3.
             let res = self.write_commit(tid, sequence, head, blocks, revokes, charged);
-            st = self.st.lock();
+            st = self.state();
             // Phase 4.
             match res {
                 Ok(txn) => {
@@ -1004,6 +1101,7 @@ impl Engine {
                     // transaction: its FUA writers would get Ok for data
                     // that never reached the journal.
                     let why = format!("journal commit failed: {e}");
+                    let _ = self.abort_reason.set(why.clone());
                     if st.error.is_none() {
                         st.error = Some(why.clone());
                     }
@@ -1011,7 +1109,7 @@ impl Engine {
                     st.committing = false;
                     drop(st);
                     self.abort(why);
-                    return self.st.lock();
+                    return self.state();
                 }
             }
         }
@@ -1073,7 +1171,7 @@ impl Engine {
             )));
         }
         let prio = || {
-            let st = self.st.lock();
+            let st = self.state();
             if st.want_commit >= tid || st.shutdown || st.space_waiters > 0 {
                 IoPriority::Urgent
             } else {
@@ -1131,7 +1229,7 @@ impl Engine {
         loop {
             let urgent;
             {
-                let mut st = self.st.lock();
+                let mut st = self.state();
                 loop {
                     if st.error.is_some() {
                         return;
@@ -1146,7 +1244,7 @@ impl Engine {
                     }
                     let timed_out = self
                         .checkpoint_kick
-                        .wait_for(&mut st, self.opts.checkpoint_interval)
+                        .wait_for(st.inner(), self.opts.checkpoint_interval)
                         .timed_out();
                     if timed_out && !self.committed.lock().is_empty() {
                         break;
@@ -1205,7 +1303,7 @@ impl Engine {
                     sh.map.get(b).is_some_and(|e| *v >= e.cancel_below)
                 })
                 .collect();
-            let prio = if urgent || self.st.lock().space_waiters > 0 {
+            let prio = if urgent || self.state().space_waiters > 0 {
                 IoPriority::Urgent
             } else {
                 IoPriority::Background
@@ -1278,7 +1376,7 @@ impl Engine {
         // to the head when the log is empty.
         let last = batch.last().expect("non-empty batch");
         let (tail_pos, tail_seq) = {
-            let st = self.st.lock();
+            let st = self.state();
             let q = self.committed.lock();
             match q.front() {
                 Some(t) => (t.start_pos, t.sequence),
@@ -1296,7 +1394,7 @@ impl Engine {
         }
         let freed: u64 = batch.iter().map(|t| t.log_blocks).sum();
         {
-            let mut st = self.st.lock();
+            let mut st = self.state();
             st.used -= freed;
             st.checkpointed_tid = last.tid;
             self.space.notify_all();
@@ -1324,21 +1422,21 @@ impl Engine {
 
     /// Tells the commit thread to commit what is left and exit.
     pub fn stop_commit(&self) {
-        let mut st = self.st.lock();
+        let mut st = self.state();
         st.shutdown = true;
         self.kick.notify_all();
     }
 
     /// Tells the checkpoint thread to checkpoint everything and exit.
     pub fn stop_checkpoint(&self) {
-        let mut st = self.st.lock();
+        let mut st = self.state();
         st.checkpoint_shutdown = true;
         self.checkpoint_kick.notify_all();
     }
 
     /// After both threads exited cleanly: mark the journal clean.
     pub fn mark_clean(&self) -> Result<()> {
-        let st = self.st.lock();
+        let st = self.state();
         if let Some(e) = &st.error {
             return Err(VolumeError::Aborted(e.clone()));
         }
@@ -1355,7 +1453,7 @@ impl Engine {
 
     /// Snapshot of the journal state for stats.
     pub fn journal_state(&self) -> (u64, u64, Tid, Tid) {
-        let st = self.st.lock();
+        let st = self.state();
         (st.used, st.capacity, st.committed_tid, st.checkpointed_tid)
     }
 
@@ -1365,7 +1463,7 @@ impl Engine {
     }
 
     pub fn avg_commit(&self) -> Duration {
-        Duration::from_nanos(self.st.lock().avg_commit_ns)
+        Duration::from_nanos(self.state().avg_commit_ns)
     }
 }
 

@@ -17,6 +17,7 @@
 mod engine;
 mod error;
 pub mod inspect;
+mod lockorder;
 mod options;
 mod overlay;
 pub mod superblock;

@@ -24,7 +24,9 @@ use std::sync::Arc;
 
 use crossbeam_utils::CachePadded;
 use jbdev_device::AlignedBuf;
-use parking_lot::{Mutex, MutexGuard};
+use parking_lot::Mutex;
+
+use crate::lockorder::{Rank, Ranked};
 
 pub type Lba = u64;
 pub type Tid = u64;
@@ -140,11 +142,11 @@ impl Overlay {
         (g.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 56) as usize % SHARDS
     }
 
-    pub fn lock(&self, idx: usize) -> MutexGuard<'_, Shard> {
-        self.shards[idx].lock()
+    pub fn lock(&self, idx: usize) -> Ranked<'_, Shard> {
+        Ranked::lock(&self.shards[idx], Rank::Shard)
     }
 
-    pub fn lock_block(&self, lba: Lba) -> MutexGuard<'_, Shard> {
+    pub fn lock_block(&self, lba: Lba) -> Ranked<'_, Shard> {
         self.lock(Self::shard_of(lba))
     }
 

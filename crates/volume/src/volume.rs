@@ -356,12 +356,14 @@ impl Volume {
         };
         let region = JournalRegion::new(jdev, jflusher, joff, bs, (jlen / u64::from(bs)) as u32)?;
         let scan = recovery::scan(&region, &mut |_| {})?;
-        if let JournalLocation::External { uuid, .. } = &sb.journal {
-            if scan.superblock.uuid != *uuid {
-                return Err(VolumeError::CorruptJournal(
-                    "the journal device belongs to another volume (uuid mismatch)".into(),
-                ));
-            }
+        let expect_uuid = match &sb.journal {
+            JournalLocation::External { uuid, .. } => *uuid,
+            JournalLocation::Internal { .. } => sb.uuid,
+        };
+        if scan.superblock.uuid != expect_uuid {
+            return Err(VolumeError::CorruptJournal(
+                "the journal belongs to another volume (its uuid differs from the volume's)".into(),
+            ));
         }
         let was_clean = scan.end == ScanEnd::CleanJournal;
         let end = describe_end(&scan.end);
@@ -373,6 +375,16 @@ impl Volume {
             }
         }
         let (plan, revoked) = recovery::replay_plan(&scan.txns);
+        // Every home block named by the log must lie inside the volume: a
+        // checksummed tag pointing elsewhere is a bug or a forged image, and
+        // replaying it would write outside the data area.
+        let volume_blocks = sb.size_bytes / u64::from(bs);
+        if let Some(e) = plan.iter().find(|e| e.home >= volume_blocks) {
+            return Err(VolumeError::CorruptJournal(format!(
+                "transaction {} logs home block {} but the volume has {volume_blocks} blocks",
+                e.sequence, e.home
+            )));
+        }
         let mut jsb = scan.superblock.clone();
         jsb.sequence = scan.next_sequence;
         let data_offset = sb.data_offset_bytes;
@@ -644,31 +656,23 @@ impl Volume {
         let bs = e.bs as u64;
         let first = offset / bs;
         let last = (offset + len).div_ceil(bs);
-        // Per-block state, starting from the home device's allocation map.
-        let mut states: Vec<ExtentState> = vec![ExtentState::Data; (last - first) as usize];
-        let home = e
-            .home
-            .allocation(e.data_offset + first * bs, (last - first) * bs)?;
-        for x in home {
-            if !x.allocated {
-                let s = (x.offset - e.data_offset) / bs;
-                let t = (x.offset + x.len - e.data_offset) / bs;
-                for b in s.max(first)..t.min(last) {
-                    states[(b - first) as usize] = ExtentState::Zero;
-                }
-            }
-        }
-        // The overlay overrides the home state.
+        // IMPORTANT: the overlay first, then the home allocation map, and
+        // only for blocks the overlay left to home. In the other order a
+        // block checkpointed between the two looks (from the old map) like
+        // a hole and (from the new overlay) like home: acknowledged data
+        // reported as zeroes. In this order, a block the overlay sends home
+        // already has its data there, so the map sees it.
+        let n = (last - first) as usize;
+        let mut states: Vec<Option<ExtentState>> = vec![None; n];
+        let overlay_state = |src: Source| match src {
+            Source::Journaled(_) | Source::Pending(..) => Some(ExtentState::Data),
+            Source::Zero => Some(ExtentState::Zero),
+            Source::Home => None,
+        };
         if last - first <= 65536 {
             for b in first..last {
                 let src = e.overlay.lock_block(b).source(b, e.bs);
-                match src {
-                    Source::Journaled(_) | Source::Pending(..) => {
-                        states[(b - first) as usize] = ExtentState::Data
-                    }
-                    Source::Zero => states[(b - first) as usize] = ExtentState::Zero,
-                    Source::Home => {}
-                }
+                states[(b - first) as usize] = overlay_state(src);
             }
         } else {
             for s in 0..crate::overlay::SHARDS {
@@ -685,14 +689,32 @@ impl Volume {
                         .into_iter()
                         .flat_map(|(a, z)| a.max(first)..z.min(last)),
                 ) {
-                    states[(b - first) as usize] = match sh.source(b, e.bs) {
-                        Source::Zero => ExtentState::Zero,
-                        Source::Home => continue,
-                        _ => ExtentState::Data,
-                    };
+                    states[(b - first) as usize] = overlay_state(sh.source(b, e.bs));
                 }
             }
         }
+        let home = e
+            .home
+            .allocation(e.data_offset + first * bs, (last - first) * bs)?;
+        let mut holes = vec![false; n];
+        for x in home {
+            if !x.allocated {
+                let s = (x.offset - e.data_offset) / bs;
+                let t = (x.offset + x.len - e.data_offset) / bs;
+                for b in s.max(first)..t.min(last) {
+                    holes[(b - first) as usize] = true;
+                }
+            }
+        }
+        let states: Vec<ExtentState> = states
+            .into_iter()
+            .zip(holes)
+            .map(|(o, hole)| match (o, hole) {
+                (Some(st), _) => st,
+                (None, true) => ExtentState::Zero,
+                (None, false) => ExtentState::Data,
+            })
+            .collect();
         let mut out: Vec<Extent> = Vec::new();
         for (i, s) in states.into_iter().enumerate() {
             let b = first + i as u64;
