@@ -33,7 +33,19 @@
 //!   success for it, so it must not rely on it either way.
 //! * [`FaultDevice::fail_op`]: one mutating operation fails with
 //!   [`DeviceError::Injected`] without any effect; the device keeps working
-//!   (for "sticky error" tests of the layers above).
+//!   (for "sticky error" tests of the layers above). A failed flush has no
+//!   effect either: the writes it was to cover stay unflushed, so a later
+//!   crash may still lose them.
+//! * [`FaultDevice::fail_op_torn`]: one write fails, but some of its sectors
+//!   (chosen by a seed) reached the device anyway, as happens when a
+//!   multi-sector write fails half-way.
+//! * [`FaultDevice::fail_read`] (one transient read error) and
+//!   [`FaultDevice::set_unreadable`] (a bad range: every read touching it
+//!   fails until [`FaultDevice::clear_unreadable`]).
+//! * Power domains: devices made with [`FaultDevice::new_in_domain`] share
+//!   one power supply — `crash_after_ops` counts the mutating ops of all of
+//!   them, and the cut hits all of them at the same moment (a volume and its
+//!   external journal losing power together).
 //!
 //! One mutex guards the whole state: this is a test device, and a single lock
 //! makes "writes completed before the flush" exact.
@@ -83,6 +95,62 @@ impl CrashOdds {
         keep: 1,
         tear: 0,
     };
+}
+
+/// The power supply of one or more fault devices.
+#[derive(Default)]
+pub struct PowerDomain {
+    state: Mutex<PowerState>,
+}
+
+#[derive(Default)]
+struct PowerState {
+    /// Mutating ops admitted in the domain.
+    ops: u64,
+    crash_at_ops: Option<u64>,
+    off: bool,
+}
+
+impl PowerDomain {
+    pub fn new() -> std::sync::Arc<Self> {
+        std::sync::Arc::new(Self::default())
+    }
+
+    /// After `n` more mutating operations on any device of the domain,
+    /// power is cut on all of them (see [`FaultDevice::crash_after_ops`]).
+    pub fn crash_after_ops(&self, n: u64) {
+        let mut st = self.state.lock();
+        st.crash_at_ops = Some(st.ops.saturating_add(n));
+    }
+
+    /// Cuts power on every device of the domain.
+    pub fn cut_power(&self) {
+        self.state.lock().off = true;
+    }
+
+    pub fn is_powered_off(&self) -> bool {
+        self.state.lock().off
+    }
+
+    /// Mutating operations admitted in the domain so far.
+    pub fn ops(&self) -> u64 {
+        self.state.lock().ops
+    }
+
+    /// Admits one mutating op: `Some(true)` proceed, `Some(false)` this op
+    /// meets the cut, `None` power is already off.
+    fn admit(&self) -> Option<bool> {
+        let mut st = self.state.lock();
+        if st.off {
+            return None;
+        }
+        if st.crash_at_ops == Some(st.ops) {
+            st.off = true;
+            return Some(false);
+        }
+        st.ops += 1;
+        Some(true)
+    }
 }
 
 /// What an unflushed write put on the device.
@@ -138,17 +206,24 @@ struct State {
     ops: u64,
     /// Mutating operations attempted (successful, injected failures, power cut).
     attempts: u64,
-    /// Power is cut when a mutating op arrives and `ops` equals this.
-    crash_at_ops: Option<u64>,
-    /// Attempt numbers (0-based, absolute) that fail with `Injected`.
-    fail_at_attempts: BTreeSet<u64>,
-    powered_off: bool,
+    /// Attempt numbers (0-based, absolute) that fail with `Injected`, with
+    /// the seed of the sectors that still reach the device (torn failures).
+    fail_at_attempts: std::collections::BTreeMap<u64, Option<u64>>,
+    /// Flushes attempted so far, and flush numbers that fail once.
+    flushes: u64,
+    fail_at_flushes: BTreeSet<u64>,
+    /// Reads so far, and read numbers that fail once.
+    reads: u64,
+    fail_at_reads: BTreeSet<u64>,
+    /// Byte ranges every read touching fails.
+    unreadable: Vec<(u64, u64)>,
     odds: CrashOdds,
 }
 
 /// A fault-injecting in-memory block device (see the module documentation).
 pub struct FaultDevice {
     state: Mutex<State>,
+    power: std::sync::Arc<PowerDomain>,
     sector_size: u32,
     size_bytes: u64,
 }
@@ -161,6 +236,8 @@ enum Admission {
     /// This op is the one `crash_after_ops` cuts power at.
     CutNow,
     Injected,
+    /// Fails, but the sectors chosen by this seed reach the device.
+    InjectedTorn(u64),
 }
 
 impl FaultDevice {
@@ -181,6 +258,27 @@ impl FaultDevice {
     /// If `sector_size` is 0 or the image length is not a multiple of it
     /// (a test-setup mistake, not a runtime condition).
     pub fn from_image(image: Vec<u8>, sector_size: u32) -> Self {
+        Self::from_image_in_domain(image, sector_size, PowerDomain::new())
+    }
+
+    /// A zero-filled device on the power supply `power` (shared with the
+    /// other devices of the domain).
+    pub fn new_in_domain(
+        size_bytes: u64,
+        sector_size: u32,
+        power: std::sync::Arc<PowerDomain>,
+    ) -> Self {
+        assert!(sector_size > 0, "sector size must be non-zero");
+        let size = size_bytes - size_bytes % u64::from(sector_size);
+        Self::from_image_in_domain(vec![0; size as usize], sector_size, power)
+    }
+
+    /// [`FaultDevice::from_image`] on the power supply `power`.
+    pub fn from_image_in_domain(
+        image: Vec<u8>,
+        sector_size: u32,
+        power: std::sync::Arc<PowerDomain>,
+    ) -> Self {
         assert!(sector_size > 0, "sector size must be non-zero");
         assert_eq!(
             image.len() % sector_size as usize,
@@ -197,11 +295,15 @@ impl FaultDevice {
                 in_flight: None,
                 ops: 0,
                 attempts: 0,
-                crash_at_ops: None,
-                fail_at_attempts: BTreeSet::new(),
-                powered_off: false,
+                fail_at_attempts: std::collections::BTreeMap::new(),
+                flushes: 0,
+                fail_at_flushes: BTreeSet::new(),
+                reads: 0,
+                fail_at_reads: BTreeSet::new(),
+                unreadable: Vec::new(),
                 odds: CrashOdds::default(),
             }),
+            power,
             sector_size,
             size_bytes,
         }
@@ -211,19 +313,25 @@ impl FaultDevice {
     /// succeed, power is cut: the next one and every later operation, reads
     /// included, fail with [`DeviceError::PowerCut`]. `n == 0` cuts power at
     /// the next mutating operation. Replaces an earlier setting.
+    ///
+    /// In a shared power domain `n` counts the ops of every device in it.
     pub fn crash_after_ops(&self, n: u64) {
-        let mut st = self.state.lock();
-        st.crash_at_ops = Some(st.ops.saturating_add(n));
+        self.power.crash_after_ops(n);
     }
 
     /// Cuts power now: every later operation fails with [`DeviceError::PowerCut`].
     pub fn cut_power(&self) {
-        self.state.lock().powered_off = true;
+        self.power.cut_power();
     }
 
     /// True once power has been cut.
     pub fn is_powered_off(&self) -> bool {
-        self.state.lock().powered_off
+        self.power.is_powered_off()
+    }
+
+    /// The power supply of this device.
+    pub fn power(&self) -> &std::sync::Arc<PowerDomain> {
+        &self.power
     }
 
     /// Mutating operations that took effect so far (failed ones not counted).
@@ -238,7 +346,41 @@ impl FaultDevice {
     pub fn fail_op(&self, n: u64) {
         let mut st = self.state.lock();
         let at = st.attempts.saturating_add(n.max(1) - 1);
-        st.fail_at_attempts.insert(at);
+        st.fail_at_attempts.insert(at, None);
+    }
+
+    /// Like [`FaultDevice::fail_op`], but if the op is a write, the sectors
+    /// `seed` picks reach the device (live image, unflushed) although the
+    /// write reports failure. A flush or zeroing chosen this way just fails.
+    pub fn fail_op_torn(&self, n: u64, seed: u64) {
+        let mut st = self.state.lock();
+        let at = st.attempts.saturating_add(n.max(1) - 1);
+        st.fail_at_attempts.insert(at, Some(seed));
+    }
+
+    /// Makes the `n`-th flush from now (`n == 1`: the next) fail once,
+    /// without effect: the writes it was to cover stay unflushed.
+    pub fn fail_flush(&self, n: u64) {
+        let mut st = self.state.lock();
+        let at = st.flushes.saturating_add(n.max(1) - 1);
+        st.fail_at_flushes.insert(at);
+    }
+
+    /// Makes the `n`-th read from now (`n == 1`: the next) fail once.
+    pub fn fail_read(&self, n: u64) {
+        let mut st = self.state.lock();
+        let at = st.reads.saturating_add(n.max(1) - 1);
+        st.fail_at_reads.insert(at);
+    }
+
+    /// Makes every read touching `[offset, offset + len)` fail (a bad range).
+    pub fn set_unreadable(&self, offset: u64, len: u64) {
+        self.state.lock().unreadable.push((offset, offset + len));
+    }
+
+    /// Forgets every bad range.
+    pub fn clear_unreadable(&self) {
+        self.state.lock().unreadable.clear();
     }
 
     /// Sets the odds [`FaultDevice::crash_image`] uses.
@@ -320,20 +462,23 @@ impl FaultDevice {
     }
 
     /// Decides the fate of a mutating op; counts the attempt.
-    fn admit(st: &mut State) -> Admission {
-        if st.powered_off {
+    fn admit(&self, st: &mut State) -> Admission {
+        if self.power.is_powered_off() {
             return Admission::PoweredOff;
         }
         let attempt = st.attempts;
         st.attempts += 1;
-        if st.crash_at_ops == Some(st.ops) {
-            st.powered_off = true;
-            return Admission::CutNow;
+        if let Some(torn) = st.fail_at_attempts.remove(&attempt) {
+            return match torn {
+                Some(seed) => Admission::InjectedTorn(seed),
+                None => Admission::Injected,
+            };
         }
-        if st.fail_at_attempts.remove(&attempt) {
-            return Admission::Injected;
+        match self.power.admit() {
+            None => Admission::PoweredOff,
+            Some(false) => Admission::CutNow,
+            Some(true) => Admission::Proceed,
         }
-        Admission::Proceed
     }
 
     /// Runs a write-like op (`what` names it for injected errors).
@@ -356,7 +501,32 @@ impl FaultDevice {
             payload,
             fua,
         };
-        match Self::admit(&mut st) {
+        match self.admit(&mut st) {
+            Admission::InjectedTorn(seed) => {
+                // Runs of the sectors that made it, each an unflushed write.
+                let mut rng = SplitMix64::new(seed);
+                let sector = u64::from(self.sector_size);
+                let mut from = 0;
+                while from < w.len() {
+                    let to = (from + sector).min(w.len());
+                    if rng.next() & 1 == 1 {
+                        let piece = PendingWrite {
+                            offset: w.offset + from,
+                            payload: match &w.payload {
+                                Payload::Bytes(b) => {
+                                    Payload::Bytes(b[from as usize..to as usize].to_vec())
+                                }
+                                Payload::Zeroes(_) => Payload::Zeroes(to - from),
+                            },
+                            fua: false,
+                        };
+                        piece.apply(&mut st.live);
+                        st.unflushed.push(piece);
+                    }
+                    from = to;
+                }
+                Err(DeviceError::Injected(what))
+            }
             Admission::CutNow => {
                 // Only the op that meets the cut is "in flight"; ops after it
                 // never reach the device.
@@ -388,10 +558,23 @@ impl BlockDevice for FaultDevice {
     }
 
     fn read_vectored_at(&self, bufs: &mut [IoSliceMut<'_>], offset: u64) -> Result<()> {
-        check_request(self.size_bytes, self.sector_size, offset, iov_len_mut(bufs))?;
-        let st = self.state.lock();
-        if st.powered_off {
+        let len = iov_len_mut(bufs);
+        check_request(self.size_bytes, self.sector_size, offset, len)?;
+        let mut st = self.state.lock();
+        if self.power.is_powered_off() {
             return Err(DeviceError::PowerCut);
+        }
+        let read = st.reads;
+        st.reads += 1;
+        if st.fail_at_reads.remove(&read) {
+            return Err(DeviceError::Injected("read"));
+        }
+        if st
+            .unreadable
+            .iter()
+            .any(|&(lo, hi)| offset < hi && lo < offset + len)
+        {
+            return Err(DeviceError::Injected("read (unreadable sector)"));
         }
         let mut pos = offset as usize;
         for b in bufs.iter_mut() {
@@ -434,9 +617,14 @@ impl BlockDevice for FaultDevice {
 
     fn flush(&self) -> Result<()> {
         let mut st = self.state.lock();
-        match Self::admit(&mut st) {
+        let flush_no = st.flushes;
+        st.flushes += 1;
+        if !self.power.is_powered_off() && st.fail_at_flushes.remove(&flush_no) {
+            return Err(DeviceError::Injected("flush"));
+        }
+        match self.admit(&mut st) {
             Admission::CutNow | Admission::PoweredOff => Err(DeviceError::PowerCut),
-            Admission::Injected => Err(DeviceError::Injected("flush")),
+            Admission::Injected | Admission::InjectedTorn(_) => Err(DeviceError::Injected("flush")),
             Admission::Proceed => {
                 // IMPORTANT: the lock is held from admission to here, so
                 // exactly the writes completed before this flush become durable.
@@ -503,6 +691,69 @@ mod tests {
 
     fn w(d: &FaultDevice, buf: &[u8], offset: u64) -> Result<()> {
         d.write_at(buf, offset, IoPriority::Urgent)
+    }
+
+    #[test]
+    fn torn_failed_write_lands_some_sectors_and_reports_failure() {
+        let mut seen_partial = false;
+        for seed in 0..16 {
+            let d = FaultDevice::from_image(vec![9u8; 8192], SECTOR);
+            d.fail_op_torn(1, seed);
+            assert!(w(&d, &pattern(1, 8), 0).is_err());
+            let live = d.live_image();
+            let landed = (0..8)
+                .filter(|&i| live[i * SECTOR as usize + 1] == 1)
+                .count();
+            // Every sector is old or new, never anything else.
+            for i in 0..8 {
+                let sec = &live[i * SECTOR as usize..(i + 1) * SECTOR as usize];
+                assert!(sec == &pattern(1, 8)[i * 512..(i + 1) * 512] || sec == [9u8; 512]);
+            }
+            seen_partial |= landed > 0 && landed < 8;
+            // Unflushed: a crash may lose them, a flush keeps them.
+            assert_eq!(d.crash_image_with(1, CrashOdds::LOSE_ALL), vec![9u8; 8192]);
+            d.flush().unwrap();
+            assert_eq!(d.durable_image(), live);
+        }
+        assert!(seen_partial, "no seed tore the write");
+    }
+
+    #[test]
+    fn shared_power_domain_cuts_every_device_at_once() {
+        let power = PowerDomain::new();
+        let a = FaultDevice::new_in_domain(8192, SECTOR, power.clone());
+        let b = FaultDevice::new_in_domain(8192, SECTOR, power.clone());
+        a.crash_after_ops(3);
+        w(&a, &pattern(1, 1), 0).unwrap();
+        w(&b, &pattern(2, 1), 0).unwrap();
+        b.flush().unwrap();
+        // The fourth op of the domain meets the cut, on either device.
+        assert!(matches!(
+            w(&a, &pattern(3, 1), 512),
+            Err(DeviceError::PowerCut)
+        ));
+        assert!(b.is_powered_off());
+        assert!(matches!(b.flush(), Err(DeviceError::PowerCut)));
+        let mut buf = vec![0u8; 512];
+        assert!(b.read_at(&mut buf, 0).is_err());
+        assert_eq!(power.ops(), 3);
+    }
+
+    #[test]
+    fn read_errors_transient_and_persistent() {
+        let d = FaultDevice::from_image(vec![5u8; 8192], SECTOR);
+        let mut buf = vec![0u8; 512];
+        d.fail_read(2);
+        d.read_at(&mut buf, 0).unwrap();
+        assert!(d.read_at(&mut buf, 0).is_err());
+        d.read_at(&mut buf, 0).unwrap();
+        d.set_unreadable(1024, 512);
+        assert!(d.read_at(&mut buf, 1024).is_err());
+        let mut big = vec![0u8; 2048];
+        assert!(d.read_at(&mut big, 0).is_err());
+        d.read_at(&mut buf, 512).unwrap();
+        d.clear_unreadable();
+        d.read_at(&mut buf, 1024).unwrap();
     }
 
     #[test]

@@ -630,6 +630,59 @@ mod tests {
         assert_eq!(scan.next_sequence, sb.sequence + 1);
     }
 
+    /// Regression: a damaged FIRST block of a middle transaction was taken
+    /// for the clean end of the log — the later transaction (acknowledged)
+    /// was dropped, and the next sequence (42) was one that still existed
+    /// in the log, so a stale transaction could be resurrected later.
+    #[test]
+    fn damaged_header_in_the_middle_is_not_the_end_and_sequences_move_past_it() {
+        let (region, sb0) = journal();
+        let mut sb = sb0.clone();
+        let mut starts = Vec::new();
+        for v in 0..3u8 {
+            starts.push(sb.start);
+            write_txn(&region, &sb, &framed(v));
+            sb.start += 3; // descriptor, data, commit
+            sb.sequence += 1;
+        }
+        let clean = scan(&region, &mut |_| {}).unwrap();
+        assert_eq!(clean.txns.len(), 3);
+        assert_eq!(clean.end, ScanEnd::End);
+        assert_eq!(
+            clean.next_sequence, 44,
+            "one past the first sequence not found"
+        );
+        // Zero the descriptor of transaction 41.
+        region
+            .write_blocks(
+                starts[1],
+                &[IoSlice::new(&vec![0u8; BS])],
+                IoPriority::Urgent,
+            )
+            .unwrap();
+        let s = scan(&region, &mut |_| {}).unwrap();
+        assert_eq!(s.txns.len(), 1);
+        match &s.end {
+            ScanEnd::CorruptMiddle { sequence, .. } => assert_eq!(*sequence, 41),
+            other => panic!("expected a corrupt middle, got {other:?}"),
+        }
+        assert!(
+            s.next_sequence.wrapping_sub(42) < 1 << 31 && s.next_sequence > 42,
+            "next sequence {} is still present in the log",
+            s.next_sequence
+        );
+    }
+
+    #[test]
+    fn geometry_is_checked_even_for_a_clean_journal() {
+        let (region, mut sb) = journal();
+        sb.start = 0;
+        sb.max_len = LEN_BLOCKS * 2;
+        region.write_superblock_full(&sb).unwrap();
+        let e = scan(&region, &mut |_| {}).unwrap_err().to_string();
+        assert!(e.contains("s_maxlen"), "{e}");
+    }
+
     #[test]
     fn intact_transaction_with_digest_is_replayed() {
         let (region, sb) = journal();

@@ -666,6 +666,20 @@ impl jbdev_device::BlockDevice for TraceDev {
             self.inner.write_vectored_at(bufs, offset, prio)
         })
     }
+    // IMPORTANT: forwarded, not left to the trait's default (write, then
+    // flush): the engine's commits are FUA writes, and the fault device
+    // models those exactly only when it sees them as such.
+    fn write_vectored_durable_at(
+        &self,
+        bufs: &[std::io::IoSlice<'_>],
+        offset: u64,
+        prio: jbdev_device::IoPriority,
+    ) -> jbdev_device::Result<()> {
+        let data: Vec<u8> = bufs.iter().flat_map(|b| b.iter().copied()).collect();
+        self.traced("write-fua", offset, data.len() as u64, Some(&data), || {
+            self.inner.write_vectored_durable_at(bufs, offset, prio)
+        })
+    }
     fn flush(&self) -> jbdev_device::Result<()> {
         self.traced("flush", 0, 0, None, || self.inner.flush())
     }
