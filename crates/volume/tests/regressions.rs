@@ -463,7 +463,7 @@ fn abort_under_concurrent_writers_does_not_deadlock() {
                     let mut i = 0u64;
                     while !stop.load(Ordering::Relaxed) && i < 2000 {
                         let off = (t * 32 + i % 32) * BS;
-                        let fl = if i % 3 == 0 {
+                        let fl = if i.is_multiple_of(3) {
                             WriteFlags::FUA
                         } else {
                             WriteFlags::NONE
@@ -477,7 +477,7 @@ fn abort_under_concurrent_writers_does_not_deadlock() {
             })
             .collect();
         fault.fail_op(20 + round * 7);
-        let done = common::with_watchdog("writers after an abort", Duration::from_secs(60), {
+        common::with_watchdog("writers after an abort", Duration::from_secs(60), {
             let stop = stop.clone();
             move || {
                 for w in writers {
@@ -486,7 +486,6 @@ fn abort_under_concurrent_writers_does_not_deadlock() {
                 stop.store(true, Ordering::Relaxed);
             }
         });
-        let _ = done;
         stop.store(true, Ordering::Relaxed);
         drop(vol);
     }
