@@ -514,7 +514,8 @@ fn clean_image() -> Vec<u8> {
 #[test]
 fn journal_geometry_is_checked_against_the_layout() {
     let base = clean_image();
-    let cases: Vec<(&str, Box<dyn Fn(&mut JournalSuperblock)>)> = vec![
+    type Edit = Box<dyn Fn(&mut JournalSuperblock)>;
+    let cases: Vec<(&str, Edit)> = vec![
         ("s_maxlen", Box::new(|sb| sb.max_len *= 4)),
         ("blocks", Box::new(|sb| sb.block_size = 1024)),
         ("s_first", Box::new(|sb| sb.first = sb.max_len - 2)),

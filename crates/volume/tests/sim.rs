@@ -870,7 +870,7 @@ fn verify_image(
 // ---------------------------------------------------------------- one seed
 
 fn run_seed(p: &Params, counts: &mut Counts) -> Result<(), String> {
-    let mut rng = StdRng::seed_from_u64(p.seed ^ 0x5eed_0f_fa17);
+    let mut rng = StdRng::seed_from_u64(p.seed ^ 0x5eed_0ffa_1700);
     let sector = p.faults.sector();
     let base = base((sector, p.faults.external, p.journal_bytes));
     let imgs = Images {
