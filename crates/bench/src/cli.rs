@@ -36,9 +36,13 @@ pub struct CommonArgs {
     /// direct-io over a file in --backing-dir).
     #[arg(long, value_delimiter = ',', default_value = "ram,disk")]
     pub backing: Vec<BackingKind>,
-    /// Benchmark this block device or file instead. ITS CONTENT IS DESTROYED.
+    /// Benchmark this block device or file instead. ITS CONTENT IS DESTROYED;
+    /// one that holds a jbdev volume or a file system is refused unless --force.
     #[arg(long, value_name = "PATH")]
     pub device: Option<PathBuf>,
+    /// Overwrite a --device that holds a jbdev volume or a file system.
+    #[arg(long)]
+    pub force: bool,
     /// Size of the backing file of ram/disk.
     #[arg(long, default_value = "1G", value_parser = parse_size)]
     pub backing_size: u64,

@@ -5,6 +5,7 @@ use clap::{Parser, Subcommand};
 
 mod admin;
 mod bench;
+mod metrics;
 mod serve;
 mod size;
 
