@@ -239,3 +239,64 @@ fn a_bad_metrics_address_is_an_error() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("bad metrics address"), "{err}");
 }
+
+#[test]
+fn stats_and_info_show_a_live_server() {
+    let dir = TempDir::new("stats");
+    let img = dir.path("s.img");
+    format_volume(&img, "64M");
+    let srv = ServerProc::start(&[img.to_str().unwrap(), "--metrics", "127.0.0.1:0"], None);
+    let url = metrics_url(&srv);
+    let port = url
+        .trim_end_matches("/metrics")
+        .rsplit(':')
+        .next()
+        .unwrap()
+        .to_string();
+
+    // Writes through a connection that stays open while `stats` runs.
+    let addr: jbdev_nbd::client::Address = srv.tcp.clone().unwrap().parse().unwrap();
+    let mut c = jbdev_nbd::client::Client::connect(&addr, "").expect("nbd connect");
+    for i in 0..32u64 {
+        let reply = c
+            .call(
+                jbdev_nbd::proto::CMD_WRITE,
+                jbdev_nbd::proto::CMD_FLAG_FUA,
+                i * 4096,
+                4096,
+                &[0x42; 4096],
+            )
+            .expect("write");
+        assert!(reply.is_ok(), "write {i} failed: {reply:?}");
+    }
+    let out = run_ok(JBDEV, &["stats", &port, "--interval", "0.2"], 60);
+    assert!(out.contains("1 connection(s)"), "{out}");
+    assert!(out.contains("(default)"), "{out}");
+    assert!(out.contains("s.img"), "{out}");
+    let out = run_ok(
+        JBDEV,
+        &[
+            "stats",
+            &url,
+            "--watch",
+            "--count",
+            "2",
+            "--interval",
+            "0.2",
+        ],
+        60,
+    );
+    assert_eq!(out.matches("commits/s").count(), 2, "{out}");
+
+    // `info` on the served volume says so and still prints the superblock.
+    let info = run_ok(JBDEV, &["info", img.to_str().unwrap()], 60);
+    assert!(info.contains("OPEN ELSEWHERE"), "{info}");
+    assert!(info.contains(&format!("pid {}", srv.pid())), "{info}");
+    assert!(info.contains("journal state"), "{info}");
+    let json = run_ok(JBDEV, &["info", "--json", img.to_str().unwrap()], 60);
+    assert!(json.contains("\"open_elsewhere\": true"), "{json}");
+    c.disconnect().unwrap();
+    assert!(srv.stop());
+    let info = run_ok(JBDEV, &["info", img.to_str().unwrap()], 60);
+    assert!(!info.contains("OPEN ELSEWHERE"), "{info}");
+}
