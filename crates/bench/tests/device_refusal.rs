@@ -39,6 +39,14 @@ fn plan() -> Vec<Plan> {
     })]
 }
 
+/// One tiny sync-writers run on `device`.
+fn bench(device: &Path, dir: &Path, force: bool) -> Result<(), String> {
+    let a = args(device.to_path_buf(), dir, force);
+    run_plans(&plan(), &a, &mut Vec::new(), false, "t")
+        .map(drop)
+        .map_err(|e| e.to_string())
+}
+
 fn first_bytes(p: &Path, n: usize) -> Vec<u8> {
     let mut v = std::fs::read(p).unwrap();
     v.truncate(n);
@@ -55,15 +63,8 @@ fn refuses_a_jbdev_volume_unless_forced() {
         .unwrap();
     let before = first_bytes(&img, 4096);
 
-    let err = run_plans(
-        &plan(),
-        &args(img.clone(), dir.path(), false),
-        &mut Vec::new(),
-        false,
-        "t",
-    )
-    .expect_err("a jbdev volume must be refused");
-    let msg = err.to_string();
+    let err = bench(&img, dir.path(), false).expect_err("a jbdev volume must be refused");
+    let msg = err;
     assert!(
         msg.contains("jbdev volume") && msg.contains("--force"),
         "{msg}"
@@ -74,14 +75,7 @@ fn refuses_a_jbdev_volume_unless_forced() {
         "refused volume was modified"
     );
 
-    run_plans(
-        &plan(),
-        &args(img.clone(), dir.path(), true),
-        &mut Vec::new(),
-        false,
-        "t",
-    )
-    .expect("--force runs the benchmark");
+    bench(&img, dir.path(), true).expect("--force runs the benchmark");
 }
 
 #[test]
@@ -102,15 +96,8 @@ fn refuses_a_file_system() {
         .status()
         .unwrap();
     assert!(st.success(), "mkfs.ext4 failed");
-    let err = run_plans(
-        &plan(),
-        &args(img.clone(), dir.path(), false),
-        &mut Vec::new(),
-        false,
-        "t",
-    )
-    .expect_err("an ext4 image must be refused");
-    assert!(err.to_string().contains("ext2/3/4"), "{err}");
+    let err = bench(&img, dir.path(), false).expect_err("an ext4 image must be refused");
+    assert!(err.contains("ext2/3/4"), "{err}");
 }
 
 #[test]
@@ -121,12 +108,5 @@ fn accepts_a_zeroed_scratch_file() {
         .unwrap()
         .set_len(64 << 20)
         .unwrap();
-    run_plans(
-        &plan(),
-        &args(img, dir.path(), false),
-        &mut Vec::new(),
-        false,
-        "t",
-    )
-    .expect("a zeroed scratch file is accepted");
+    bench(&img, dir.path(), false).expect("a zeroed scratch file is accepted");
 }

@@ -14,7 +14,7 @@ use jbdev_volume::journal::recovery::{self, ScanEnd};
 use jbdev_volume::superblock::JournalLocation;
 use jbdev_volume::{FormatOptions, JournalPlacement, OpenOptions, Volume};
 
-use crate::size::parse_size;
+use jbdev_bench::cli::parse_size;
 
 #[derive(clap::Args)]
 pub struct FormatArgs {

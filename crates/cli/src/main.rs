@@ -7,7 +7,6 @@ mod admin;
 mod bench;
 mod metrics;
 mod serve;
-mod size;
 mod stats;
 
 #[derive(Parser)]
