@@ -7,7 +7,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-PACKAGES=(fio qemu-utils libnbd-bin python3-libnbd nbdkit e2fsprogs gcc g++ pkg-config valgrind util-linux)
+PACKAGES=(fio qemu-utils libnbd-bin python3-libnbd nbdkit e2fsprogs gcc g++ pkg-config valgrind util-linux curl)
 missing=()
 for p in "${PACKAGES[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

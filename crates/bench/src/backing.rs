@@ -7,7 +7,7 @@
 //! error and on Ctrl-C.
 
 use std::fs::{File, OpenOptions};
-use std::io::{Seek, SeekFrom, Write};
+use std::io::{Read, Seek, SeekFrom, Write};
 use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -59,6 +59,9 @@ pub struct BackingConfig {
     pub disk_dir: PathBuf,
     /// Directory of the `ram` backing file (default /dev/shm).
     pub ram_dir: PathBuf,
+    /// Use a user-given device even if it holds a jbdev volume or a file
+    /// system (`--force`). A mounted device is refused regardless.
+    pub force: bool,
 }
 
 impl Default for BackingConfig {
@@ -67,6 +70,7 @@ impl Default for BackingConfig {
             size_bytes: 1 << 30,
             disk_dir: PathBuf::from("/var/tmp"),
             ram_dir: PathBuf::from("/dev/shm"),
+            force: false,
         }
     }
 }
@@ -106,7 +110,7 @@ impl Backing {
         match kind {
             BackingKind::Ram => Self::setup_loop(kind, &cfg.ram_dir, cfg.size_bytes, false),
             BackingKind::Disk => Self::setup_loop(kind, &cfg.disk_dir, cfg.size_bytes, true),
-            BackingKind::Device(p) => Self::use_device(p),
+            BackingKind::Device(p) => Self::use_device(p, cfg.force),
         }
     }
 
@@ -166,7 +170,7 @@ impl Backing {
         })
     }
 
-    fn use_device(path: &Path) -> Result<Backing> {
+    fn use_device(path: &Path, force: bool) -> Result<Backing> {
         let meta = std::fs::metadata(path).map_err(io_err(format!("stat {}", path.display())))?;
         let is_block_device = meta.file_type().is_block_device();
         if !is_block_device && !meta.is_file() {
@@ -184,6 +188,16 @@ impl Backing {
             )));
         }
         let mut f = File::open(path).map_err(io_err(format!("open {}", path.display())))?;
+        if !force {
+            if let Some(what) = existing_content(&mut f, path)? {
+                return Err(BenchError::InvalidArgument(format!(
+                    "{} holds {what}; the benchmark would destroy it. Point --device at a \
+                     scratch file or device (e.g. `fallocate -l 1G /var/tmp/scratch.img`), \
+                     or add --force to overwrite it",
+                    path.display()
+                )));
+            }
+        }
         let size_bytes = f
             .seek(SeekFrom::End(0))
             .map_err(io_err(format!("size of {}", path.display())))?;
@@ -289,6 +303,74 @@ fn fill_file(path: &Path, size_bytes: u64, ram: bool) -> Result<()> {
         .map_err(io_err(format!("fsync {}", path.display())))
 }
 
+/// Signatures at fixed offsets that say a device or file holds data:
+/// (offset, magic, what it is). Checked before `blkid`, so the refusal also
+/// works where util-linux is missing.
+const SIGNATURES: &[(usize, &[u8], &str)] = &[
+    (0, b"JBDEVVOL", "a jbdev volume"),
+    (1080, &[0x53, 0xEF], "an ext2/3/4 file system"),
+    (0, b"XFSB", "an XFS file system"),
+    (0x10040, b"_BHRfS_M", "a btrfs file system"),
+    (0, b"LUKS\xba\xbe", "a LUKS container"),
+    (512, b"EFI PART", "a GPT partition table"),
+    (512, b"LABELONE", "an LVM physical volume"),
+    (4086, b"SWAPSPACE2", "a swap area"),
+    (510, &[0x55, 0xAA], "a partition table or boot sector"),
+];
+
+/// Bytes read from the start of a device to look for [`SIGNATURES`].
+const PROBE_BYTES: usize = 0x10048;
+
+/// What `f` visibly holds (a jbdev volume, a file system, a partition
+/// table ...), or `None` if neither the built-in signatures nor `blkid -p`
+/// recognise anything.
+pub fn existing_content(f: &mut File, path: &Path) -> Result<Option<String>> {
+    let mut head = Vec::with_capacity(PROBE_BYTES);
+    f.seek(SeekFrom::Start(0))
+        .and_then(|_| {
+            Read::by_ref(f)
+                .take(PROBE_BYTES as u64)
+                .read_to_end(&mut head)
+        })
+        .map_err(io_err(format!("read {}", path.display())))?;
+    f.seek(SeekFrom::Start(0))
+        .map_err(io_err(format!("seek {}", path.display())))?;
+    if let Some(what) = match_signature(&head) {
+        return Ok(Some(what.to_string()));
+    }
+    Ok(blkid_type(path).map(|t| format!("a {t} signature (blkid)")))
+}
+
+/// The first of [`SIGNATURES`] found in `head`.
+fn match_signature(head: &[u8]) -> Option<&'static str> {
+    SIGNATURES.iter().find_map(|&(off, magic, what)| {
+        (head.get(off..off + magic.len()) == Some(magic)).then_some(what)
+    })
+}
+
+/// The content type `blkid -p` reports (file systems, RAID members,
+/// partition tables), if blkid is installed and finds one.
+fn blkid_type(path: &Path) -> Option<String> {
+    if !tool_exists("blkid") {
+        return None;
+    }
+    let out = Command::new("blkid")
+        .args(["-p", "-o", "export"])
+        .arg(path)
+        .output()
+        .ok()?;
+    // Exit status 2: nothing found.
+    if !out.status.success() {
+        return None;
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    let field = |k: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(k).map(str::to_string))
+    };
+    field("TYPE=").or_else(|| field("PTTYPE=").map(|t| format!("{t} partition table")))
+}
+
 fn read_loop_dio(dev: &Path) -> Option<bool> {
     let name = dev.file_name()?.to_str()?;
     let s = std::fs::read_to_string(format!("/sys/block/{name}/loop/dio")).ok()?;
@@ -365,4 +447,22 @@ pub(crate) fn first_lines(s: &str, n: usize) -> String {
         out.push_str(&format!(" | ... ({} more lines)", lines.len() - n));
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn signatures_are_found_at_their_offsets() {
+        let mut head = vec![0u8; PROBE_BYTES];
+        assert_eq!(match_signature(&head), None);
+        head[1080..1082].copy_from_slice(&[0x53, 0xEF]);
+        assert_eq!(match_signature(&head), Some("an ext2/3/4 file system"));
+        head[..8].copy_from_slice(b"JBDEVVOL");
+        assert_eq!(match_signature(&head), Some("a jbdev volume"));
+        // A short file (smaller than every offset) is not an error.
+        assert_eq!(match_signature(&[0u8; 16]), None);
+        assert_eq!(match_signature(b"XFSB"), Some("an XFS file system"));
+    }
 }

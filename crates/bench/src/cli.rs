@@ -36,9 +36,13 @@ pub struct CommonArgs {
     /// direct-io over a file in --backing-dir).
     #[arg(long, value_delimiter = ',', default_value = "ram,disk")]
     pub backing: Vec<BackingKind>,
-    /// Benchmark this block device or file instead. ITS CONTENT IS DESTROYED.
+    /// Benchmark this block device or file instead. ITS CONTENT IS DESTROYED;
+    /// one that holds a jbdev volume or a file system is refused unless --force.
     #[arg(long, value_name = "PATH")]
     pub device: Option<PathBuf>,
+    /// Overwrite a --device that holds a jbdev volume or a file system.
+    #[arg(long)]
+    pub force: bool,
     /// Size of the backing file of ram/disk.
     #[arg(long, default_value = "1G", value_parser = parse_size)]
     pub backing_size: u64,
@@ -190,25 +194,38 @@ pub struct AllArgs {
     pub common: CommonArgs,
 }
 
-/// Parses "4096", "4K", "64M", "1G" (binary units).
+/// Parses a size in bytes — "4096", "64K", "1M", "2G", "1T", also spelled
+/// "KiB"/"KB"/"k" (every suffix is a power of 1024) — for every size option
+/// of the `jbdev` command.
 pub fn parse_size(s: &str) -> Result<u64, String> {
-    let s = s.trim();
-    let (num, mult) = match s.char_indices().last() {
-        Some((i, c)) if c.is_ascii_alphabetic() => {
-            let m: u64 = match c.to_ascii_uppercase() {
-                'K' => 1 << 10,
-                'M' => 1 << 20,
-                'G' => 1 << 30,
-                'T' => 1 << 40,
-                _ => return Err(format!("bad size suffix in {s:?} (K, M, G, T)")),
-            };
-            (&s[..i], m)
-        }
-        _ => (s, 1),
+    let t = s.trim();
+    let digits_end = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (digits, suffix) = (t.get(..digits_end), t.get(digits_end..));
+    let (Some(digits), Some(suffix)) = (digits, suffix) else {
+        return Err(format!("bad size {s:?}"));
     };
-    let n: u64 = num.parse().map_err(|_| format!("bad size {s:?}"))?;
-    n.checked_mul(mult)
-        .ok_or_else(|| format!("size {s:?} overflows"))
+    if digits.is_empty() {
+        return Err(format!(
+            "bad size {s:?}: expected a number with an optional K, M, G or T suffix"
+        ));
+    }
+    let n: u64 = digits
+        .parse()
+        .map_err(|_| format!("bad size {s:?}: number too large"))?;
+    let shift = match suffix.trim().to_ascii_uppercase().as_str() {
+        "" | "B" => 0,
+        "K" | "KB" | "KIB" => 10,
+        "M" | "MB" | "MIB" => 20,
+        "G" | "GB" | "GIB" => 30,
+        "T" | "TB" | "TIB" => 40,
+        other => {
+            return Err(format!(
+                "bad size {s:?}: unknown suffix {other:?} (use K, M, G or T)"
+            ))
+        }
+    };
+    n.checked_mul(1u64 << shift)
+        .ok_or_else(|| format!("bad size {s:?}: too large"))
 }
 
 #[cfg(test)]
@@ -221,8 +238,16 @@ mod tests {
         assert_eq!(parse_size("4K"), Ok(4096));
         assert_eq!(parse_size("64m"), Ok(64 << 20));
         assert_eq!(parse_size("1G"), Ok(1 << 30));
+        assert_eq!(parse_size("2GiB"), Ok(2 << 30));
+        assert_eq!(parse_size("8 MB"), Ok(8 << 20));
+        assert_eq!(parse_size(" 1t "), Ok(1 << 40));
+        assert_eq!(parse_size("512B"), Ok(512));
         assert!(parse_size("1X").is_err());
         assert!(parse_size("").is_err());
+        assert!(parse_size("K").is_err());
+        assert!(parse_size("-1").is_err());
+        assert!(parse_size("1.5G").is_err());
         assert!(parse_size("99999999999T").is_err());
+        assert!(parse_size("99999999999999999999").is_err());
     }
 }

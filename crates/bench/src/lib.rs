@@ -288,6 +288,7 @@ pub fn run_plans(
     let bcfg = BackingConfig {
         size_bytes: common.backing_size,
         disk_dir: common.backing_dir.clone(),
+        force: common.force,
         ..BackingConfig::default()
     };
     let mut report = Report {

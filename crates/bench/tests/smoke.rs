@@ -27,6 +27,7 @@ fn common(device: PathBuf, dir: &std::path::Path) -> CommonArgs {
         max_batch_us: None,
         direct_write_threshold: None,
         no_progress: true,
+        force: false,
     }
 }
 

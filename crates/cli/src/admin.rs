@@ -14,7 +14,7 @@ use jbdev_volume::journal::recovery::{self, ScanEnd};
 use jbdev_volume::superblock::JournalLocation;
 use jbdev_volume::{FormatOptions, JournalPlacement, OpenOptions, Volume};
 
-use crate::size::parse_size;
+use jbdev_bench::cli::parse_size;
 
 #[derive(clap::Args)]
 pub struct FormatArgs {
@@ -131,15 +131,33 @@ pub struct InfoArgs {
 }
 
 pub fn info(a: InfoArgs) -> anyhow::Result<()> {
-    let ins = inspect(&a.path, a.journal.as_deref())
-        .with_context(|| format!("reading {}", a.path.display()))?;
-    let sb = &ins.superblock;
+    let (sb, journal_path, journal_superblock, in_use) =
+        match inspect(&a.path, a.journal.as_deref()) {
+            Ok(ins) => (
+                ins.superblock,
+                ins.journal_path,
+                ins.journal_superblock,
+                None,
+            ),
+            Err(jbdev_volume::VolumeError::Device(jbdev_device::DeviceError::Busy(_))) => {
+                let snap = in_use::snapshot(&a.path, a.journal.as_deref())
+                    .with_context(|| format!("reading {} (open elsewhere)", a.path.display()))?;
+                (
+                    snap.superblock,
+                    snap.journal_path,
+                    snap.journal_superblock,
+                    Some(snap.holder),
+                )
+            }
+            Err(e) => return Err(e).with_context(|| format!("reading {}", a.path.display())),
+        };
+    let sb = &sb;
     let (jkind, jlen) = match &sb.journal {
         JournalLocation::Internal { len_bytes, .. } => ("internal".to_string(), *len_bytes),
         JournalLocation::External { len_bytes, .. } => (
             format!(
                 "external ({})",
-                ins.journal_path
+                journal_path
                     .as_ref()
                     .map(|p| p.display().to_string())
                     .unwrap_or_default()
@@ -147,7 +165,7 @@ pub fn info(a: InfoArgs) -> anyhow::Result<()> {
             *len_bytes,
         ),
     };
-    let jsb = ins.journal_superblock.as_ref();
+    let jsb = journal_superblock.as_ref();
     if a.json {
         let j = serde_json::json!({
             "path": a.path.display().to_string(),
@@ -162,11 +180,20 @@ pub fn info(a: InfoArgs) -> anyhow::Result<()> {
                 "error": jsb.err(),
             },
             "created_unix_secs": sb.created_unix_secs,
+            "open_elsewhere": in_use.is_some(),
+            "holder": in_use.as_ref().map(|h| h.to_string()),
         });
         println!("{}", serde_json::to_string_pretty(&j)?);
         return Ok(());
     }
     println!("volume          {}", a.path.display());
+    if let Some(holder) = &in_use {
+        println!(
+            "state           OPEN ELSEWHERE ({holder}); below is a snapshot read without \
+             its lock: the journal state changes while it runs. Live figures: \
+             `jbdev stats ADDR:PORT` against its `--metrics` address"
+        );
+    }
     println!("uuid            {}", uuid_str(&sb.uuid));
     println!(
         "size            {} bytes ({} blocks of {})",
@@ -198,6 +225,99 @@ pub fn info(a: InfoArgs) -> anyhow::Result<()> {
         Err(e) => println!("journal state   UNREADABLE: {e}"),
     }
     Ok(())
+}
+
+/// Reading a volume that another process holds open (exclusively): no lock,
+/// plain buffered reads of the two superblocks, never a write.
+mod in_use {
+    use std::fs::File;
+    use std::os::unix::fs::{FileExt, MetadataExt};
+    use std::path::{Path, PathBuf};
+
+    use anyhow::Context;
+    use jbdev_volume::journal::format::JournalSuperblock;
+    use jbdev_volume::superblock::{JournalLocation, VolumeSuperblock};
+
+    pub struct Snapshot {
+        pub superblock: VolumeSuperblock,
+        pub journal_path: Option<PathBuf>,
+        pub journal_superblock: Result<JournalSuperblock, String>,
+        /// Who holds it, as far as /proc tells.
+        pub holder: String,
+    }
+
+    pub fn snapshot(path: &Path, journal: Option<&Path>) -> anyhow::Result<Snapshot> {
+        let f = File::open(path)?;
+        let mut head = vec![0u8; VolumeSuperblock::ENCODED_LEN.max(4096)];
+        f.read_exact_at(&mut head, 0)
+            .context("reading the volume superblock")?;
+        let superblock = VolumeSuperblock::decode(&head).map_err(anyhow::Error::msg)?;
+        let bs = superblock.block_size as usize;
+        let (jfile, joff, journal_path) = match &superblock.journal {
+            JournalLocation::Internal { offset_bytes, .. } => (f, *offset_bytes, None),
+            JournalLocation::External { path_hint, .. } => {
+                let p = journal
+                    .map(Path::to_path_buf)
+                    .unwrap_or_else(|| PathBuf::from(path_hint));
+                (
+                    File::open(&p).with_context(|| format!("opening journal {}", p.display()))?,
+                    0,
+                    Some(p),
+                )
+            }
+        };
+        let mut block = vec![0u8; bs.max(JournalSuperblock::ENCODED_LEN)];
+        let journal_superblock = jfile
+            .read_exact_at(&mut block, joff)
+            .map_err(|e| e.to_string())
+            .and_then(|()| JournalSuperblock::decode(&block).map_err(|e| e.to_string()));
+        Ok(Snapshot {
+            superblock,
+            journal_path,
+            journal_superblock,
+            holder: holder(path),
+        })
+    }
+
+    /// "held by pid N (command line)" from /proc/locks (flock on image
+    /// files); block devices opened with O_EXCL leave no trace there.
+    fn holder(path: &Path) -> String {
+        let unknown = "held by another process".to_string();
+        let Ok(meta) = std::fs::metadata(path) else {
+            return unknown;
+        };
+        let (dev, ino) = (meta.dev(), meta.ino());
+        // dev_t to major:minor, as glibc's gnu_dev_major/minor.
+        let major = ((dev >> 8) & 0xfff) | ((dev >> 32) & !0xfff);
+        let minor = (dev & 0xff) | ((dev >> 12) & !0xff);
+        let want = format!("{major:02x}:{minor:02x}:{ino}");
+        let locks = std::fs::read_to_string("/proc/locks").unwrap_or_default();
+        let pid = locks.lines().find_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            // "1: FLOCK ADVISORY WRITE 1234 08:01:5678 0 EOF"
+            (f.get(1) == Some(&"FLOCK") && f.get(5) == Some(&want.as_str()))
+                .then(|| f.get(4).map(|p| p.to_string()))
+                .flatten()
+        });
+        match pid {
+            Some(pid) => {
+                let cmd = std::fs::read(format!("/proc/{pid}/cmdline"))
+                    .map(|c| {
+                        String::from_utf8_lossy(&c)
+                            .replace('\0', " ")
+                            .trim()
+                            .to_string()
+                    })
+                    .unwrap_or_default();
+                if cmd.is_empty() {
+                    format!("held by pid {pid}")
+                } else {
+                    format!("held by pid {pid}: {cmd}")
+                }
+            }
+            None => unknown,
+        }
+    }
 }
 
 #[derive(clap::Args)]

@@ -5,8 +5,9 @@ use clap::{Parser, Subcommand};
 
 mod admin;
 mod bench;
+mod metrics;
 mod serve;
-mod size;
+mod stats;
 
 #[derive(Parser)]
 #[command(name = "jbdev", version, about = "A user-space journaled block device")]
@@ -32,6 +33,8 @@ enum Command {
     Serve(serve::ServeArgs),
     /// Run benchmarks against the kernel's own durable-write path.
     Bench(bench::BenchArgs),
+    /// Show a running server's metrics (`jbdev serve --metrics`) as a table.
+    Stats(stats::StatsArgs),
 }
 
 fn main() {
@@ -50,6 +53,7 @@ fn main() {
         Command::Journal { command } => admin::journal(command),
         Command::Serve(a) => serve::run(a),
         Command::Bench(a) => bench::run(a),
+        Command::Stats(a) => stats::run(a),
     };
     if let Err(e) = res {
         eprintln!("jbdev: error: {e:#}");

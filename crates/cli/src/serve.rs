@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::{bail, Context};
-use jbdev_nbd::{Export, ExportSet, Listener, Server, ServerConfig, Stream, VolumeBackend};
+use jbdev_nbd::{Export, ExportSet, Listener, Server, ServerConfig, Stream};
 use jbdev_volume::{OpenOptions, Volume};
 
 #[derive(clap::Args)]
@@ -51,6 +51,10 @@ pub struct ServeArgs {
     /// O_DIRECT and journaled).
     #[arg(long)]
     pub no_read_cache: bool,
+    /// Serve Prometheus metrics on http://ADDR:PORT/metrics (a bare PORT
+    /// listens on 127.0.0.1).
+    #[arg(long, value_name = "ADDR:PORT", value_parser = crate::metrics::parse_metrics_addr)]
+    pub metrics: Option<SocketAddr>,
 }
 
 pub fn run(a: ServeArgs) -> anyhow::Result<()> {
@@ -81,6 +85,9 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
         ..OpenOptions::default()
     };
     let mut exports = Vec::new();
+    let metrics = a
+        .metrics
+        .map(|_| Arc::new(crate::metrics::Metrics::default()));
     for (name, path) in &named {
         let key = std::fs::canonicalize(path)
             .with_context(|| format!("cannot open volume {}", path.display()))?;
@@ -100,7 +107,7 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
             }
         };
         let description = format!("jbdev volume {} ({} bytes)", key.display(), vol.size());
-        let backend = Arc::new(VolumeBackend::new(vol, a.read_only));
+        let backend = crate::metrics::backend(metrics.as_ref(), name, &key, vol, a.read_only);
         exports.push(Export::new(name.clone(), description, backend));
     }
     drop(by_path);
@@ -111,6 +118,7 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
         ..ServerConfig::default()
     };
     let server = Server::new(exports, cfg);
+    crate::metrics::start(metrics.as_ref(), a.metrics, &server)?;
 
     if a.stdio {
         let stream = Stream::from_stdio().context("cannot use stdin/stdout")?;

@@ -177,9 +177,16 @@ fn a_volume_is_not_opened_twice() {
             .success()
     );
     let v = jbdev_volume::Volume::open(&img, &jbdev_volume::OpenOptions::default()).unwrap();
-    let o = jbdev(&["info", p]);
-    assert_clean_error(&o, "info while open read-write elsewhere");
+    // `check` needs the volume to itself; `info` says who has it and
+    // prints the superblocks it can read without the lock.
+    let o = jbdev(&["check", p]);
+    assert_clean_error(&o, "check while open read-write elsewhere");
     assert!(text(&o).contains("already open"), "{}", text(&o));
+    let o = jbdev(&["info", p]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(text(&o).contains("OPEN ELSEWHERE"), "{}", text(&o));
+    assert!(text(&o).contains("journal state"), "{}", text(&o));
     v.close().unwrap();
-    assert!(jbdev(&["info", p]).status.success());
+    let o = jbdev(&["info", p]);
+    assert!(o.status.success() && !text(&o).contains("OPEN ELSEWHERE"));
 }

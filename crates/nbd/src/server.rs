@@ -338,6 +338,13 @@ pub struct ShutdownHandle {
 }
 
 impl ShutdownHandle {
+    /// Connections open now (0 once the server is gone); for metrics.
+    pub fn connections_open(&self) -> usize {
+        self.inner
+            .upgrade()
+            .map_or(0, |i| i.conns.live.lock().len())
+    }
+
     /// Stops accepting and ends every connection after its in-flight
     /// requests are answered. Returns at once.
     pub fn shutdown(&self) {
