@@ -1,11 +1,12 @@
 //! `jbdev serve`: export volumes over NBD.
 //!
 //! `jbdev serve PATH [--listen ADDR:PORT] [--socket UNIX_PATH]
-//! [--export NAME=PATH]... [--read-only] [-s]`. Without `--listen` or
-//! `--socket` it listens on 127.0.0.1:10809; when started by systemd-style
-//! socket activation (`LISTEN_FDS`) it serves the inherited sockets instead;
-//! `-s` serves one client on stdin/stdout. SIGINT/SIGTERM finish in-flight
-//! requests, then flush and close every volume (leaving the journal clean).
+//! [--export NAME=PATH[,description=TEXT]]... [--read-only] [-s]`. Without
+//! `--listen` or `--socket` it listens on 127.0.0.1:10809; when started by
+//! systemd-style socket activation (`LISTEN_FDS`) it serves the inherited
+//! sockets instead (and exits with its parent); `-s` serves one client on
+//! stdin/stdout. SIGINT/SIGTERM finish in-flight requests, then flush and
+//! close every volume (leaving the journal clean).
 
 use std::collections::HashMap;
 use std::net::{SocketAddr, TcpListener};
@@ -28,18 +29,35 @@ pub struct ServeArgs {
     /// Unix socket to listen on (created; removed on exit).
     #[arg(long, value_name = "UNIX_PATH")]
     pub socket: Option<PathBuf>,
-    /// Additional named export (repeatable).
-    #[arg(long, value_name = "NAME=PATH")]
+    /// Additional named export (repeatable); the description, if given, is
+    /// what clients listing exports see.
+    #[arg(long, value_name = "NAME=PATH[,description=TEXT]")]
     pub export: Vec<String>,
+    /// Description of the default export shown to clients (none by default;
+    /// the server never shows file paths).
+    #[arg(long, value_name = "TEXT")]
+    pub description: Option<String>,
     /// Serve every export read-only.
     #[arg(long)]
     pub read_only: bool,
     /// Serve a single client on stdin/stdout (libnbd's connect_command).
     #[arg(short = 's', long = "stdio")]
     pub stdio: bool,
-    /// Worker threads shared by all connections (requests in the volume at once).
-    #[arg(long, default_value_t = 256)]
-    pub threads: usize,
+    /// Worker threads shared by all connections (requests in the volume at
+    /// once; default four per core, 8 to 64).
+    #[arg(long)]
+    pub threads: Option<usize>,
+    /// Connections served at once (in handshake or transmission); more are
+    /// closed at once.
+    #[arg(long, default_value_t = 128)]
+    pub max_connections: usize,
+    /// Exit when the parent process exits (on by default when socket
+    /// activated).
+    #[arg(long)]
+    pub exit_with_parent: bool,
+    /// Exit once the last client disconnects (after the first connected).
+    #[arg(long)]
+    pub once: bool,
     /// Requests in flight per connection.
     #[arg(long, default_value_t = 128)]
     pub max_inflight: u32,
@@ -58,18 +76,16 @@ pub struct ServeArgs {
 }
 
 pub fn run(a: ServeArgs) -> anyhow::Result<()> {
-    let mut named: Vec<(String, PathBuf)> = Vec::new();
+    let mut named: Vec<ExportSpec> = Vec::new();
     if let Some(p) = &a.path {
-        named.push((String::new(), p.clone()));
+        named.push(ExportSpec {
+            name: String::new(),
+            path: p.clone(),
+            description: a.description.clone().unwrap_or_default(),
+        });
     }
     for spec in &a.export {
-        let Some((name, path)) = spec.split_once('=') else {
-            bail!("--export wants NAME=PATH, got {spec:?}");
-        };
-        if name.is_empty() {
-            bail!("--export {spec:?}: the name is empty (the default export is the PATH argument)");
-        }
-        named.push((name.to_string(), PathBuf::from(path)));
+        named.push(parse_export(spec)?);
     }
     if named.is_empty() {
         bail!("nothing to serve: give a volume PATH or --export NAME=PATH (create one with `jbdev format PATH --size 1G`)");
@@ -88,7 +104,12 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
     let metrics = a
         .metrics
         .map(|_| Arc::new(crate::metrics::Metrics::default()));
-    for (name, path) in &named {
+    for ExportSpec {
+        name,
+        path,
+        description,
+    } in &named
+    {
         let key = std::fs::canonicalize(path)
             .with_context(|| format!("cannot open volume {}", path.display()))?;
         let vol = match by_path.get(&key) {
@@ -106,43 +127,92 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
                 v
             }
         };
-        let description = format!("jbdev volume {} ({} bytes)", key.display(), vol.size());
         let backend = crate::metrics::backend(metrics.as_ref(), name, &key, vol, a.read_only);
-        exports.push(Export::new(name.clone(), description, backend));
+        exports.push(Export::new(name.clone(), description.clone(), backend));
     }
     drop(by_path);
     let exports = ExportSet::new(exports).map_err(anyhow::Error::msg)?;
+    let listeners = if a.stdio {
+        None
+    } else {
+        Some(make_listeners(&a)?)
+    };
     let cfg = ServerConfig {
-        max_worker_threads: a.threads.max(1),
+        worker_threads: a
+            .threads
+            .unwrap_or_else(jbdev_nbd::server::default_worker_threads)
+            .max(1),
         max_inflight_requests_per_conn: a.max_inflight.max(1),
+        max_connections: a.max_connections.max(1),
+        // A socket-activated server belongs to whoever started it.
+        exit_with_parent: a.exit_with_parent || listeners.as_ref().is_some_and(|l| l.activated),
+        exit_when_idle: a.once,
         ..ServerConfig::default()
     };
     let server = Server::new(exports, cfg);
     crate::metrics::start(metrics.as_ref(), a.metrics, &server)?;
 
-    if a.stdio {
-        let stream = Stream::from_stdio().context("cannot use stdin/stdout")?;
-        server.run_one_with_signals(stream)?;
-    } else {
-        let listeners = make_listeners(&a)?;
+    if let Some(Listeners { listeners, .. }) = listeners {
         for l in &listeners {
             // Tests and scripts read this line to find the address.
             eprintln!("jbdev serve: listening on {}", l.describe());
         }
         server.run_with_signals(listeners)?;
+    } else {
+        let stream = Stream::from_stdio().context("cannot use stdin/stdout")?;
+        server.run_one_with_signals(stream)?;
     }
     drop(server);
     close_volumes(volumes)
 }
 
-fn make_listeners(a: &ServeArgs) -> anyhow::Result<Vec<Listener>> {
+/// One export from the command line.
+struct ExportSpec {
+    name: String,
+    path: PathBuf,
+    description: String,
+}
+
+/// `NAME=PATH[,description=TEXT]`. The description runs to the end of the
+/// argument, so it may itself contain commas.
+fn parse_export(spec: &str) -> anyhow::Result<ExportSpec> {
+    let Some((name, rest)) = spec.split_once('=') else {
+        bail!("--export wants NAME=PATH[,description=TEXT], got {spec:?}");
+    };
+    if name.is_empty() {
+        bail!("--export {spec:?}: the name is empty (the default export is the PATH argument)");
+    }
+    let (path, description) = match rest.split_once(",description=") {
+        Some((p, d)) => (p, d.to_string()),
+        None => (rest, String::new()),
+    };
+    if path.is_empty() {
+        bail!("--export {spec:?}: the path is empty");
+    }
+    Ok(ExportSpec {
+        name: name.to_string(),
+        path: PathBuf::from(path),
+        description,
+    })
+}
+
+struct Listeners {
+    listeners: Vec<Listener>,
+    /// Passed by socket activation rather than opened here.
+    activated: bool,
+}
+
+fn make_listeners(a: &ServeArgs) -> anyhow::Result<Listeners> {
     if let Some(ls) = jbdev_nbd::server::activated_listeners()
         .context("cannot adopt the sockets passed by socket activation (LISTEN_FDS)")?
     {
         if ls.is_empty() {
             bail!("LISTEN_FDS is set but no passed descriptor is a listening socket");
         }
-        return Ok(ls);
+        return Ok(Listeners {
+            listeners: ls,
+            activated: true,
+        });
     }
     let mut out = Vec::new();
     let mut addrs = a.listen.clone();
@@ -156,7 +226,10 @@ fn make_listeners(a: &ServeArgs) -> anyhow::Result<Vec<Listener>> {
     if let Some(p) = &a.socket {
         out.push(bind_unix(p)?);
     }
-    Ok(out)
+    Ok(Listeners {
+        listeners: out,
+        activated: false,
+    })
 }
 
 fn bind_unix(p: &Path) -> anyhow::Result<Listener> {

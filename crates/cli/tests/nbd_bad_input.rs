@@ -257,7 +257,7 @@ fn bad_input_is_answered_or_dropped_and_nothing_acknowledged_is_lost() {
     request(&mut s, CMD_DISC, 0, 0, 0, 0);
     assert!(closed_by_server(&mut s));
 
-    // Oversize write payload: dropped (the spec allows it for > 32 MiB).
+    // A write payload beyond the drain limit: dropped (the spec allows it).
     let mut s = go(&addr);
     request(&mut s, CMD_WRITE, 0, 20, 0, u32::MAX);
     assert!(closed_by_server(&mut s), "4 GiB write accepted");

@@ -38,7 +38,7 @@ fn nbdinfo_json_shows_the_transmission_flags_over_tcp_and_unix() {
         assert_eq!(e["export-size"], 64u64 << 20, "{out}");
         assert_eq!(e["block_size_minimum"], 1, "{out}");
         assert_eq!(e["block_size_preferred"], 4096, "{out}");
-        assert_eq!(e["block_size_maximum"], 32u64 << 20, "{out}");
+        assert_eq!(e["block_size_maximum"], 64u64 << 20, "{out}");
         let contexts = e["contexts"].as_array().expect("contexts");
         assert!(contexts.iter().any(|c| c == "base:allocation"), "{out}");
     }
@@ -55,12 +55,18 @@ fn read_only_and_named_exports_are_listed_and_flagged() {
     let b = dir.path("b.img");
     format_volume(&a, "16M");
     format_volume(&b, "32M");
-    let export_b = format!("disk-b={}", b.display());
+    let export_b = format!("disk-b={},description=second disk, spare", b.display());
     let srv = ServerProc::start(
         &[a.to_str().unwrap(), "--export", &export_b, "--read-only"],
         None,
     );
     let out = run_ok("nbdinfo", &["--list", "--json", &srv.tcp_uri()], 60);
+    // Descriptions are what the operator set, never a path of the host.
+    assert!(
+        !out.contains(dir.0.to_str().unwrap()),
+        "a path leaked: {out}"
+    );
+    assert!(!out.contains(".img"), "a file name leaked: {out}");
     let v: serde_json::Value = serde_json::from_str(&out).expect("json");
     let exports = v["exports"].as_array().expect("exports");
     assert_eq!(exports.len(), 2, "{out}");
@@ -69,6 +75,12 @@ fn read_only_and_named_exports_are_listed_and_flagged() {
         .find(|e| e["export-name"] == "disk-b")
         .expect("disk-b listed");
     assert_eq!(b_info["export-size"], 32u64 << 20, "{out}");
+    assert_eq!(b_info["description"], "second disk, spare", "{out}");
+    let default = exports
+        .iter()
+        .find(|e| e["export-name"] == "")
+        .expect("default export listed");
+    assert!(default["description"].is_null(), "{out}");
     for e in exports {
         assert_eq!(e["is_read_only"], true, "{out}");
         assert_eq!(e["can_trim"], false, "{out}");

@@ -2,8 +2,9 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
-use crate::{BlockDevice, Result};
+use crate::{BlockDevice, DeviceError, Result};
 
 /// Which backend to use for a path.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -78,7 +79,7 @@ pub struct OpenedDevice {
 
 /// Opens `path` (a regular file or a block device) with the requested backend.
 pub fn open_device(path: &Path, opts: &OpenOptions) -> Result<OpenedDevice> {
-    let file = crate::pread::open_file(path, opts)?;
+    let file = open_waiting_for_dead_holder(path, opts)?;
     let use_uring = match opts.backend {
         Backend::Pread => false,
         Backend::Uring => {
@@ -105,4 +106,168 @@ pub fn open_device(path: &Path, opts: &OpenOptions) -> Result<OpenedDevice> {
         is_block_device,
         direct,
     })
+}
+
+/// Longest wait for a file lock whose every holder has exited.
+pub const DEAD_HOLDER_WAIT: Duration = Duration::from_secs(10);
+
+/// Opens `path`; if its lock is held only by processes that have exited,
+/// waits up to [`DEAD_HOLDER_WAIT`] for it, saying so.
+///
+/// Why: a process killed with SIGKILL keeps its flock until the kernel has
+/// released every reference to its open file, and io_uring instances are
+/// torn down asynchronously after the process is gone, so for a moment the
+/// lock outlives its owner and a supervisor's immediate restart would fail
+/// with "already open". A lock held by a live process still fails at once;
+/// so does an `O_EXCL` block device (the kernel does not say who holds it).
+fn open_waiting_for_dead_holder(
+    path: &Path,
+    opts: &OpenOptions,
+) -> Result<crate::pread::DeviceFile> {
+    let mut deadline: Option<Instant> = None;
+    loop {
+        match crate::pread::open_file(path, opts) {
+            Err(DeviceError::Busy(what)) if opts.exclusive => {
+                let Some(holders) = flock_holders(path) else {
+                    return Err(DeviceError::Busy(what));
+                };
+                if holders.is_empty() || holders.iter().any(|&pid| pid_alive(pid)) {
+                    return Err(DeviceError::Busy(what));
+                }
+                let deadline = *deadline.get_or_insert_with(|| {
+                    tracing::warn!(
+                        "{what} is locked by a process that has exited; waiting up to {} s for the kernel to release the lock",
+                        DEAD_HOLDER_WAIT.as_secs()
+                    );
+                    Instant::now() + DEAD_HOLDER_WAIT
+                });
+                if Instant::now() >= deadline {
+                    return Err(DeviceError::Busy(what));
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            other => return other,
+        }
+    }
+}
+
+/// Pids holding flock locks on the file at `path`, from `/proc/locks`
+/// (0 for a holder whose pid no longer exists in our namespace). `None` if
+/// that cannot be told (no /proc, not a regular file).
+fn flock_holders(path: &Path) -> Option<Vec<i64>> {
+    use std::os::unix::fs::MetadataExt;
+    let md = std::fs::metadata(path).ok()?;
+    if !md.is_file() {
+        return None;
+    }
+    let locks = std::fs::read_to_string("/proc/locks").ok()?;
+    Some(parse_proc_locks(
+        &locks,
+        dev_major(md.dev()),
+        dev_minor(md.dev()),
+        md.ino(),
+    ))
+}
+
+/// The glibc/Linux encoding of `dev_t`.
+fn dev_major(dev: u64) -> u64 {
+    ((dev >> 32) & 0xffff_f000) | ((dev >> 8) & 0xfff)
+}
+fn dev_minor(dev: u64) -> u64 {
+    ((dev >> 12) & 0xffff_ff00) | (dev & 0xff)
+}
+
+/// Pids of the FLOCK entries of `/proc/locks` for one inode. A line reads
+/// `N: [->] FLOCK ADVISORY WRITE PID MAJ:MIN:INO START END`, with MAJ and
+/// MIN in hex; `->` marks a waiter, not a holder.
+fn parse_proc_locks(text: &str, major: u64, minor: u64, ino: u64) -> Vec<i64> {
+    let mut out = Vec::new();
+    for line in text.lines() {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        if fields.get(1) == Some(&"->") || fields.get(1) != Some(&"FLOCK") {
+            continue;
+        }
+        let (Some(pid), Some(id)) = (fields.get(4), fields.get(5)) else {
+            continue;
+        };
+        let mut parts = id.split(':');
+        let (Some(ma), Some(mi), Some(i)) = (parts.next(), parts.next(), parts.next()) else {
+            continue;
+        };
+        let same = u64::from_str_radix(ma, 16).ok() == Some(major)
+            && u64::from_str_radix(mi, 16).ok() == Some(minor)
+            && i.parse::<u64>().ok() == Some(ino);
+        if let (true, Ok(pid)) = (same, pid.parse::<i64>()) {
+            out.push(pid);
+        }
+    }
+    out
+}
+
+/// True unless `pid` is known to have exited (absent, a zombie, or dead).
+/// Pid 0 is what /proc/locks shows once the holder's pid is gone.
+fn pid_alive(pid: i64) -> bool {
+    if pid == 0 {
+        return false;
+    }
+    if pid < 0 {
+        return true; // an OFD lock: no owner to ask about
+    }
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // The state follows the parenthesised command name.
+        Ok(stat) => !matches!(
+            stat.rsplit_once(')')
+                .and_then(|(_, rest)| rest.trim_start().chars().next()),
+            Some('Z' | 'X' | 'x')
+        ),
+        Err(_) => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn proc_locks_lines_are_matched_by_inode() {
+        let text = "1: FLOCK  ADVISORY  WRITE 18236 fe:00:5308645 0 EOF\n\
+                    2: FLOCK  ADVISORY  READ 0 fe:00:5308645 0 EOF\n\
+                    3: -> FLOCK  ADVISORY  WRITE 99 fe:00:5308645 0 EOF\n\
+                    4: POSIX  ADVISORY  WRITE 77 fe:00:5308645 0 EOF\n\
+                    5: FLOCK  ADVISORY  WRITE 5 fe:01:5308645 0 EOF\n\
+                    garbage\n";
+        assert_eq!(parse_proc_locks(text, 0xfe, 0, 5308645), vec![18236, 0]);
+        assert!(parse_proc_locks(text, 0xfe, 0, 1).is_empty());
+    }
+
+    #[test]
+    fn dev_numbers_decode() {
+        // makedev(0xfe, 0) and makedev(259, 70000) as glibc encodes them.
+        assert_eq!((dev_major(0xfe00), dev_minor(0xfe00)), (0xfe, 0));
+        let (ma, mi) = (259u64, 70000u64);
+        let dev = ((ma & 0xfff) << 8) | (mi & 0xff) | ((mi >> 8) << 20);
+        assert_eq!((dev_major(dev), dev_minor(dev)), (259, 70000));
+    }
+
+    #[test]
+    fn liveness_of_this_process_and_of_pid_zero() {
+        assert!(pid_alive(i64::from(std::process::id())));
+        assert!(!pid_alive(0));
+    }
+
+    #[test]
+    fn a_live_holder_fails_at_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("img");
+        let opts = OpenOptions {
+            create_size: Some(1 << 20),
+            direct: false,
+            backend: Backend::Pread,
+            ..OpenOptions::default()
+        };
+        let _held = open_device(&p, &opts).unwrap();
+        // Held by this (live) process: "already open", not a wait.
+        assert!(flock_holders(&p).is_some_and(|h| h.iter().any(|&pid| pid_alive(pid))));
+        assert!(matches!(open_device(&p, &opts), Err(DeviceError::Busy(_))));
+    }
 }

@@ -475,7 +475,9 @@ pub fn validate(req: &Request, ctx: &ExportContext) -> Result<Command, u32> {
         }
         CMD_READ | CMD_WRITE => {
             if length > u64::from(MAX_PAYLOAD_BYTES) {
-                return Err(EINVAL);
+                // The spec's hint for "longer than the advertised maximum
+                // payload"; the connection stays usable.
+                return Err(EOVERFLOW);
             }
             if !in_range(offset, length, size) {
                 return Err(if req.kind == CMD_WRITE {
@@ -885,7 +887,7 @@ mod tests {
         assert_eq!(validate(&req(CMD_FLUSH, 0, 1, 0), &c), Err(EINVAL));
         assert_eq!(
             validate(&req(CMD_READ, 0, 0, u64::from(MAX_PAYLOAD_BYTES) + 1), &c),
-            Err(EINVAL)
+            Err(EOVERFLOW)
         );
         assert_eq!(validate(&req(CMD_BLOCK_STATUS, 0, 0, 0), &c), Err(EINVAL));
         let ro = ExportContext {

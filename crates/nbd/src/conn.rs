@@ -1,38 +1,57 @@
 //! The transmission phase of one connection.
 //!
 //! Threads: the connection's *reader* thread parses requests and reads write
-//! payloads; it hands every valid request to the shared [`WorkerPool`], so
-//! up to `max_inflight_requests` requests of one connection run in the
-//! volume at once and complete in any order. Replies go out through a
-//! [`ReplySink`]: whichever worker finds the socket idle becomes the writer
-//! and drains the queue that other workers filled meanwhile (one `writev`
-//! for a whole group commit's worth of replies), so no thread waits on the
-//! socket while another holds it and no lock is held during a volume call.
+//! payloads; it hands every valid request to the shared [`WorkerPool`] (a
+//! fixed number of threads for all connections), so many requests of one
+//! connection run in the volume at once and complete in any order. Replies
+//! are queued on the connection's [`ReplySink`] and written by the
+//! connection's own *writer* thread, which drains the queue with one
+//! `writev` per batch. A worker never writes to a socket, so a client that
+//! stops reading its replies stalls only its own writer thread, which the
+//! stream's send timeout ends; the shared workers keep serving everyone
+//! else.
 //!
-//! Bounds: an [`InflightGate`] admits a request only while the connection has
-//! fewer than `max_inflight_requests` requests and `max_inflight_bytes`
-//! buffered bytes (write payloads plus read replies) outstanding; when it is
-//! full the reader stops reading and TCP pushes back on the client. A write
-//! payload above the protocol's 32 MiB maximum drops the connection (the
-//! spec allows it; anything else would have to buffer or skip gigabytes).
+//! Bounds, all checked before anything is allocated for a request:
+//! * an [`InflightGate`] admits a request (valid or rejected) only while the
+//!   connection has fewer than `max_inflight_requests` requests and
+//!   `max_inflight_bytes` payload bytes outstanding; when it is full the
+//!   reader stops reading and TCP pushes back on the client;
+//! * payload buffers come from the server-wide [`BufferPool`], whose byte
+//!   budget holds across all connections; a write's buffer is filled as its
+//!   bytes arrive, within `payload_timeout`;
+//! * READ/WRITE up to [`MAX_PAYLOAD_BYTES`] are served; longer ones are
+//!   answered `EOVERFLOW` and the connection stays usable (a write's payload
+//!   is read and dropped up to [`MAX_DRAIN_BYTES`]; beyond that the
+//!   connection is dropped).
 
 use std::io::{self, BufRead, IoSlice, Read, Write};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 
 use crate::backend::{Backend, BackendError};
+use crate::buffers::{BufferPool, PooledBuf};
 use crate::codec::{self, Command, ExportContext, Request};
 use crate::handshake::Session;
 use crate::pool::WorkerPool;
 use crate::proto::*;
-use crate::server::StreamControl;
+use crate::stream::StreamControl;
 
 /// Per-connection limits of the transmission phase.
 #[derive(Clone, Debug)]
 pub struct ConnLimits {
     pub max_inflight_requests: u32,
     pub max_inflight_bytes: u64,
+    /// Time a write's whole payload may take to arrive once its header has;
+    /// a header, once begun, gets the same.
+    pub payload_timeout: Duration,
+}
+
+/// What a connection shares with the rest of the server.
+pub struct ConnResources<'a> {
+    pub workers: &'a WorkerPool,
+    pub buffers: &'a Arc<BufferPool>,
 }
 
 /// Reads of at least this many bytes ask the backend for holes first and
@@ -41,6 +60,11 @@ const HOLE_SCAN_MIN_BYTES: u32 = 64 << 10;
 /// Most block-status descriptors in one reply (the client asks again for
 /// the rest).
 const MAX_STATUS_DESCRIPTORS: usize = 1024;
+/// How often a reader blocked on an idle client wakes to check for
+/// shutdown and partial-message deadlines (the socket's read timeout).
+const READ_POLL: Duration = Duration::from_secs(1);
+/// Stack of a connection's reader and writer threads: both are shallow.
+pub(crate) const CONN_STACK_BYTES: usize = 256 << 10;
 
 // ------------------------------------------------------------ inflight gate
 
@@ -92,26 +116,39 @@ impl InflightGate {
 
 // --------------------------------------------------------------- reply sink
 
+/// Bytes of one reply.
+pub enum Part {
+    Bytes(Vec<u8>),
+    Buf(PooledBuf),
+}
+
+impl Part {
+    fn as_slice(&self) -> &[u8] {
+        match self {
+            Self::Bytes(b) => b,
+            Self::Buf(b) => b,
+        }
+    }
+}
+
 /// One reply: byte parts written back to back, and the gate cost to release
 /// once it is on the wire.
 pub struct OutMsg {
-    parts: Vec<Vec<u8>>,
+    parts: Vec<Part>,
     cost: u64,
-    /// Counts against the gate (false for replies to rejected requests,
-    /// which never acquired it).
-    gated: bool,
 }
 
 struct SinkState {
     queue: Vec<OutMsg>,
-    /// The writer, absent while a thread is writing with it.
-    writer: Option<Box<dyn Write + Send>>,
+    /// The reader has finished: the writer exits once the queue is empty.
+    closed: bool,
     broken: bool,
 }
 
-/// Combining reply writer (see the module docs).
+/// The queue of replies of one connection and its writer thread's side.
 pub struct ReplySink {
     state: Mutex<SinkState>,
+    cv: Condvar,
     gate: Arc<InflightGate>,
     control: Arc<dyn StreamControl>,
 }
@@ -120,33 +157,27 @@ pub struct ReplySink {
 const MAX_BATCH_MSGS: usize = 256;
 
 impl ReplySink {
-    fn new(
-        writer: Box<dyn Write + Send>,
-        gate: Arc<InflightGate>,
-        control: Arc<dyn StreamControl>,
-    ) -> Self {
+    fn new(gate: Arc<InflightGate>, control: Arc<dyn StreamControl>) -> Self {
         Self {
             state: Mutex::new(SinkState {
                 queue: Vec::new(),
-                writer: Some(writer),
+                closed: false,
                 broken: false,
             }),
+            cv: Condvar::new(),
             gate,
             control,
         }
     }
 
     fn release(&self, msgs: &[OutMsg]) {
-        let (n, bytes) = msgs
-            .iter()
-            .filter(|m| m.gated)
-            .fold((0u32, 0u64), |(n, b), m| (n + 1, b + m.cost));
-        if n > 0 {
-            self.gate.release(n, bytes);
+        let bytes = msgs.iter().map(|m| m.cost).sum();
+        if !msgs.is_empty() {
+            self.gate.release(msgs.len() as u32, bytes);
         }
     }
 
-    /// Queues `msg`; writes the queue if no other thread is writing.
+    /// Queues `msg` for the writer thread.
     pub fn send(&self, msg: OutMsg) {
         let mut st = self.state.lock();
         if st.broken {
@@ -155,27 +186,45 @@ impl ReplySink {
             return;
         }
         st.queue.push(msg);
-        let Some(mut writer) = st.writer.take() else {
-            return; // the current writer will pick it up
-        };
+        let wake = st.queue.len() == 1;
+        drop(st);
+        if wake {
+            self.cv.notify_one();
+        }
+    }
+
+    fn close(&self) {
+        self.state.lock().closed = true;
+        self.cv.notify_one();
+    }
+
+    /// The writer thread: writes queued replies until the sink is closed
+    /// and empty, or a write fails (the client is gone or did not read for
+    /// the send timeout), which ends the connection.
+    fn run_writer(&self, mut writer: Box<dyn Write + Send>) {
+        let mut st = self.state.lock();
         loop {
+            if st.queue.is_empty() {
+                if st.closed {
+                    return;
+                }
+                self.cv.wait(&mut st);
+                continue;
+            }
             let n = st.queue.len().min(MAX_BATCH_MSGS);
             let batch: Vec<OutMsg> = st.queue.drain(..n).collect();
             drop(st);
             let res = write_batch(&mut *writer, &batch);
             self.release(&batch);
+            drop(batch); // buffers back to the pool before the next wait
             st = self.state.lock();
             if let Err(e) = res {
-                tracing::debug!("reply write failed: {e}");
+                tracing::info!("dropping client: reply write failed: {e}");
                 st.broken = true;
                 let dropped: Vec<OutMsg> = st.queue.drain(..).collect();
                 drop(st);
                 self.release(&dropped);
                 self.control.shutdown();
-                return;
-            }
-            if st.queue.is_empty() {
-                st.writer = Some(writer);
                 return;
             }
         }
@@ -186,14 +235,19 @@ fn write_batch(w: &mut dyn Write, batch: &[OutMsg]) -> io::Result<()> {
     let mut slices: Vec<IoSlice<'_>> = batch
         .iter()
         .flat_map(|m| m.parts.iter())
+        .map(Part::as_slice)
         .filter(|p| !p.is_empty())
-        .map(|p| IoSlice::new(p))
+        .map(IoSlice::new)
         .collect();
     let mut rest: &mut [IoSlice<'_>] = &mut slices;
     while !rest.is_empty() {
         // Linux takes at most 1024 iovecs per call.
         let take = rest.len().min(1024);
-        let n = w.write_vectored(&rest[..take])?;
+        let n = match w.write_vectored(&rest[..take]) {
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
         if n == 0 {
             return Err(io::ErrorKind::WriteZero.into());
         }
@@ -208,6 +262,7 @@ fn write_batch(w: &mut dyn Write, batch: &[OutMsg]) -> io::Result<()> {
 struct ConnShared {
     backend: Arc<dyn Backend>,
     sink: ReplySink,
+    buffers: Arc<BufferPool>,
     structured: bool,
 }
 
@@ -220,12 +275,11 @@ struct PendingReply {
 }
 
 impl PendingReply {
-    fn answer(mut self, parts: Vec<Vec<u8>>) {
+    fn answer(mut self, parts: Vec<Part>) {
         self.answered = true;
         self.conn.sink.send(OutMsg {
             parts,
             cost: self.cost,
-            gated: true,
         });
     }
 }
@@ -239,24 +293,25 @@ impl Drop for PendingReply {
     }
 }
 
-fn error_reply(structured: bool, cookie: u64, err: &BackendError) -> Vec<Vec<u8>> {
-    if structured {
-        vec![codec::encode_error_chunk(cookie, err.errno, &err.message)]
+fn error_reply(structured: bool, cookie: u64, errno: u32, message: &str) -> Vec<Part> {
+    vec![Part::Bytes(if structured {
+        codec::encode_error_chunk(cookie, errno, message)
     } else {
-        vec![codec::encode_simple_reply(err.errno, cookie).to_vec()]
-    }
+        codec::encode_simple_reply(errno, cookie).to_vec()
+    })]
 }
 
-fn ok_reply(cookie: u64) -> Vec<Vec<u8>> {
-    vec![codec::encode_simple_reply(0, cookie).to_vec()]
+fn ok_reply(cookie: u64) -> Vec<Part> {
+    vec![Part::Bytes(codec::encode_simple_reply(0, cookie).to_vec())]
 }
 
-fn execute(conn: &ConnShared, cookie: u64, cmd: Command, payload: Vec<u8>) -> Vec<Vec<u8>> {
+fn execute(conn: &ConnShared, cookie: u64, cmd: Command, payload: Option<PooledBuf>) -> Vec<Part> {
     let b = &*conn.backend;
-    let res: Result<Vec<Vec<u8>>, BackendError> = match cmd {
+    let res: Result<Vec<Part>, BackendError> = match cmd {
         Command::Read { offset, length, df } => read_reply(conn, cookie, offset, length, df),
         Command::Write { offset, fua, .. } => {
-            b.write_at(&payload, offset, fua).map(|_| ok_reply(cookie))
+            let data: &[u8] = payload.as_deref().unwrap_or(&[]);
+            b.write_at(data, offset, fua).map(|_| ok_reply(cookie))
         }
         Command::Flush => b.flush().map(|_| ok_reply(cookie)),
         Command::Trim {
@@ -278,10 +333,13 @@ fn execute(conn: &ConnShared, cookie: u64, cmd: Command, payload: Vec<u8>) -> Ve
             fast,
             ..
         } => {
+            // FAST_ZERO: succeed only where zeroing is a hole punch, a
+            // discard or a metadata change; ENOTSUP where it would write
+            // zero blocks (the client then writes its own data instead).
             if fast && !b.zeroes_are_fast(offset, length) {
                 Err(BackendError::new(
                     ENOTSUP,
-                    "zeroing is not faster than writing",
+                    "zeroing this range would write data",
                 ))
             } else if length == 0 {
                 Ok(ok_reply(cookie))
@@ -294,13 +352,22 @@ fn execute(conn: &ConnShared, cookie: u64, cmd: Command, payload: Vec<u8>) -> Ve
             offset,
             length,
             req_one,
-        } => block_status_reply(b, cookie, offset, length, req_one),
+        } => block_status_reply(b, cookie, offset, length, req_one)
+            .map(|chunk| vec![Part::Bytes(chunk)]),
         Command::Disconnect => Ok(Vec::new()), // handled by the reader
     };
     res.unwrap_or_else(|e| {
         tracing::debug!("request {cookie:#x} failed: {e}");
-        error_reply(conn.structured, cookie, &e)
+        error_reply(conn.structured, cookie, e.errno, &e.message)
     })
+}
+
+/// A pooled buffer holding `length` bytes read from the backend at `offset`.
+fn read_data(conn: &ConnShared, offset: u64, length: u32) -> Result<PooledBuf, BackendError> {
+    let mut data = conn.buffers.take(length as usize);
+    data.vec().resize(length as usize, 0);
+    conn.backend.read_at(&mut data, offset)?;
+    Ok(data)
 }
 
 fn read_reply(
@@ -309,29 +376,25 @@ fn read_reply(
     offset: u64,
     length: u32,
     df: bool,
-) -> Result<Vec<Vec<u8>>, BackendError> {
-    let b = &*conn.backend;
+) -> Result<Vec<Part>, BackendError> {
     if !conn.structured {
-        let mut data = vec![0u8; length as usize];
-        b.read_at(&mut data, offset)?;
-        return Ok(vec![codec::encode_simple_reply(0, cookie).to_vec(), data]);
+        let data = read_data(conn, offset, length)?;
+        return Ok(vec![
+            Part::Bytes(codec::encode_simple_reply(0, cookie).to_vec()),
+            Part::Buf(data),
+        ]);
     }
     if length == 0 {
-        return Ok(vec![codec::encode_chunk_header(
-            REPLY_FLAG_DONE,
-            REPLY_TYPE_NONE,
-            cookie,
-            0,
-        )
-        .to_vec()]);
+        return Ok(vec![Part::Bytes(
+            codec::encode_chunk_header(REPLY_FLAG_DONE, REPLY_TYPE_NONE, cookie, 0).to_vec(),
+        )]);
     }
     // IMPORTANT: one backend read for the whole request, then holes found
     // in the data itself. A separate block-status call before the read (or
     // several reads for one request) could see a different moment: data
     // acknowledged in between would go out as zeroes, or a journaled write
     // would show half old, half new.
-    let mut data = vec![0u8; length as usize];
-    b.read_at(&mut data, offset)?;
+    let data = read_data(conn, offset, length)?;
     let pieces = if df || length < HOLE_SCAN_MIN_BYTES {
         vec![(0usize, length as usize, false)]
     } else {
@@ -339,8 +402,8 @@ fn read_reply(
     };
     if pieces.len() == 1 && !pieces[0].2 {
         return Ok(vec![
-            codec::encode_data_chunk_head(cookie, true, offset, length),
-            data,
+            Part::Bytes(codec::encode_data_chunk_head(cookie, true, offset, length)),
+            Part::Buf(data),
         ]);
     }
     let mut parts = Vec::with_capacity(pieces.len() * 2);
@@ -348,10 +411,20 @@ fn read_reply(
     for (i, (from, to, zero)) in pieces.into_iter().enumerate() {
         let (off, n) = (offset + from as u64, (to - from) as u32);
         if zero {
-            parts.push(codec::encode_hole_chunk(cookie, i == last, off, n));
+            parts.push(Part::Bytes(codec::encode_hole_chunk(
+                cookie,
+                i == last,
+                off,
+                n,
+            )));
         } else {
-            parts.push(codec::encode_data_chunk_head(cookie, i == last, off, n));
-            parts.push(data[from..to].to_vec());
+            parts.push(Part::Bytes(codec::encode_data_chunk_head(
+                cookie,
+                i == last,
+                off,
+                n,
+            )));
+            parts.push(Part::Bytes(data[from..to].to_vec()));
         }
     }
     Ok(parts)
@@ -402,7 +475,7 @@ fn block_status_reply(
     offset: u64,
     length: u64,
     req_one: bool,
-) -> Result<Vec<Vec<u8>>, BackendError> {
+) -> Result<Vec<u8>, BackendError> {
     let extents = b.block_status(offset, length)?;
     let mut descs: Vec<(u32, u32)> = Vec::new();
     let mut pos = offset;
@@ -438,25 +511,42 @@ fn block_status_reply(
         descs.truncate(1);
         descs[0].0 = descs[0].0.min(length.min(u64::from(u32::MAX)) as u32);
     }
-    Ok(vec![codec::encode_block_status_chunk(
+    Ok(codec::encode_block_status_chunk(
         cookie,
         CONTEXT_ID_BASE_ALLOCATION,
         &descs,
-    )])
+    ))
 }
 
 // ------------------------------------------------------------------ reader
+
+/// Why the reader stopped.
+type Ended = String;
+
+/// The reader's side of one connection.
+struct Reader<'a> {
+    input: Box<dyn BufRead + Send>,
+    conn: Arc<ConnShared>,
+    gate: Arc<InflightGate>,
+    ctx: ExportContext,
+    session: &'a Session,
+    res: &'a ConnResources<'a>,
+    limits: &'a ConnLimits,
+    stopping: &'a dyn Fn() -> bool,
+    warned_oversize: bool,
+}
 
 /// Runs the transmission phase until the client disconnects, the stream
 /// fails, or the server shuts the stream down. Returns after every request
 /// that was read has been answered (or the connection broke).
 pub fn serve(
-    mut reader: Box<dyn BufRead + Send>,
+    input: Box<dyn BufRead + Send>,
     writer: Box<dyn Write + Send>,
     control: Arc<dyn StreamControl>,
     session: Session,
-    pool: &WorkerPool,
+    res: &ConnResources<'_>,
     limits: &ConnLimits,
+    stopping: &dyn Fn() -> bool,
 ) {
     let gate = Arc::new(InflightGate::new(
         limits.max_inflight_requests,
@@ -465,7 +555,8 @@ pub fn serve(
     let backend = session.export.backend.clone();
     let conn = Arc::new(ConnShared {
         backend: backend.clone(),
-        sink: ReplySink::new(writer, gate.clone(), control.clone()),
+        sink: ReplySink::new(gate.clone(), control.clone()),
+        buffers: res.buffers.clone(),
         structured: session.structured_replies,
     });
     let ctx = ExportContext {
@@ -474,104 +565,205 @@ pub fn serve(
         structured_replies: session.structured_replies,
         base_allocation: session.base_allocation,
     };
-    let header_bytes = session.header_mode.request_header_bytes();
-    let mut hb = [0u8; 32];
-    let reason = loop {
-        let hb = &mut hb[..header_bytes];
-        match read_full(&mut reader, hb) {
-            Ok(true) => {}
-            Ok(false) => break "client closed the connection".to_string(),
-            Err(e) => break format!("read failed: {e}"),
+    let conn2 = conn.clone();
+    let writer_thread = std::thread::Builder::new()
+        .name("nbd-writer".into())
+        .stack_size(CONN_STACK_BYTES)
+        .spawn(move || conn2.sink.run_writer(writer));
+    let writer_thread = match writer_thread {
+        Ok(t) => t,
+        Err(e) => {
+            tracing::warn!("cannot start a connection's writer thread: {e}");
+            control.shutdown();
+            return;
         }
-        let req = match Request::decode(session.header_mode, hb) {
-            Ok(r) => r,
-            Err(e) => break format!("bad request: {e}"),
-        };
-        if req.payload_bytes() > u64::from(MAX_PAYLOAD_BYTES) {
-            break format!("write payload of {} bytes exceeds 32 MiB", req.length);
-        }
-        let cmd = match codec::validate(&req, &ctx) {
-            Ok(c) => c,
-            Err(errno) => {
-                // Stay in sync: consume the payload before answering.
-                if let Err(e) = discard(&mut reader, req.payload_bytes()) {
-                    break format!("read failed: {e}");
-                }
-                let parts = if ctx.structured_replies {
-                    vec![codec::encode_error_chunk(
-                        req.cookie,
-                        errno,
-                        "invalid request",
-                    )]
-                } else {
-                    vec![codec::encode_simple_reply(errno, req.cookie).to_vec()]
-                };
-                conn.sink.send(OutMsg {
-                    parts,
-                    cost: 0,
-                    gated: false,
-                });
-                continue;
-            }
-        };
-        if cmd == Command::Disconnect {
-            break "client sent DISC".to_string();
-        }
-        let cost = match cmd {
-            Command::Read { length, .. } => u64::from(length),
-            Command::Write { length, .. } => u64::from(length),
-            _ => 0,
-        };
-        gate.acquire(cost);
-        let pending = PendingReply {
-            conn: conn.clone(),
-            cost,
-            answered: false,
-        };
-        let mut payload = Vec::new();
-        if let Command::Write { length, .. } = cmd {
-            payload.resize(length as usize, 0);
-            if let Err(e) = reader.read_exact(&mut payload) {
-                drop(pending);
-                break format!("truncated write payload: {e}");
-            }
-        }
-        let cookie = req.cookie;
-        pool.submit(move || {
-            let parts = execute(&pending.conn, cookie, cmd, payload);
-            pending.answer(parts);
-        });
     };
+    // Reads block at most READ_POLL, so shutdown and deadlines are noticed.
+    control.set_read_timeout(Some(READ_POLL));
+    let mut reader = Reader {
+        input,
+        conn: conn.clone(),
+        gate: gate.clone(),
+        ctx,
+        session: &session,
+        res,
+        limits,
+        stopping,
+        warned_oversize: false,
+    };
+    let reason = reader.run();
     tracing::debug!("connection ending: {reason}");
     // NBD_CMD_DISC and shutdown: answer everything already accepted first.
     gate.wait_idle();
+    conn.sink.close();
+    let _ = writer_thread.join();
     control.shutdown();
 }
 
-/// Fills `buf`; `Ok(false)` on a clean end of stream before the first byte.
-fn read_full(r: &mut dyn Read, buf: &mut [u8]) -> io::Result<bool> {
-    let mut got = 0;
-    while got < buf.len() {
-        match r.read(&mut buf[got..]) {
-            Ok(0) if got == 0 => return Ok(false),
-            Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
-            Ok(n) => got += n,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
+impl Reader<'_> {
+    fn run(&mut self) -> Ended {
+        let header_bytes = self.session.header_mode.request_header_bytes();
+        let mut hb = [0u8; 32];
+        loop {
+            let hb = &mut hb[..header_bytes];
+            match self.read_header(hb) {
+                Ok(true) => {}
+                Ok(false) => return "client closed the connection".into(),
+                Err(e) => return format!("read failed: {e}"),
+            }
+            let req = match Request::decode(self.session.header_mode, hb) {
+                Ok(r) => r,
+                Err(e) => return format!("bad request: {e}"),
+            };
+            let res = match codec::validate(&req, &self.ctx) {
+                Ok(Command::Disconnect) => return "client sent DISC".into(),
+                Ok(cmd) => self.submit(&req, cmd),
+                Err(errno) => self.reject(&req, errno),
+            };
+            if let Err(reason) = res {
+                return reason;
+            }
         }
     }
-    Ok(true)
+
+    /// Reads a request header. Waiting for its first byte is unbounded
+    /// (clients may idle); once it has begun, the rest must come within the
+    /// payload timeout. `Ok(false)`: clean end of stream or shutdown.
+    fn read_header(&mut self, buf: &mut [u8]) -> io::Result<bool> {
+        let mut got = 0;
+        let mut deadline: Option<Instant> = None;
+        while got < buf.len() {
+            match self.input.read(&mut buf[got..]) {
+                Ok(0) if got == 0 => return Ok(false),
+                Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
+                Ok(n) => {
+                    got += n;
+                    deadline.get_or_insert_with(|| Instant::now() + self.limits.payload_timeout);
+                }
+                Err(e) if is_timeout(&e) => {
+                    if got == 0 && (self.stopping)() {
+                        return Ok(false);
+                    }
+                    if deadline.is_some_and(|d| Instant::now() >= d) {
+                        return Err(io::Error::new(
+                            io::ErrorKind::TimedOut,
+                            "request header not completed in time",
+                        ));
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(true)
+    }
+
+    /// Reads `len` payload bytes into `out` as they arrive (or drops them if
+    /// `out` is `None`), within the payload timeout.
+    fn read_payload(&mut self, len: u64, mut out: Option<&mut Vec<u8>>) -> io::Result<()> {
+        let deadline = Instant::now() + self.limits.payload_timeout;
+        let mut left = len;
+        while left > 0 {
+            let res = match out.as_deref_mut() {
+                Some(v) => {
+                    let before = v.len();
+                    let r = (&mut self.input).take(left).read_to_end(v);
+                    // read_to_end keeps what it read before an error.
+                    let n = (v.len() - before) as u64;
+                    r.map(|_| n).or_else(|e| if n > 0 { Ok(n) } else { Err(e) })
+                }
+                None => io::copy(&mut (&mut self.input).take(left), &mut io::sink()),
+            };
+            match res {
+                Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
+                Ok(n) => left -= n,
+                Err(e) if is_timeout(&e) || e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+            if left > 0 && Instant::now() >= deadline {
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "write payload not received in time",
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Answers a request that failed validation. It counts against the
+    /// in-flight limits like any other until its reply is on the wire.
+    fn reject(&mut self, req: &Request, errno: u32) -> Result<(), Ended> {
+        let payload = req.payload_bytes();
+        if errno == EOVERFLOW {
+            self.warn_oversize(req);
+            if payload > MAX_DRAIN_BYTES {
+                return Err(format!(
+                    "write payload of {payload} bytes is beyond the {MAX_DRAIN_BYTES}-byte drain limit"
+                ));
+            }
+        }
+        // Stay in sync: consume the payload before answering.
+        self.read_payload(payload, None)
+            .map_err(|e| format!("read failed: {e}"))?;
+        self.gate.acquire(0);
+        let msg = if errno == EOVERFLOW {
+            "request longer than the advertised maximum payload"
+        } else {
+            "invalid request"
+        };
+        self.conn.sink.send(OutMsg {
+            parts: error_reply(self.ctx.structured_replies, req.cookie, errno, msg),
+            cost: 0,
+        });
+        Ok(())
+    }
+
+    fn warn_oversize(&mut self, req: &Request) {
+        if !std::mem::replace(&mut self.warned_oversize, true) {
+            tracing::warn!(
+                "client sent a {}-byte request, above the {MAX_PAYLOAD_BYTES}-byte maximum it was told; answered EOVERFLOW",
+                req.length
+            );
+        }
+    }
+
+    /// Admits a valid request, reads its payload and hands it to a worker.
+    fn submit(&mut self, req: &Request, cmd: Command) -> Result<(), Ended> {
+        let cost = match cmd {
+            Command::Read { length, .. } | Command::Write { length, .. } => u64::from(length),
+            _ => 0,
+        };
+        self.gate.acquire(cost);
+        let pending = PendingReply {
+            conn: self.conn.clone(),
+            cost,
+            answered: false,
+        };
+        let payload = match cmd {
+            Command::Write { length, .. } => {
+                let mut buf = self.res.buffers.take(length as usize);
+                if let Err(e) = self.read_payload(length.into(), Some(buf.vec())) {
+                    drop(pending);
+                    return Err(format!("truncated write payload: {e}"));
+                }
+                Some(buf)
+            }
+            _ => None,
+        };
+        let cookie = req.cookie;
+        self.res.workers.submit(move || {
+            let parts = execute(&pending.conn, cookie, cmd, payload);
+            pending.answer(parts);
+        });
+        Ok(())
+    }
 }
 
-fn discard(r: &mut dyn Read, n: u64) -> io::Result<()> {
-    if n == 0 {
-        return Ok(());
-    }
-    let copied = io::copy(&mut r.take(n), &mut io::sink())?;
-    if copied < n {
-        return Err(io::ErrorKind::UnexpectedEof.into());
-    }
-    Ok(())
+fn is_timeout(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+    )
 }
 
 #[cfg(test)]

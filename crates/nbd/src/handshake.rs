@@ -11,8 +11,8 @@ use std::io::{self, Read, Write};
 use std::sync::Arc;
 
 use crate::codec::{self, ClientOption, HeaderMode, InfoRequest, MetaQuery, OptionHeader};
+use crate::export::{Export, ExportSet};
 use crate::proto::*;
-use crate::server::{Export, ExportSet};
 
 /// Option data we buffer and parse; larger options are refused.
 pub const MAX_OPTION_DATA_BYTES: u32 = 64 << 10;
@@ -157,6 +157,8 @@ pub fn negotiate(
                     let mut d = Vec::new();
                     d.extend_from_slice(&(e.name.len() as u32).to_be_bytes());
                     d.extend_from_slice(e.name.as_bytes());
+                    // Only what the operator set (`--export NAME=PATH,description=...`):
+                    // never a path or anything else about the host.
                     d.extend_from_slice(e.description.as_bytes());
                     send(
                         writer,
@@ -281,6 +283,7 @@ fn answer_info(
         }
         let payload = match t {
             INFO_NAME => codec::info_string(INFO_NAME, &export.name),
+            INFO_DESCRIPTION if export.description.is_empty() => continue,
             INFO_DESCRIPTION => codec::info_string(INFO_DESCRIPTION, &export.description),
             INFO_BLOCK_SIZE => codec::info_block_size(
                 export.min_block_bytes,

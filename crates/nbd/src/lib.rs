@@ -33,13 +33,18 @@
 #![deny(unsafe_code)]
 
 pub mod backend;
+pub mod buffers;
 pub mod client;
 pub mod codec;
 pub mod conn;
+pub mod export;
 pub mod handshake;
 pub mod pool;
 pub mod proto;
 pub mod server;
+pub mod stream;
 
 pub use backend::{Backend, BackendError, Extent, MemBackend, VolumeBackend};
-pub use server::{Export, ExportSet, Listener, Server, ServerConfig, ShutdownHandle, Stream};
+pub use export::{Export, ExportSet};
+pub use server::{Server, ServerConfig, ShutdownHandle};
+pub use stream::{Listener, Stream};

@@ -126,8 +126,14 @@ pub const SIMPLE_REPLY_BYTES: usize = 16;
 /// Size of a structured reply chunk header.
 pub const STRUCTURED_HEADER_BYTES: usize = 20;
 
-/// Largest READ or WRITE payload we accept (the protocol's interoperable
-/// maximum, 2^25). Also the advertised maximum block size.
-pub const MAX_PAYLOAD_BYTES: u32 = 32 << 20;
+/// Largest READ or WRITE payload we accept, advertised as the maximum in
+/// `NBD_INFO_BLOCK_SIZE`. Twice the protocol's interoperable 32 MiB: qemu
+/// and libnbd send up to what is advertised, and larger requests mean fewer
+/// round trips for bulk copies. Longer requests get `EOVERFLOW`.
+pub const MAX_PAYLOAD_BYTES: u32 = 64 << 20;
+/// Longest WRITE payload above [`MAX_PAYLOAD_BYTES`] that is read and
+/// dropped to keep the connection in sync (answered `EOVERFLOW`); beyond
+/// it the connection is dropped instead of reading on for gigabytes.
+pub const MAX_DRAIN_BYTES: u64 = 1 << 30;
 /// Longest string (export name, query, message) the protocol allows.
 pub const MAX_STRING_BYTES: usize = 4096;

@@ -1,299 +1,79 @@
 //! Listeners, connections and shutdown.
 //!
-//! One thread per listener accepts; one reader thread per connection runs
-//! the handshake and then [`conn::serve`]; requests run on the shared
-//! [`WorkerPool`]. Shutdown ([`ShutdownHandle::shutdown`], wired to
-//! SIGINT/SIGTERM by [`Server::run_with_signals`]) stops accepting, shuts
-//! the read side of every connection so readers see end-of-stream, waits
-//! until every request already read has been answered, and returns; the
-//! caller then flushes and closes the volumes.
+//! One thread per listener accepts; each admitted connection gets a reader
+//! thread, which runs the handshake and then [`conn::serve`] (which adds
+//! the connection's writer thread); requests run on the shared, fixed-size
+//! [`WorkerPool`] with payloads from the shared [`BufferPool`].
+//!
+//! Limits, each independent of what clients do:
+//! * at most `max_connections` connections (in handshake or transmission);
+//!   more are closed at once;
+//! * the whole handshake must finish within `handshake_timeout`, however
+//!   the client trickles its bytes;
+//! * a reply write that blocks for `send_timeout` (a client that does not
+//!   read) drops the connection;
+//! * `worker_threads` workers and `buffer_budget_bytes` of payload buffers
+//!   for all connections together.
+//!
+//! Shutdown ([`ShutdownHandle::shutdown`], wired to SIGINT/SIGTERM by
+//! [`Server::run_with_signals`], and optionally to the parent's exit or to
+//! the last client's leaving) stops accepting, shuts the read side of every
+//! connection so readers see end-of-stream, waits until every request
+//! already read has been answered, and returns; the caller then flushes and
+//! closes the volumes.
 
-use std::io::{self, BufRead, BufReader, Read, Write};
-use std::net::{Shutdown, TcpListener, TcpStream};
-use std::os::unix::net::{UnixListener, UnixStream};
-use std::path::PathBuf;
+use std::io::{self, BufRead, BufReader, Read};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 
-use crate::backend::Backend;
-use crate::conn::{self, ConnLimits};
+use crate::buffers::BufferPool;
+use crate::conn::{self, ConnLimits, ConnResources};
 use crate::handshake::{self, HandshakeLimits, Outcome};
 use crate::pool::WorkerPool;
 
-/// One export: a name clients ask for and the backend behind it.
-pub struct Export {
-    pub name: String,
-    pub description: String,
-    pub backend: Arc<dyn Backend>,
-    /// Advertised minimum block size (1: any alignment works).
-    pub min_block_bytes: u32,
-}
+pub use crate::export::{Export, ExportSet};
+pub use crate::stream::{activated_listeners, Listener, Stream, StreamControl};
 
-impl Export {
-    pub fn new(
-        name: impl Into<String>,
-        description: impl Into<String>,
-        backend: Arc<dyn Backend>,
-    ) -> Self {
-        Self {
-            name: name.into(),
-            description: description.into(),
-            backend,
-            min_block_bytes: 1,
-        }
-    }
-
-    pub fn size_bytes(&self) -> u64 {
-        self.backend.size_bytes()
-    }
-}
-
-/// The exports of a server; the first one is also the default export (the
-/// empty name).
-pub struct ExportSet {
-    exports: Vec<Arc<Export>>,
-}
-
-impl ExportSet {
-    /// Fails on an empty set or a repeated name.
-    pub fn new(exports: Vec<Export>) -> Result<Self, String> {
-        if exports.is_empty() {
-            return Err("no export to serve".into());
-        }
-        for (i, e) in exports.iter().enumerate() {
-            if exports[..i].iter().any(|o| o.name == e.name) {
-                return Err(format!("export name {:?} given twice", e.name));
-            }
-            if e.name.len() > crate::proto::MAX_STRING_BYTES || e.name.contains('\0') {
-                return Err(format!(
-                    "export name {:?} is not a valid NBD string",
-                    e.name
-                ));
-            }
-        }
-        Ok(Self {
-            exports: exports.into_iter().map(Arc::new).collect(),
-        })
-    }
-
-    /// The export called `name`; the empty name is the default export.
-    pub fn find(&self, name: &str) -> Option<Arc<Export>> {
-        if name.is_empty() {
-            return self.exports.first().cloned();
-        }
-        self.exports.iter().find(|e| e.name == name).cloned()
-    }
-
-    pub fn iter(&self) -> impl Iterator<Item = &Arc<Export>> {
-        self.exports.iter()
-    }
-}
-
-/// Out-of-band control of a connection's stream.
-pub trait StreamControl: Send + Sync {
-    /// Shuts the stream down both ways: a blocked reader sees end-of-stream,
-    /// further writes fail.
-    fn shutdown(&self);
-    /// Shuts down only the read side (server shutdown: finish what was read).
-    fn shutdown_read(&self);
-    fn set_read_timeout(&self, t: Option<Duration>);
-}
-
-impl StreamControl for TcpStream {
-    fn shutdown(&self) {
-        let _ = TcpStream::shutdown(self, Shutdown::Both);
-    }
-    fn shutdown_read(&self) {
-        let _ = TcpStream::shutdown(self, Shutdown::Read);
-    }
-    fn set_read_timeout(&self, t: Option<Duration>) {
-        let _ = TcpStream::set_read_timeout(self, t);
-    }
-}
-
-impl StreamControl for UnixStream {
-    fn shutdown(&self) {
-        let _ = UnixStream::shutdown(self, Shutdown::Both);
-    }
-    fn shutdown_read(&self) {
-        let _ = UnixStream::shutdown(self, Shutdown::Read);
-    }
-    fn set_read_timeout(&self, t: Option<Duration>) {
-        let _ = UnixStream::set_read_timeout(self, t);
-    }
-}
-
-/// Control for streams that cannot be shut down (pipes).
-struct NoControl;
-impl StreamControl for NoControl {
-    fn shutdown(&self) {}
-    fn shutdown_read(&self) {}
-    fn set_read_timeout(&self, _t: Option<Duration>) {}
-}
-
-/// A connected byte stream split into halves. TLS would plug in here: a TLS
-/// session is one object that both reads and writes, so a TLS `Stream` would
-/// be driven by one I/O thread owning the session and expose channel-backed
-/// `reader`/`writer` halves; the handshake and transmission code see only
-/// `Read`/`Write` and need no change.
-pub struct Stream {
-    pub reader: Box<dyn Read + Send>,
-    pub writer: Box<dyn Write + Send>,
-    pub control: Arc<dyn StreamControl>,
-    pub peer: String,
-}
-
-impl Stream {
-    pub fn from_tcp(s: TcpStream) -> io::Result<Self> {
-        // The spec recommends TCP_NODELAY: replies are small and latency-bound.
-        s.set_nodelay(true)?;
-        let peer = s
-            .peer_addr()
-            .map(|a| a.to_string())
-            .unwrap_or_else(|_| "tcp".into());
-        Ok(Self {
-            reader: Box::new(s.try_clone()?),
-            control: Arc::new(s.try_clone()?),
-            writer: Box::new(s),
-            peer,
-        })
-    }
-
-    pub fn from_unix(s: UnixStream) -> io::Result<Self> {
-        Ok(Self {
-            reader: Box::new(s.try_clone()?),
-            control: Arc::new(s.try_clone()?),
-            writer: Box::new(s),
-            peer: "unix".into(),
-        })
-    }
-
-    /// Standard input and output (`jbdev serve -s`, libnbd's
-    /// `connect_command`): if stdin is a socket (the usual socketpair) it is
-    /// used both ways; otherwise stdin is read and stdout written.
-    pub fn from_stdio() -> io::Result<Self> {
-        use std::os::fd::AsFd;
-        let fd = io::stdin().as_fd().try_clone_to_owned()?;
-        let sock = UnixStream::from(fd);
-        if sock.local_addr().is_ok() {
-            let mut s = Self::from_unix(sock)?;
-            s.peer = "stdin".into();
-            return Ok(s);
-        }
-        let input = std::fs::File::from(io::stdin().as_fd().try_clone_to_owned()?);
-        let output = std::fs::File::from(io::stdout().as_fd().try_clone_to_owned()?);
-        Ok(Self {
-            reader: Box::new(input),
-            writer: Box::new(output),
-            control: Arc::new(NoControl),
-            peer: "stdio".into(),
-        })
-    }
-}
-
-/// A listening socket.
-pub enum Listener {
-    Tcp(TcpListener),
-    /// A unix socket; `unlink` is removed when the server stops (set for
-    /// sockets the server created itself).
-    Unix {
-        listener: UnixListener,
-        unlink: Option<PathBuf>,
-    },
-}
-
-impl Listener {
-    pub fn describe(&self) -> String {
-        match self {
-            Self::Tcp(l) => l
-                .local_addr()
-                .map(|a| a.to_string())
-                .unwrap_or_else(|_| "tcp".into()),
-            Self::Unix { listener, .. } => listener
-                .local_addr()
-                .ok()
-                .and_then(|a| a.as_pathname().map(|p| p.display().to_string()))
-                .unwrap_or_else(|| "unix socket".into()),
-        }
-    }
-
-    fn accept(&self) -> io::Result<Stream> {
-        match self {
-            Self::Tcp(l) => Stream::from_tcp(l.accept()?.0),
-            Self::Unix { listener, .. } => Stream::from_unix(listener.accept()?.0),
-        }
-    }
-
-    /// Connects to the listener so that a blocked `accept` returns.
-    fn wake(&self) {
-        match self {
-            Self::Tcp(l) => {
-                if let Ok(mut a) = l.local_addr() {
-                    if a.ip().is_unspecified() {
-                        a.set_ip(std::net::Ipv4Addr::LOCALHOST.into());
-                    }
-                    let _ = TcpStream::connect_timeout(&a, Duration::from_millis(200));
-                }
-            }
-            Self::Unix { listener, .. } => {
-                if let Some(p) = listener
-                    .local_addr()
-                    .ok()
-                    .and_then(|a| a.as_pathname().map(|p| p.to_path_buf()))
-                {
-                    let _ = UnixStream::connect(p);
-                }
-            }
-        }
-    }
-}
-
-/// Listening sockets passed by systemd-style socket activation
-/// (`LISTEN_FDS`/`LISTEN_PID`), e.g. by `nbdinfo -- [ jbdev serve IMG ]`.
-/// `Ok(None)` when the process was not socket-activated.
-///
-/// Uses the `listenfd` crate, which checks `LISTEN_PID` and the socket type
-/// and family of each descriptor before adopting it, so this crate needs no
-/// `unsafe` for `FromRawFd`.
-pub fn activated_listeners() -> io::Result<Option<Vec<Listener>>> {
-    let mut fds = listenfd::ListenFd::from_env();
-    if fds.len() == 0 {
-        return Ok(None);
-    }
-    let mut out = Vec::new();
-    for i in 0..fds.len() {
-        if let Ok(Some(l)) = fds.take_unix_listener(i) {
-            out.push(Listener::Unix {
-                listener: l,
-                unlink: None,
-            });
-        } else if let Some(l) = fds.take_tcp_listener(i)? {
-            out.push(Listener::Tcp(l));
-        }
-    }
-    // Children we might start must not see the variables.
-    std::env::remove_var("LISTEN_FDS");
-    std::env::remove_var("LISTEN_PID");
-    std::env::remove_var("LISTEN_FDNAMES");
-    Ok(Some(out))
-}
-
-/// Server knobs.
+/// Server knobs. Every field is a limit that holds whatever clients do.
 #[derive(Clone, Debug)]
 pub struct ServerConfig {
     pub max_inflight_requests_per_conn: u32,
+    /// Payload bytes (write data and read replies) in flight per connection.
     pub max_inflight_bytes_per_conn: u64,
-    /// Worker threads shared by all connections (started on demand).
-    pub max_worker_threads: usize,
+    /// Worker threads shared by all connections: how many requests are in
+    /// the volume at once.
+    pub worker_threads: usize,
+    /// Connections at once, in handshake or transmission.
+    pub max_connections: usize,
+    /// Payload buffer bytes in use at once, over all connections.
+    pub buffer_budget_bytes: u64,
+    /// Freed payload buffer bytes kept for reuse.
+    pub buffer_retain_bytes: u64,
     /// Time a client may take for the whole handshake.
     pub handshake_timeout: Duration,
+    /// Time one reply write may block before the client is dropped.
+    pub send_timeout: Duration,
+    /// Time a write's payload (or a begun request header) may take to arrive.
+    pub payload_timeout: Duration,
     /// Options a client may send before it must enter transmission.
     pub max_options: u32,
     /// Time shutdown waits for connections to finish.
     pub shutdown_grace: Duration,
+    /// Shut down when the parent process exits (checked twice a second).
+    pub exit_with_parent: bool,
+    /// Shut down once the last connection ends (after at least one).
+    pub exit_when_idle: bool,
+}
+
+/// Default worker count: four per core (a synchronous volume call blocks
+/// its worker for a whole commit, so more workers than cores let group
+/// commits gather), at least 8 and at most 64.
+pub fn default_worker_threads() -> usize {
+    let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+    (cores * 4).clamp(8, 64)
 }
 
 impl Default for ServerConfig {
@@ -301,10 +81,17 @@ impl Default for ServerConfig {
         Self {
             max_inflight_requests_per_conn: 128,
             max_inflight_bytes_per_conn: 64 << 20,
-            max_worker_threads: 256,
-            handshake_timeout: Duration::from_secs(30),
+            worker_threads: default_worker_threads(),
+            max_connections: 128,
+            buffer_budget_bytes: 256 << 20,
+            buffer_retain_bytes: 16 << 20,
+            handshake_timeout: Duration::from_secs(10),
+            send_timeout: Duration::from_secs(30),
+            payload_timeout: Duration::from_secs(30),
             max_options: 256,
             shutdown_grace: Duration::from_secs(30),
+            exit_with_parent: false,
+            exit_when_idle: false,
         }
     }
 }
@@ -318,8 +105,10 @@ struct Inner {
     exports: ExportSet,
     cfg: ServerConfig,
     pool: WorkerPool,
+    buffers: Arc<BufferPool>,
     stopping: AtomicBool,
     next_id: AtomicU64,
+    refused: AtomicU64,
     conns: ConnRegistry,
     /// Listeners to wake on shutdown.
     wakers: Mutex<Vec<Arc<Listener>>>,
@@ -348,33 +137,42 @@ impl ShutdownHandle {
     /// Stops accepting and ends every connection after its in-flight
     /// requests are answered. Returns at once.
     pub fn shutdown(&self) {
-        let Some(inner) = self.inner.upgrade() else {
-            return; // already gone
-        };
-        if inner.stopping.swap(true, Ordering::AcqRel) {
-            return;
+        if let Some(inner) = self.inner.upgrade() {
+            begin_shutdown(&inner);
         }
-        tracing::info!("shutting down: finishing in-flight requests");
-        for (_, c) in inner.conns.live.lock().iter() {
-            c.shutdown_read();
-        }
-        for l in inner.wakers.lock().iter() {
-            l.wake();
-        }
-        inner.conns.empty.notify_all();
     }
+}
+
+fn begin_shutdown(inner: &Inner) {
+    if inner.stopping.swap(true, Ordering::AcqRel) {
+        return;
+    }
+    tracing::info!("shutting down: finishing in-flight requests");
+    for (_, c) in inner.conns.live.lock().iter() {
+        c.shutdown_read();
+    }
+    for l in inner.wakers.lock().iter() {
+        l.wake();
+    }
+    inner.conns.empty.notify_all();
 }
 
 impl Server {
     pub fn new(exports: ExportSet, cfg: ServerConfig) -> Self {
-        let pool = WorkerPool::new(cfg.max_worker_threads);
+        let pool = WorkerPool::new(cfg.worker_threads);
+        let buffers = Arc::new(BufferPool::new(
+            cfg.buffer_budget_bytes,
+            cfg.buffer_retain_bytes,
+        ));
         Self {
             inner: Arc::new(Inner {
                 exports,
                 cfg,
                 pool,
+                buffers,
                 stopping: AtomicBool::new(false),
                 next_id: AtomicU64::new(1),
+                refused: AtomicU64::new(0),
                 conns: ConnRegistry {
                     live: Mutex::new(Vec::new()),
                     empty: Condvar::new(),
@@ -396,6 +194,7 @@ impl Server {
     pub fn serve(&self, listeners: Vec<Listener>) {
         let listeners: Vec<Arc<Listener>> = listeners.into_iter().map(Arc::new).collect();
         *self.inner.wakers.lock() = listeners.clone();
+        self.watch_parent();
         for l in &listeners {
             let inner = Arc::downgrade(&self.inner);
             let l = l.clone();
@@ -428,25 +227,48 @@ impl Server {
     /// Serves one already-connected stream (stdin/stdout mode) until it
     /// ends or the server shuts down.
     pub fn serve_one(&self, stream: Stream) {
-        let inner = self.inner.clone();
-        let t = std::thread::Builder::new()
-            .name("nbd-conn".into())
-            .spawn(move || run_connection(&inner, stream));
-        match t {
-            Ok(t) => {
-                // Wait for the connection or for shutdown (then the grace time).
-                let mut live = self.inner.conns.live.lock();
-                while !t.is_finished() && !self.inner.stopping.load(Ordering::Acquire) {
-                    self.inner
-                        .conns
-                        .empty
-                        .wait_for(&mut live, Duration::from_millis(100));
-                }
-                drop(live);
-                self.wait_connections();
-            }
-            Err(e) => tracing::error!("cannot start a connection thread: {e}"),
+        self.watch_parent();
+        if !admit(&self.inner, stream) {
+            return;
         }
+        // Wait for the connection or for shutdown (then the grace time).
+        let mut live = self.inner.conns.live.lock();
+        while !live.is_empty() && !self.inner.stopping.load(Ordering::Acquire) {
+            self.inner
+                .conns
+                .empty
+                .wait_for(&mut live, Duration::from_millis(100));
+        }
+        drop(live);
+        self.wait_connections();
+    }
+
+    /// With `exit_with_parent`, a thread that shuts the server down when the
+    /// parent process goes away (we are reparented).
+    fn watch_parent(&self) {
+        if !self.inner.cfg.exit_with_parent {
+            return;
+        }
+        let parent = std::os::unix::process::parent_id();
+        let handle = self.shutdown_handle();
+        let _ = std::thread::Builder::new()
+            .name("nbd-parent".into())
+            .stack_size(conn::CONN_STACK_BYTES)
+            .spawn(move || loop {
+                std::thread::sleep(Duration::from_millis(500));
+                let Some(inner) = handle.inner.upgrade() else {
+                    return;
+                };
+                if inner.stopping.load(Ordering::Acquire) {
+                    return;
+                }
+                drop(inner);
+                if std::os::unix::process::parent_id() != parent {
+                    tracing::info!("parent process {parent} exited; shutting down");
+                    handle.shutdown();
+                    return;
+                }
+            });
     }
 
     fn wait_connections(&self) {
@@ -501,6 +323,24 @@ impl Server {
             })?;
         Ok(SignalGuard(handle))
     }
+
+    /// Connections open right now (handshake or transmission).
+    pub fn connections(&self) -> usize {
+        self.inner.conns.live.lock().len()
+    }
+
+    /// Connections refused because `max_connections` were open.
+    pub fn refused_connections(&self) -> u64 {
+        self.inner.refused.load(Ordering::Relaxed)
+    }
+
+    /// Payload buffer bytes in use and kept for reuse.
+    pub fn buffer_bytes(&self) -> (u64, u64) {
+        (
+            self.inner.buffers.in_use_bytes(),
+            self.inner.buffers.retained_bytes(),
+        )
+    }
 }
 
 struct SignalGuard(signal_hook::iterator::Handle);
@@ -519,13 +359,7 @@ fn accept_loop(weak: &Weak<Inner>, listener: &Listener) {
         }
         match res {
             Ok(stream) => {
-                let inner2 = inner.clone();
-                let spawned = std::thread::Builder::new()
-                    .name("nbd-conn".into())
-                    .spawn(move || run_connection(&inner2, stream));
-                if let Err(e) = spawned {
-                    tracing::warn!("cannot start a connection thread: {e}");
-                }
+                admit(&inner, stream);
             }
             Err(e) => {
                 // EMFILE and friends: back off instead of spinning.
@@ -536,16 +370,96 @@ fn accept_loop(weak: &Weak<Inner>, listener: &Listener) {
     }
 }
 
-fn run_connection(inner: &Arc<Inner>, stream: Stream) {
+/// Registers `stream` and starts its reader thread, or closes it if the
+/// server is stopping or `max_connections` are open. True if admitted.
+fn admit(inner: &Arc<Inner>, stream: Stream) -> bool {
     let id = inner.next_id.fetch_add(1, Ordering::Relaxed);
     {
         let mut live = inner.conns.live.lock();
         if inner.stopping.load(Ordering::Acquire) {
             stream.control.shutdown();
-            return;
+            return false;
+        }
+        if live.len() >= inner.cfg.max_connections {
+            drop(live);
+            // Closing at once costs the client a retry, not us a thread.
+            if inner
+                .refused
+                .fetch_add(1, Ordering::Relaxed)
+                .is_multiple_of(1000)
+            {
+                tracing::warn!(
+                    "refusing connection from {}: {} connections open (--max-connections)",
+                    stream.peer,
+                    inner.cfg.max_connections
+                );
+            }
+            stream.control.shutdown();
+            return false;
         }
         live.push((id, stream.control.clone()));
     }
+    let inner2 = inner.clone();
+    let control = stream.control.clone();
+    let spawned = std::thread::Builder::new()
+        .name("nbd-conn".into())
+        .stack_size(conn::CONN_STACK_BYTES)
+        .spawn(move || run_connection(&inner2, id, stream));
+    if let Err(e) = spawned {
+        tracing::warn!("cannot start a connection thread: {e}");
+        control.shutdown();
+        unregister(inner, id);
+        return false;
+    }
+    true
+}
+
+fn unregister(inner: &Inner, id: u64) {
+    let mut live = inner.conns.live.lock();
+    live.retain(|(i, _)| *i != id);
+    if live.is_empty() {
+        inner.conns.empty.notify_all();
+        drop(live);
+        if inner.cfg.exit_when_idle && !inner.stopping.load(Ordering::Acquire) {
+            tracing::info!("last client left; shutting down");
+            begin_shutdown(inner);
+        }
+    }
+}
+
+/// Bounds the whole handshake: every read gets only the time left.
+struct DeadlineReader<'a> {
+    inner: &'a mut (dyn BufRead + Send),
+    control: &'a dyn StreamControl,
+    deadline: Instant,
+}
+
+impl Read for DeadlineReader<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let left = self.deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "handshake not completed in time",
+            ));
+        }
+        self.control
+            .set_read_timeout(Some(left.max(Duration::from_millis(1))));
+        match self.inner.read(buf) {
+            Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock) => Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "handshake not completed in time",
+            )),
+            r => r,
+        }
+    }
+}
+
+/// Capacity of a connection's read buffer: several request headers and
+/// small payloads per `read`, while idle connections stay cheap.
+const READ_BUFFER_BYTES: usize = 64 << 10;
+
+fn run_connection(inner: &Arc<Inner>, id: u64, stream: Stream) {
     tracing::debug!("connection {id} from {}", stream.peer);
     let Stream {
         reader,
@@ -555,33 +469,47 @@ fn run_connection(inner: &Arc<Inner>, stream: Stream) {
     } = stream;
     // One buffered reader for both phases: bytes read ahead during the
     // handshake belong to the first requests.
-    let mut reader: Box<dyn BufRead + Send> = Box::new(BufReader::with_capacity(256 << 10, reader));
-    control.set_read_timeout(Some(inner.cfg.handshake_timeout));
+    let mut reader: Box<dyn BufRead + Send> =
+        Box::new(BufReader::with_capacity(READ_BUFFER_BYTES, reader));
+    let cfg = &inner.cfg;
+    control.set_write_timeout(Some(cfg.handshake_timeout.min(cfg.send_timeout)));
     let limits = HandshakeLimits {
-        max_options: inner.cfg.max_options,
+        max_options: cfg.max_options,
     };
     let stopping = || inner.stopping.load(Ordering::Acquire);
-    let outcome =
-        handshake::negotiate(&mut reader, &mut writer, &inner.exports, &limits, &stopping);
+    let outcome = {
+        let mut timed = DeadlineReader {
+            inner: &mut *reader,
+            control: &*control,
+            deadline: Instant::now() + cfg.handshake_timeout,
+        };
+        handshake::negotiate(&mut timed, &mut writer, &inner.exports, &limits, &stopping)
+    };
     match outcome {
         Ok(Outcome::Transmission(session)) => {
-            control.set_read_timeout(None);
+            control.set_write_timeout(Some(cfg.send_timeout));
             tracing::debug!(
                 "connection {id}: export {:?}, structured replies {}",
                 session.export.name,
                 session.structured_replies
             );
             let limits = ConnLimits {
-                max_inflight_requests: inner.cfg.max_inflight_requests_per_conn,
-                max_inflight_bytes: inner.cfg.max_inflight_bytes_per_conn,
+                max_inflight_requests: cfg.max_inflight_requests_per_conn,
+                max_inflight_bytes: cfg.max_inflight_bytes_per_conn,
+                payload_timeout: cfg.payload_timeout,
+            };
+            let res = ConnResources {
+                workers: &inner.pool,
+                buffers: &inner.buffers,
             };
             conn::serve(
                 reader,
                 writer,
                 control.clone(),
                 session,
-                &inner.pool,
+                &res,
                 &limits,
+                &stopping,
             );
         }
         Ok(Outcome::Closed) => control.shutdown(),
@@ -590,9 +518,5 @@ fn run_connection(inner: &Arc<Inner>, stream: Stream) {
             control.shutdown();
         }
     }
-    let mut live = inner.conns.live.lock();
-    live.retain(|(i, _)| *i != id);
-    if live.is_empty() {
-        inner.conns.empty.notify_all();
-    }
+    unregister(inner, id);
 }

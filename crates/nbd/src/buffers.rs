@@ -1,0 +1,215 @@
+//! The bounded pool of payload buffers shared by every connection.
+//!
+//! Every WRITE payload and every READ reply lives in a [`PooledBuf`] taken
+//! from one [`BufferPool`]. Two limits hold whatever the number of clients:
+//!
+//! * `budget_bytes` — the bytes of all payload buffers in use at once. A
+//!   request waits (and its connection's reader stops reading, so TCP pushes
+//!   back on the client) until its length fits. A request longer than the
+//!   whole budget is admitted only when nothing else is in use, so it always
+//!   makes progress.
+//! * `retain_bytes` — the bytes of released buffers kept for reuse. Reuse
+//!   keeps the allocator from growing a heap per thread under load; what is
+//!   released beyond this goes back to the allocator, so memory after a
+//!   burst returns to about `retain_bytes`.
+//!
+//! A write's buffer is reserved with its capacity but filled only as the
+//! payload arrives (see `conn`), so a client that announces a large write
+//! and then trickles makes the server touch only the bytes it really sent.
+
+use std::sync::Arc;
+
+use parking_lot::{Condvar, Mutex};
+
+/// Smallest buffer kept for reuse; smaller requests round up to it.
+const MIN_CLASS_BYTES: usize = 4 << 10;
+/// Size classes are powers of two from [`MIN_CLASS_BYTES`]; this many.
+const CLASSES: usize = 16; // 4 KiB .. 128 MiB
+
+struct State {
+    in_use_bytes: u64,
+    retained_bytes: u64,
+    /// Free buffers per size class.
+    free: [Vec<Vec<u8>>; CLASSES],
+}
+
+/// See the module docs.
+pub struct BufferPool {
+    state: Mutex<State>,
+    cv: Condvar,
+    budget_bytes: u64,
+    retain_bytes: u64,
+}
+
+/// A buffer of the pool; returns to it when dropped.
+pub struct PooledBuf {
+    pool: Arc<BufferPool>,
+    buf: Vec<u8>,
+    /// What was charged against the budget.
+    charged: u64,
+}
+
+fn class_of(len: usize) -> Option<usize> {
+    let rounded = len.max(MIN_CLASS_BYTES).checked_next_power_of_two()?;
+    let c = (rounded.trailing_zeros() - MIN_CLASS_BYTES.trailing_zeros()) as usize;
+    (c < CLASSES).then_some(c)
+}
+
+impl BufferPool {
+    pub fn new(budget_bytes: u64, retain_bytes: u64) -> Self {
+        Self {
+            state: Mutex::new(State {
+                in_use_bytes: 0,
+                retained_bytes: 0,
+                free: Default::default(),
+            }),
+            cv: Condvar::new(),
+            budget_bytes: budget_bytes.max(1),
+            retain_bytes,
+        }
+    }
+
+    /// An empty buffer with capacity for `len` bytes, waiting until the
+    /// budget allows it.
+    pub fn take(self: &Arc<Self>, len: usize) -> PooledBuf {
+        let charged = len as u64;
+        let mut st = self.state.lock();
+        while st.in_use_bytes > 0 && st.in_use_bytes + charged > self.budget_bytes {
+            self.cv.wait(&mut st);
+        }
+        st.in_use_bytes += charged;
+        let reused = class_of(len).and_then(|c| {
+            // Any free buffer of this class or the next larger one fits.
+            (c..CLASSES.min(c + 2)).find_map(|k| st.free[k].pop())
+        });
+        let buf = match reused {
+            Some(mut b) => {
+                st.retained_bytes -= b.capacity() as u64;
+                b.clear();
+                b
+            }
+            None => {
+                drop(st);
+                // Reserve the class size so the buffer can be reused for
+                // any request of its class; pages are touched only as
+                // bytes are written into it.
+                let cap = class_of(len).map_or(len, |c| MIN_CLASS_BYTES << c);
+                Vec::with_capacity(cap)
+            }
+        };
+        PooledBuf {
+            pool: self.clone(),
+            buf,
+            charged,
+        }
+    }
+
+    /// Bytes of buffers in use (for tests and metrics).
+    pub fn in_use_bytes(&self) -> u64 {
+        self.state.lock().in_use_bytes
+    }
+
+    /// Bytes of free buffers kept for reuse.
+    pub fn retained_bytes(&self) -> u64 {
+        self.state.lock().retained_bytes
+    }
+
+    fn give_back(&self, buf: Vec<u8>, charged: u64) {
+        let mut st = self.state.lock();
+        st.in_use_bytes -= charged;
+        let cap = buf.capacity();
+        let class = (cap >= MIN_CLASS_BYTES && cap.is_power_of_two())
+            .then(|| class_of(cap))
+            .flatten();
+        let keep = class.is_some() && st.retained_bytes + cap as u64 <= self.retain_bytes;
+        let dropped = match (keep, class) {
+            (true, Some(c)) => {
+                st.retained_bytes += cap as u64;
+                st.free[c].push(buf);
+                None
+            }
+            _ => Some(buf),
+        };
+        drop(st);
+        self.cv.notify_all();
+        // Freed outside the lock.
+        drop(dropped);
+    }
+}
+
+impl PooledBuf {
+    pub fn vec(&mut self) -> &mut Vec<u8> {
+        &mut self.buf
+    }
+}
+
+impl std::ops::Deref for PooledBuf {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        &self.buf
+    }
+}
+
+impl std::ops::DerefMut for PooledBuf {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        &mut self.buf
+    }
+}
+
+impl Drop for PooledBuf {
+    fn drop(&mut self) {
+        let buf = std::mem::take(&mut self.buf);
+        self.pool.give_back(buf, self.charged);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn classes_round_up_to_powers_of_two() {
+        assert_eq!(class_of(0), Some(0));
+        assert_eq!(class_of(4096), Some(0));
+        assert_eq!(class_of(4097), Some(1));
+        assert_eq!(class_of(64 << 20), Some(14));
+        assert_eq!(class_of(128 << 20), Some(15));
+        assert_eq!(class_of((128 << 20) + 1), None);
+        assert_eq!(class_of(usize::MAX), None);
+    }
+
+    #[test]
+    fn buffers_are_reused_and_retention_is_capped() {
+        let pool = Arc::new(BufferPool::new(1 << 30, 64 << 10));
+        {
+            let mut a = pool.take(10_000);
+            a.vec().extend_from_slice(&[1; 10_000]);
+            assert_eq!(pool.in_use_bytes(), 10_000);
+        }
+        assert_eq!(pool.in_use_bytes(), 0);
+        assert_eq!(pool.retained_bytes(), 16 << 10);
+        let b = pool.take(9000);
+        assert!(b.is_empty(), "a reused buffer starts empty");
+        assert_eq!(pool.retained_bytes(), 0);
+        drop(b);
+        // Above the retention cap: freed, not kept.
+        drop(pool.take(1 << 20));
+        assert_eq!(pool.retained_bytes(), 16 << 10);
+    }
+
+    #[test]
+    fn budget_blocks_until_bytes_are_released_but_never_starves_a_large_request() {
+        let pool = Arc::new(BufferPool::new(1 << 20, 0));
+        let big = pool.take(4 << 20); // larger than the budget: admitted alone
+        let p2 = pool.clone();
+        let t = std::thread::spawn(move || {
+            let _small = p2.take(4096);
+            p2.in_use_bytes()
+        });
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        assert!(!t.is_finished(), "the budget must hold the second request");
+        drop(big);
+        assert_eq!(t.join().unwrap(), 4096);
+        assert_eq!(pool.in_use_bytes(), 0);
+    }
+}

@@ -1,0 +1,86 @@
+//! Exports: the names clients ask for, their operator-set descriptions and
+//! the backends behind them.
+
+use std::sync::Arc;
+
+use crate::backend::Backend;
+
+/// One export: a name clients ask for and the backend behind it.
+pub struct Export {
+    pub name: String,
+    /// Set by the operator, shown to any client that lists exports; empty
+    /// for none. Never derived from the backing path.
+    pub description: String,
+    pub backend: Arc<dyn Backend>,
+    /// Advertised minimum block size (1: any alignment works).
+    pub min_block_bytes: u32,
+}
+
+impl Export {
+    pub fn new(
+        name: impl Into<String>,
+        description: impl Into<String>,
+        backend: Arc<dyn Backend>,
+    ) -> Self {
+        Self {
+            name: name.into(),
+            description: description.into(),
+            backend,
+            min_block_bytes: 1,
+        }
+    }
+
+    pub fn size_bytes(&self) -> u64 {
+        self.backend.size_bytes()
+    }
+}
+
+/// The exports of a server; the first one is also the default export (the
+/// empty name).
+pub struct ExportSet {
+    exports: Vec<Arc<Export>>,
+}
+
+impl ExportSet {
+    /// Fails on an empty set or a repeated name.
+    pub fn new(exports: Vec<Export>) -> Result<Self, String> {
+        if exports.is_empty() {
+            return Err("no export to serve".into());
+        }
+        for (i, e) in exports.iter().enumerate() {
+            if exports[..i].iter().any(|o| o.name == e.name) {
+                return Err(format!("export name {:?} given twice", e.name));
+            }
+            if e.name.len() > crate::proto::MAX_STRING_BYTES || e.name.contains('\0') {
+                return Err(format!(
+                    "export name {:?} is not a valid NBD string",
+                    e.name
+                ));
+            }
+            // A LIST reply carries name and description in one 32-bit-sized
+            // string pair; keep both within the protocol's string limit.
+            if e.description.len() > crate::proto::MAX_STRING_BYTES || e.description.contains('\0')
+            {
+                return Err(format!(
+                    "description of export {:?} is longer than 4096 bytes or contains NUL",
+                    e.name
+                ));
+            }
+        }
+        Ok(Self {
+            exports: exports.into_iter().map(Arc::new).collect(),
+        })
+    }
+
+    /// The export called `name`; the empty name is the default export.
+    pub fn find(&self, name: &str) -> Option<Arc<Export>> {
+        if name.is_empty() {
+            return self.exports.first().cloned();
+        }
+        self.exports.iter().find(|e| e.name == name).cloned()
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &Arc<Export>> {
+        self.exports.iter()
+    }
+}
