@@ -77,6 +77,10 @@ pub struct CommonArgs {
     /// suffix); default: the engine's (1 MiB).
     #[arg(long, value_parser = parse_size)]
     pub direct_write_threshold: Option<u64>,
+    /// Commits in flight at once in the volume under test (1 = one commit
+    /// at a time, the first engine's behaviour); default: the engine's.
+    #[arg(long)]
+    pub pipeline_depth: Option<u32>,
     /// No progress bar.
     #[arg(long)]
     pub no_progress: bool,

@@ -32,6 +32,7 @@ pub struct RunConfig {
     pub max_batch: Option<Duration>,
     /// Direct-write threshold of the volume (None: the engine's default).
     pub direct_write_threshold: Option<u64>,
+    pub pipeline_depth: Option<u32>,
     /// Bound on operations per thread per run (every load loop is bounded).
     pub max_ops_per_thread: u64,
 }
@@ -45,6 +46,7 @@ impl Default for RunConfig {
             backend: Backend::Auto,
             max_batch: None,
             direct_write_threshold: None,
+            pipeline_depth: None,
             max_ops_per_thread: 50_000_000,
         }
     }
@@ -101,6 +103,9 @@ impl Ctx<'_> {
         }
         if let Some(t) = self.cfg.direct_write_threshold {
             o.direct_write_threshold = t;
+        }
+        if let Some(d) = self.cfg.pipeline_depth {
+            o.pipeline_depth = d;
         }
         o
     }

@@ -283,6 +283,7 @@ pub fn run_plans(
         backend: common.backend,
         max_batch: common.max_batch_us.map(Duration::from_micros),
         direct_write_threshold: common.direct_write_threshold,
+        pipeline_depth: common.pipeline_depth,
         ..RunConfig::default()
     };
     let bcfg = BackingConfig {

@@ -25,6 +25,7 @@ fn args(device: PathBuf, dir: &Path, force: bool) -> CommonArgs {
         backend: Backend::Auto,
         max_batch_us: None,
         direct_write_threshold: None,
+        pipeline_depth: None,
         no_progress: true,
         force,
     }

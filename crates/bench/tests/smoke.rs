@@ -26,6 +26,7 @@ fn common(device: PathBuf, dir: &std::path::Path) -> CommonArgs {
         backend: Backend::Auto,
         max_batch_us: None,
         direct_write_threshold: None,
+        pipeline_depth: None,
         no_progress: true,
         force: false,
     }

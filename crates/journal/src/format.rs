@@ -124,6 +124,9 @@ mod sb {
     pub const NUM_FC_BLKS: usize = 0x54;
     /// `s_head` (kernel ≥ 6.3; left zero by jbdev).
     pub const HEAD: usize = 0x58;
+    /// jbdev: commits that may be in flight at once in the live log
+    /// (`s_padding[0]`; jbd2 tools ignore it). 0 means 1.
+    pub const PIPELINE_DEPTH: usize = 0x5C;
     pub const CHECKSUM: usize = 0xFC;
     pub const USERS: usize = 0x100;
     pub const END: usize = 0x400;
@@ -431,6 +434,11 @@ pub struct JournalSuperblock {
     /// `s_users`: uuids of the users, at most [`MAX_USERS`]. Decoding yields
     /// exactly `nr_users` entries.
     pub users: Vec<[u8; 16]>,
+    /// jbdev: how many commits the session writing the live log may have
+    /// had in flight at once (at least 1). Recovery needs it to tell a torn
+    /// tail from damage in the middle: transaction S + depth is only
+    /// written once S is durable.
+    pub pipeline_depth: u32,
 }
 
 impl JournalSuperblock {
@@ -455,6 +463,7 @@ impl JournalSuperblock {
             max_transaction: 0,
             max_trans_data: 0,
             users: vec![uuid],
+            pipeline_depth: 1,
         }
     }
 
@@ -517,6 +526,7 @@ impl JournalSuperblock {
         put_be32(block, sb::NR_USERS, self.nr_users);
         put_be32(block, sb::MAX_TRANSACTION, self.max_transaction);
         put_be32(block, sb::MAX_TRANS_DATA, self.max_trans_data);
+        put_be32(block, sb::PIPELINE_DEPTH, self.pipeline_depth.max(1));
         block[sb::CHECKSUM_TYPE] = CHECKSUM_TYPE_CRC32C;
         for (i, user) in self.users.iter().enumerate() {
             let off = sb::USERS + i * UUID_LEN;
@@ -647,6 +657,7 @@ impl JournalSuperblock {
             max_transaction: get_be32(block, sb::MAX_TRANSACTION),
             max_trans_data: get_be32(block, sb::MAX_TRANS_DATA),
             users,
+            pipeline_depth: get_be32(block, sb::PIPELINE_DEPTH).max(1),
         })
     }
 }

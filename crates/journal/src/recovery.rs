@@ -19,11 +19,17 @@
 //! | an unreadable block              | —                        | —                 | corrupt middle | refused         | replay before S  |
 //! | anywhere                         | no                       | yes, elsewhere    | corrupt middle | refused         | replay before S  |
 //!
-//! A later transaction can only exist if S's commit was durable before it
-//! was written (commits are never pipelined), so a valid later block proves
-//! S was complete once and has since been damaged — even when the damage
-//! hit S's first block, which otherwise looks exactly like the end of the
-//! log. An unreadable block could hide such a later transaction, so it
+//! What counts as proof depends on the `pipeline_depth` the writing session
+//! recorded in the superblock. With depth 1 every block of a transaction is
+//! written after its predecessor is durable, so any verified later block
+//! proves S was complete once and has since been damaged — even when the
+//! damage hit S's first block, which otherwise looks exactly like the end of
+//! the log. With a deeper pipeline the descriptor and data blocks of later
+//! transactions may be written while S still is, but a commit block only
+//! once its predecessor is published (durable): then only a verified later
+//! commit block is proof. Later transactions without one are the rest of a
+//! crashed pipeline and are discarded with S — none of them was
+//! acknowledged, since commits are acknowledged in order. An unreadable block could hide such a later transaction, so it
 //! cannot be judged: the read-write open is refused rather than risk
 //! dropping acknowledged transactions.
 //!
@@ -132,6 +138,10 @@ struct Bad {
 /// Smallest log (blocks after `s_first`) the engine can work with.
 pub const MIN_LOG_BLOCKS: u32 = 8;
 
+/// Most commits a session may have in flight at once (the superblock's
+/// `pipeline_depth` is refused above this).
+pub const MAX_PIPELINE_DEPTH: u32 = 16;
+
 /// Checks every geometry field of a journal superblock against the region
 /// the volume reserved for it, clean or not. A superblock that claims more
 /// blocks than the region holds would let the log head run over whatever
@@ -164,6 +174,12 @@ pub fn check_geometry(sb: &JournalSuperblock, region: &JournalRegion) -> Result<
         return bad(format!(
             "s_start {} outside the log {}..{}",
             sb.start, sb.first, sb.max_len
+        ));
+    }
+    if !(1..=MAX_PIPELINE_DEPTH).contains(&sb.pipeline_depth) {
+        return bad(format!(
+            "journal superblock says {} commits may be in flight (pipeline depth; at most {MAX_PIPELINE_DEPTH})",
+            sb.pipeline_depth
         ));
     }
     if sb.nr_users > 1 || sb.users.len() > 1 {
@@ -436,7 +452,12 @@ fn survey_log(
             if out.max_sequence.is_none_or(|m| is_after(h.sequence, m)) {
                 out.max_sequence = Some(h.sequence);
             }
-            if out.later_at.is_none() && is_after(h.sequence, failed_sequence) {
+            // IMPORTANT: with commits in flight at once, descriptor and data
+            // blocks of later transactions may be written while S still is;
+            // only a later COMMIT block proves S was durable (a commit block
+            // is written only once its predecessor is published).
+            let proves = sb.pipeline_depth <= 1 || h.block_type == BLOCKTYPE_COMMIT;
+            if out.later_at.is_none() && is_after(h.sequence, failed_sequence) && proves {
                 out.later_at = Some((pos + i, h.sequence));
             }
         }
@@ -671,6 +692,51 @@ mod tests {
             "next sequence {} is still present in the log",
             s.next_sequence
         );
+    }
+
+    /// With a pipeline, a later transaction's descriptor and data may be on
+    /// disk while the earlier one is torn (crash mid-pipeline): that is the
+    /// torn end. Only a later commit block proves the earlier one was
+    /// durable (then it is damage).
+    #[test]
+    fn pipelined_log_needs_a_later_commit_block_to_prove_damage() {
+        for later_commit in [false, true] {
+            let (region, mut sb) = journal();
+            sb.pipeline_depth = 2;
+            region.write_superblock_full(&sb).unwrap();
+            let first_start = sb.start;
+            write_txn(&region, &sb, &framed(1));
+            let mut next = sb.clone();
+            next.start += 3;
+            next.sequence += 1;
+            write_txn(&region, &next, &framed(2));
+            if !later_commit {
+                // The second transaction's commit block never made it.
+                region
+                    .write_blocks(
+                        next.start + 2,
+                        &[IoSlice::new(&vec![0u8; BS])],
+                        IoPriority::Urgent,
+                    )
+                    .unwrap();
+            }
+            // The first transaction's data block is torn.
+            region
+                .write_blocks(
+                    first_start + 1,
+                    &[IoSlice::new(&framed(9))],
+                    IoPriority::Urgent,
+                )
+                .unwrap();
+            let s = scan(&region, &mut |_| {}).unwrap();
+            assert!(s.txns.is_empty());
+            match (&s.end, later_commit) {
+                (ScanEnd::TornTail { sequence: 40, .. }, false) => {}
+                (ScanEnd::CorruptMiddle { sequence: 40, .. }, true) => {}
+                (other, _) => panic!("later commit {later_commit}: {other:?}"),
+            }
+            assert!(s.next_sequence > 41, "{}", s.next_sequence);
+        }
     }
 
     #[test]

@@ -71,6 +71,10 @@ const CHECKPOINT_ROUND_BLOCKS: usize = 4096;
 /// Writes in flight at once during a checkpoint (one thread each, since the
 /// device API is synchronous): random home blocks need queue depth.
 const CHECKPOINT_WRITERS: usize = 8;
+/// Condition variables for commit waiters (see `Engine::done`).
+const DONE_SLOTS: usize = 32;
+/// Most commits in flight (also the journal's refusal limit).
+const MAX_PIPELINE_DEPTH: u32 = jbdev_journal::recovery::MAX_PIPELINE_DEPTH;
 /// Lock-free attempts of a read (or of a read-modify-write's home read)
 /// before it reads home under the shard locks, which always succeeds.
 const READ_OPTIMISTIC_TRIES: u32 = 3;
@@ -114,10 +118,29 @@ pub struct CommittedTxn {
     pub tid: Tid,
     pub sequence: u32,
     pub start_pos: u32,
-    pub end_pos: u32,
     pub log_blocks: u64,
+    /// Journal credits the transaction paid (released when published).
+    pub charged: u64,
     pub blocks: Vec<(Lba, u64, BlockRef)>,
     pub revokes: Vec<Lba>,
+}
+
+/// How a cut transaction's I/O ended.
+enum Finished {
+    /// Nothing to write (an empty cut still takes its turn in order).
+    Empty,
+    Written(CommittedTxn, Duration),
+    Failed(String),
+}
+
+/// The log layout of a cut transaction, fixed under the state lock so that
+/// transactions in flight at once never overlap in the log.
+struct Layout {
+    sequence: u32,
+    head: u32,
+    /// An older transaction was in flight at the cut: write the body now
+    /// but the commit block only once that one is published.
+    chained: bool,
 }
 
 /// State shared by writers, the commit thread and the checkpoint thread.
@@ -127,8 +150,17 @@ struct JState {
     /// When the first sync request for the running transaction arrived.
     running_first_sync: Option<Instant>,
     committed_tid: Tid,
-    /// A commit is in progress (by a leading writer or the commit thread).
-    committing: bool,
+    /// A leader is between deciding to commit the running transaction and
+    /// cutting it (its batching wait): nobody else may start one.
+    cutting: bool,
+    /// Transactions cut and not yet published (their I/O runs, or they wait
+    /// for an older one to be published first). At most `pipeline_depth`.
+    in_flight: u32,
+    /// Transactions whose I/O finished, waiting to be published in order.
+    finished: BTreeMap<Tid, Finished>,
+    /// Log start and disk sequence of each in-flight non-empty transaction,
+    /// oldest first: the tail may never move past the oldest of them.
+    in_flight_starts: VecDeque<(Tid, u32, u32)>,
     /// The newest cut found nothing to commit (drain is complete).
     last_cut_empty: bool,
     /// Highest transaction somebody asked to be committed.
@@ -162,6 +194,8 @@ pub struct StatsInner {
     pub checkpoints: u64,
     pub checkpoint_blocks: u64,
     pub direct_writes: u64,
+    /// Commits whose body overlapped an older commit in flight.
+    pub chained_commits: u64,
 }
 
 /// One write operation of a journaled request, in bytes.
@@ -194,9 +228,11 @@ pub struct Engine {
     kick: Condvar,
     /// A batching leader waits here for more sync waiters to join.
     joined: Condvar,
-    /// Waiters for transaction `t` sleep on `done[t % 2]`: only N and N+1
-    /// can have waiters, so a commit wakes only its own.
-    done: [Condvar; 2],
+    /// Waiters for transaction `t` sleep on `done[t % DONE_SLOTS]`: only the
+    /// in-flight transactions and the running one can have waiters (at most
+    /// `pipeline_depth + 1 <= DONE_SLOTS`), so a commit wakes only its own.
+    done: [Condvar; DONE_SLOTS],
+    pipeline_depth: u32,
     space: Condvar,
     checkpoint_kick: Condvar,
     committed: Mutex<VecDeque<CommittedTxn>>,
@@ -266,7 +302,10 @@ impl Engine {
             running_created: Instant::now(),
             running_first_sync: None,
             committed_tid: tid0 - 1,
-            committing: false,
+            cutting: false,
+            in_flight: 0,
+            finished: BTreeMap::new(),
+            in_flight_starts: VecDeque::new(),
             last_cut_empty: false,
             want_commit: 0,
             sync_waiters: 0,
@@ -306,7 +345,8 @@ impl Engine {
             st: Mutex::new(st),
             kick: Condvar::new(),
             joined: Condvar::new(),
-            done: [Condvar::new(), Condvar::new()],
+            done: std::array::from_fn(|_| Condvar::new()),
+            pipeline_depth: opts.pipeline_depth.clamp(1, MAX_PIPELINE_DEPTH),
             space: Condvar::new(),
             checkpoint_kick: Condvar::new(),
             committed: Mutex::new(VecDeque::new()),
@@ -329,6 +369,7 @@ impl Engine {
                 checkpoints: 0,
                 checkpoint_blocks: 0,
                 direct_writes: 0,
+                chained_commits: 0,
             }),
             first,
         }
@@ -726,7 +767,7 @@ impl Engine {
             st.space_waiters += 1;
             st.checkpoint_request = true;
             self.checkpoint_kick.notify_one();
-            if !st.committing && !st.shutdown {
+            if self.can_lead(&st) {
                 st = self.commit_once(st, false);
             }
             let free = st.capacity.saturating_sub(st.used + st.outstanding);
@@ -737,13 +778,24 @@ impl Engine {
         }
     }
 
+    /// Whether a new commit may start now: nobody is cutting, fewer than
+    /// `pipeline_depth` commits are in flight, no error, not shut down.
+    fn can_lead(&self, st: &JState) -> bool {
+        !st.cutting && st.in_flight < self.pipeline_depth && st.error.is_none() && !st.shutdown
+    }
+
+    fn slot(tid: Tid) -> usize {
+        (tid % DONE_SLOTS as u64) as usize
+    }
+
     /// Waits until transaction `tid` is committed (durable).
     ///
-    /// Leader/follower group commit: if no commit is in progress, the caller
-    /// becomes the leader and commits the running transaction itself (after
-    /// the batching wait), so a lone syncing writer pays no thread hand-off.
-    /// Otherwise it follows: it sleeps until the commit covering `tid` is
-    /// done, or until the previous leader hands it the lead.
+    /// Leader/follower group commit: if a commit may start (nobody cutting,
+    /// fewer than `pipeline_depth` in flight), the caller becomes the leader
+    /// and commits the running transaction itself (after the batching wait),
+    /// so a lone syncing writer pays no thread hand-off. Otherwise it
+    /// follows: it sleeps until the commit covering `tid` is published, or
+    /// until a leader hands it the lead.
     pub fn wait_commit(&self, tid: Tid) -> Result<()> {
         let mut st = self.state();
         if st.error.is_some() {
@@ -766,12 +818,11 @@ impl Engine {
             self.joined.notify_one();
         }
         while st.committed_tid < tid && st.error.is_none() {
-            if !st.committing && !st.shutdown {
-                debug_assert_eq!(tid, st.running_tid);
+            if tid == st.running_tid && self.can_lead(&st) {
                 st = self.commit_once(st, true);
                 continue;
             }
-            self.done[(tid % 2) as usize].wait(st.inner());
+            self.done[Self::slot(tid)].wait(st.inner());
         }
         st.sync_waiters -= 1;
         if st.committed_tid >= tid && st.error.is_none() {
@@ -985,7 +1036,10 @@ impl Engine {
             // A sync request nobody leads (a leader that hit shutdown).
             let orphan = st.want_commit >= st.running_tid && st.shutdown;
             let drain = st.shutdown;
-            if st.error.is_some() || st.committing || !(timed || sized || drain || orphan) {
+            if !(self.can_lead(&st) || (drain && !st.cutting && st.in_flight < self.pipeline_depth))
+                || st.error.is_some()
+                || !(timed || sized || drain || orphan)
+            {
                 let deadline = st.running_created + self.opts.commit_interval;
                 self.kick.wait_until(st.inner(), deadline);
                 continue;
@@ -999,22 +1053,28 @@ impl Engine {
     }
 
     /// Commits the running transaction. The caller holds the state lock and
-    /// no commit is in progress; the lock is released for the batching wait
-    /// and the I/O and held again on return.
+    /// [`Engine::can_lead`] allowed it (or the commit thread drains at
+    /// shutdown); the lock is released for the batching wait and the I/O and
+    /// held again on return.
     ///
-    /// Phases: (1) batching wait, sync commits only; (2) cut under the state
-    /// lock and all stripe locks; (3) write and flush, no lock held;
-    /// (4) publish: committed_tid, log head, space, wake the followers and
-    /// hand the lead to a waiter of the next transaction.
+    /// Phases: (1) batching wait, sync commits only; (2) under the state lock
+    /// and all stripe locks: cut, resolve revokes against blocks, and fix the
+    /// transaction's log position and disk sequence (so transactions in
+    /// flight at once never overlap in the log), then hand the lead to a
+    /// waiter of the next transaction — its commit may run while ours
+    /// writes; (3) build and write, no lock held; (4) record the outcome and
+    /// publish every transaction whose predecessors are all published:
+    /// commits are acknowledged strictly in order, so a transaction is never
+    /// reported durable while an older one might still be lost.
     fn commit_once<'a>(&'a self, mut st: Ranked<'a, JState>, sync: bool) -> Ranked<'a, JState> {
-        assert!(!st.committing, "two commits at once");
+        assert!(!st.cutting, "two leaders cutting at once");
         // IMPORTANT: after a failed commit no later transaction may be
         // committed: `committed_tid` would pass the failed one and its
         // waiters would be told their data is durable.
         if st.error.is_some() {
             return st;
         }
-        st.committing = true;
+        st.cutting = true;
         // Phase 1.
         if sync && !st.shutdown {
             if let Some(deadline) = self.batch_deadline(&st) {
@@ -1031,10 +1091,8 @@ impl Engine {
         // IMPORTANT: the journal may have aborted during the wait (abort
         // wakes `joined`); committing now could acknowledge FUA writers.
         if st.error.is_some() {
-            st.committing = false;
-            self.done.iter().for_each(|c| {
-                c.notify_all();
-            });
+            st.cutting = false;
+            self.wake_all_waiters();
             return st;
         }
         // Phase 2.
@@ -1049,35 +1107,89 @@ impl Engine {
         st.credits_since_cut = 0;
         let empty = blocks.is_empty() && revokes.is_empty();
         st.last_cut_empty = empty;
-        if empty {
-            st.committed_tid = tid;
+        st.cutting = false;
+        st.in_flight += 1;
+        let planned = (!empty).then(|| {
+            let (newest, revoke_list) = resolve(blocks, revokes);
+            let k = writer::transaction_blocks(self.bs, newest.len(), revoke_list.len());
+            let layout = Layout {
+                sequence: st.next_sequence,
+                head: st.head,
+                chained: st.in_flight > 1,
+            };
+            st.next_sequence = st.next_sequence.wrapping_add(1);
+            st.head = writer::advance(st.head, k, self.first, self.region.len_blocks());
+            st.in_flight_starts
+                .push_back((tid, layout.head, layout.sequence));
+            (newest, revoke_list, layout)
+        });
+        if waiters > 0 {
+            st.last_batch_waiters = waiters;
+        }
+        // Hand the lead: a waiter of the next transaction may start its
+        // commit now, while ours is written (pipelining).
+        if st.want_commit >= st.running_tid && self.can_lead(&st) {
+            self.done[Self::slot(st.running_tid)].notify_one();
+        }
+        let outcome = match planned {
+            None => Finished::Empty,
+            Some((newest, revoke_list, layout)) => {
+                drop(st);
+                // Phase 3.
+                let res = self.write_commit(tid, &layout, newest, revoke_list, charged);
+                st = self.state();
+                match res {
+                    Ok(txn) => Finished::Written(txn, started.elapsed()),
+                    Err(e) => Finished::Failed(format!("journal commit failed: {e}")),
+                }
+            }
+        };
+        // Phase 4.
+        if let Finished::Failed(why) = &outcome {
+            // IMPORTANT: recorded under the same lock hold that ends the
+            // commit, before anything could publish past it.
+            let _ = self.abort_reason.set(why.clone());
+            if st.error.is_none() {
+                st.error = Some(why.clone());
+            }
+            self.aborted.store(true, Ordering::Release);
+            tracing::error!("journal aborted: {why}");
+        }
+        st.finished.insert(tid, outcome);
+        // An empty cut's credits (none were used) return with this cut.
+        if matches!(st.finished.get(&tid), Some(Finished::Empty)) {
             st.outstanding -= charged;
-        } else {
-            let sequence = st.next_sequence;
-            let head = st.head;
-            drop(st);
-            // Phase 3.
-            let res = self.write_commit(tid, sequence, head, blocks, revokes, charged);
-            st = self.state();
-            // Phase 4.
-            match res {
-                Ok(txn) => {
-                    let elapsed = started.elapsed();
+        }
+        self.publish_ready(&mut st);
+        st
+    }
+
+    /// Publishes, in tid order, every finished transaction whose
+    /// predecessors are all published: `committed_tid`, log space, the
+    /// checkpoint queue, statistics; wakes their waiters.
+    fn publish_ready(&self, st: &mut JState) {
+        while let Some(outcome) = st.finished.remove(&(st.committed_tid + 1)) {
+            let tid = st.committed_tid + 1;
+            if st.error.is_some() {
+                // Nothing is published after an error; drop what is left.
+                st.finished.clear();
+                break;
+            }
+            st.in_flight -= 1;
+            match outcome {
+                Finished::Empty => st.committed_tid = tid,
+                Finished::Written(txn, elapsed) => {
                     let ns = elapsed.as_nanos().min(u64::MAX as u128) as u64;
                     st.avg_commit_ns = if st.avg_commit_ns == 0 {
                         ns
                     } else {
                         (st.avg_commit_ns * 3 + ns) / 4
                     };
-                    if waiters > 0 {
-                        st.last_batch_waiters = waiters;
-                    }
+                    let front = st.in_flight_starts.pop_front();
+                    debug_assert_eq!(front.map(|f| f.0), Some(tid));
                     st.committed_tid = tid;
-                    st.next_sequence = sequence.wrapping_add(1);
-                    st.head = txn.end_pos;
                     st.used += txn.log_blocks;
-                    st.outstanding -= charged;
-                    let fill_high = st.used * 4 >= st.capacity;
+                    st.outstanding -= txn.charged;
                     {
                         let mut s = self.stats.lock();
                         s.commits += 1;
@@ -1088,77 +1200,57 @@ impl Engine {
                             .record((elapsed.as_micros() as u64).max(1));
                     }
                     self.committed.lock().push_back(txn);
-                    if fill_high {
+                    if st.used * 4 >= st.capacity {
                         self.checkpoint_kick.notify_one();
                     }
                 }
-                Err(e) => {
-                    // IMPORTANT: the error is recorded under the same lock
-                    // hold that ends the commit. If the lock were dropped
-                    // with `committing` false and no error yet, another
-                    // writer could lead the next commit (an empty cut needs
-                    // no I/O) and move `committed_tid` past this failed
-                    // transaction: its FUA writers would get Ok for data
-                    // that never reached the journal.
-                    let why = format!("journal commit failed: {e}");
-                    let _ = self.abort_reason.set(why.clone());
-                    if st.error.is_none() {
-                        st.error = Some(why.clone());
-                    }
-                    self.aborted.store(true, Ordering::Release);
-                    st.committing = false;
-                    drop(st);
-                    self.abort(why);
-                    return self.state();
-                }
+                Finished::Failed(_) => unreachable!("a failure sets the error first"),
             }
+            self.done[Self::slot(tid)].notify_all();
         }
-        st.committing = false;
-        self.done[(tid % 2) as usize].notify_all();
-        // Hand the lead to one waiter of the next transaction, if any.
-        if st.want_commit >= st.running_tid {
-            self.done[((tid + 1) % 2) as usize].notify_one();
+        if st.error.is_some() {
+            st.in_flight = 0;
+            self.wake_all_waiters();
+            return;
+        }
+        // Hand the lead to one waiter of the running transaction, if any.
+        if st.want_commit >= st.running_tid && self.can_lead(st) {
+            self.done[Self::slot(st.running_tid)].notify_one();
         }
         self.kick.notify_one();
         self.space.notify_all();
-        st
+    }
+
+    /// Waits until transaction `tid` is published (durable and
+    /// acknowledged), or the journal aborts.
+    fn wait_published(&self, tid: Tid) -> Result<()> {
+        let mut st = self.state();
+        while st.committed_tid < tid && st.error.is_none() {
+            self.done[Self::slot(tid)].wait(st.inner());
+        }
+        match &st.error {
+            Some(_) => Err(Self::aborted_error(&st)),
+            None => Ok(()),
+        }
+    }
+
+    fn wake_all_waiters(&self) {
+        self.done.iter().for_each(|c| {
+            c.notify_all();
+        });
+        self.space.notify_all();
+        self.kick.notify_all();
     }
 
     fn write_commit(
         &self,
         tid: Tid,
-        sequence: u32,
-        head: u32,
-        blocks: Vec<(Lba, u64, BlockRef)>,
-        revokes: Vec<(Lba, u64)>,
+        layout: &Layout,
+        newest: BTreeMap<Lba, (u64, BlockRef)>,
+        revoke_list: Vec<Lba>,
         charged: u64,
     ) -> Result<CommittedTxn> {
-        // Newest version per block, then resolve revokes against it: a
-        // journaled copy newer than the revoke cancels the revoke; an older
-        // one is dropped (the direct write superseded it).
-        let mut newest: BTreeMap<Lba, (u64, BlockRef)> = BTreeMap::new();
-        for (b, v, r) in blocks {
-            match newest.get(&b) {
-                Some((old, _)) if *old > v => {}
-                _ => {
-                    newest.insert(b, (v, r));
-                }
-            }
-        }
-        let mut rev: BTreeMap<Lba, u64> = BTreeMap::new();
-        for (b, v) in revokes {
-            let e = rev.entry(b).or_insert(v);
-            *e = (*e).max(v);
-        }
-        rev.retain(|b, rv| match newest.get(b) {
-            Some((v, _)) if *v > *rv => false,
-            Some(_) => {
-                newest.remove(b);
-                true
-            }
-            None => true,
-        });
-        let revoke_list: Vec<Lba> = rev.keys().copied().collect();
+        let (sequence, head) = (layout.sequence, layout.head);
         let bs = self.bs;
         let data: Vec<(u64, &[u8])> = newest.iter().map(|(&b, (_, r))| (b, r.bytes(bs))).collect();
         let jsb = self.jsb.lock().clone();
@@ -1184,31 +1276,76 @@ impl Engine {
             // that data must be durable before a revoke can be.
             self.home_flusher.flush(self.home.as_ref())?;
         }
-        let end_pos = match self.opts.commit_mode {
-            CommitMode::SingleFlush => {
-                // IMPORTANT: one force-unit-access write (RWF_DSYNC) of every
-                // block of the transaction: durable when it returns, with no
-                // separate flush round trip. Torn commits are still caught
-                // by the block checksums and the data digest.
-                writer::write_log_blocks(&self.region, self.first, head, &log, &prio, true)?
-            }
-            CommitMode::TwoFlush => {
-                let (body, commit) = log.split_at(log.len() - 1);
-                let mid =
-                    writer::write_log_blocks(&self.region, self.first, head, body, &prio, false)?;
-                self.region.flush()?;
-                let end = writer::write_log_blocks(
-                    &self.region,
-                    self.first,
-                    mid,
-                    commit,
-                    &|| IoPriority::Urgent,
-                    false,
-                )?;
-                self.region.flush()?;
-                end
+        let end_pos = if layout.chained {
+            // IMPORTANT: the body (descriptor, revoke, data blocks) goes out
+            // now, durably, overlapping the older commit still in flight; the
+            // commit block only once that one is published. So a commit
+            // block on disk always means its predecessor was durable, which
+            // is what lets recovery tell damage in the middle of the log from
+            // the torn end of a crashed pipeline.
+            let (body, commit) = log.split_at(log.len() - 1);
+            let mid = match self.opts.commit_mode {
+                CommitMode::SingleFlush => {
+                    writer::write_log_blocks(&self.region, self.first, head, body, &prio, true)?
+                }
+                CommitMode::TwoFlush => {
+                    let mid = writer::write_log_blocks(
+                        &self.region,
+                        self.first,
+                        head,
+                        body,
+                        &prio,
+                        false,
+                    )?;
+                    self.region.flush()?;
+                    mid
+                }
+            };
+            self.stats.lock().chained_commits += 1;
+            self.wait_published(tid - 1)?;
+            writer::write_log_blocks(
+                &self.region,
+                self.first,
+                mid,
+                commit,
+                &|| IoPriority::Urgent,
+                true,
+            )?
+        } else {
+            match self.opts.commit_mode {
+                CommitMode::SingleFlush => {
+                    // IMPORTANT: one force-unit-access write (RWF_DSYNC) of
+                    // every block of the transaction: durable when it
+                    // returns, with no separate flush round trip. Torn
+                    // commits are still caught by the block checksums and
+                    // the data digest.
+                    writer::write_log_blocks(&self.region, self.first, head, &log, &prio, true)?
+                }
+                CommitMode::TwoFlush => {
+                    let (body, commit) = log.split_at(log.len() - 1);
+                    let mid = writer::write_log_blocks(
+                        &self.region,
+                        self.first,
+                        head,
+                        body,
+                        &prio,
+                        false,
+                    )?;
+                    self.region.flush()?;
+                    let end = writer::write_log_blocks(
+                        &self.region,
+                        self.first,
+                        mid,
+                        commit,
+                        &|| IoPriority::Urgent,
+                        false,
+                    )?;
+                    self.region.flush()?;
+                    end
+                }
             }
         };
+        // The layout fixed at the cut is what was written.
         debug_assert_eq!(end_pos, writer::advance(head, log.len(), self.first, len));
         drop(log);
         drop(data);
@@ -1216,8 +1353,8 @@ impl Engine {
             tid,
             sequence,
             start_pos: head,
-            end_pos,
             log_blocks: k,
+            charged,
             blocks: newest.into_iter().map(|(b, (v, r))| (b, v, r)).collect(),
             revokes: revoke_list,
         })
@@ -1378,9 +1515,13 @@ impl Engine {
         let (tail_pos, tail_seq) = {
             let st = self.state();
             let q = self.committed.lock();
-            match q.front() {
-                Some(t) => (t.start_pos, t.sequence),
-                None => (st.head, st.next_sequence),
+            // IMPORTANT: never past a transaction still in flight: it may be
+            // acknowledged after this superblock update, and recovery must
+            // then still find it.
+            match (q.front(), st.in_flight_starts.front()) {
+                (Some(t), _) => (t.start_pos, t.sequence),
+                (None, Some(&(_, start, seq))) => (start, seq),
+                (None, None) => (st.head, st.next_sequence),
             }
         };
         {
@@ -1480,6 +1621,38 @@ fn forget(sh: &mut crate::overlay::Shard, b: Lba, ver: Option<u64>, checkpointed
         sh.map.remove(&b);
         sh.bump();
     }
+}
+
+/// Newest version per block, and the revokes that still apply: a
+/// journaled copy newer than a revoke cancels the revoke; an older one is
+/// dropped (the direct write superseded it).
+fn resolve(
+    blocks: Vec<(Lba, u64, BlockRef)>,
+    revokes: Vec<(Lba, u64)>,
+) -> (BTreeMap<Lba, (u64, BlockRef)>, Vec<Lba>) {
+    let mut newest: BTreeMap<Lba, (u64, BlockRef)> = BTreeMap::new();
+    for (b, v, r) in blocks {
+        match newest.get(&b) {
+            Some((old, _)) if *old > v => {}
+            _ => {
+                newest.insert(b, (v, r));
+            }
+        }
+    }
+    let mut rev: BTreeMap<Lba, u64> = BTreeMap::new();
+    for (b, v) in revokes {
+        let e = rev.entry(b).or_insert(v);
+        *e = (*e).max(v);
+    }
+    rev.retain(|b, rv| match newest.get(b) {
+        Some((v, _)) if *v > *rv => false,
+        Some(_) => {
+            newest.remove(b);
+            true
+        }
+        None => true,
+    });
+    (newest, rev.keys().copied().collect())
 }
 
 /// True if the byte ranges cover `[0, bs)`.

@@ -69,6 +69,9 @@ pub struct Stats {
     pub checkpoints: u64,
     pub checkpoint_blocks: u64,
     pub direct_writes: u64,
+    /// Commits whose descriptor and data blocks were written while an older
+    /// commit was still in flight (pipelining at work).
+    pub commits_pipelined: u64,
 }
 
 /// What `open` found and did; shown by `jbdev info` and `jbdev check`.
@@ -419,6 +422,10 @@ impl Volume {
                 home_flusher.flush(dev.as_ref())?;
             }
             jsb.start = jsb.first;
+            // IMPORTANT: durable before the first commit of this session:
+            // recovery judges a torn tail by the depth of the session that
+            // wrote the log.
+            jsb.pipeline_depth = opts.pipeline_depth.clamp(1, recovery::MAX_PIPELINE_DEPTH);
             engine.region.update_superblock(&jsb)?;
             engine.region.flush()?;
             *engine.jsb.get_mut() = jsb;
@@ -762,6 +769,7 @@ impl Volume {
             checkpoints: s.checkpoints,
             checkpoint_blocks: s.checkpoint_blocks,
             direct_writes: s.direct_writes,
+            commits_pipelined: s.chained_commits,
         }
     }
 

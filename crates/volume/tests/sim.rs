@@ -238,6 +238,7 @@ struct Params {
     commit_mode: CommitMode,
     commit_interval: Duration,
     direct_threshold: u64,
+    pipeline_depth: u32,
 }
 
 impl Params {
@@ -270,6 +271,7 @@ impl Params {
             } else {
                 u64::MAX
             },
+            pipeline_depth: rng.gen_range(1..=4),
         }
     }
 
@@ -281,6 +283,7 @@ impl Params {
             commit_interval: self.commit_interval,
             checkpoint_interval: Duration::from_millis(2),
             direct_write_threshold: self.direct_threshold,
+            pipeline_depth: self.pipeline_depth,
             ..OpenOptions::default()
         }
     }
