@@ -13,6 +13,7 @@ use std::net::{SocketAddr, TcpListener};
 use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::{bail, Context};
 use jbdev_nbd::{Export, ExportSet, Listener, Server, ServerConfig, Stream};
@@ -51,6 +52,13 @@ pub struct ServeArgs {
     /// closed at once.
     #[arg(long, default_value_t = 128)]
     pub max_connections: usize,
+    /// Seconds a client has for the whole handshake.
+    #[arg(long, value_name = "SECS", default_value_t = 10)]
+    pub handshake_timeout: u64,
+    /// Seconds a reply write may block before a client that does not read
+    /// is dropped.
+    #[arg(long, value_name = "SECS", default_value_t = 30)]
+    pub send_timeout: u64,
     /// Exit when the parent process exits (on by default when socket
     /// activated).
     #[arg(long)]
@@ -147,6 +155,8 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
         // A socket-activated server belongs to whoever started it.
         exit_with_parent: a.exit_with_parent || listeners.as_ref().is_some_and(|l| l.activated),
         exit_when_idle: a.once,
+        handshake_timeout: Duration::from_secs(a.handshake_timeout.max(1)),
+        send_timeout: Duration::from_secs(a.send_timeout.max(1)),
         ..ServerConfig::default()
     };
     let server = Server::new(exports, cfg);

@@ -343,3 +343,64 @@ fn bad_input_is_answered_or_dropped_and_nothing_acknowledged_is_lost() {
     c.disconnect().unwrap();
     assert!(srv.stop());
 }
+
+/// Requests longer than the advertised 64 MiB maximum are answered
+/// EOVERFLOW (a write's payload is read and dropped) and the connection
+/// goes on; one beyond the drain limit is dropped. Nothing of a refused
+/// write reaches the disk.
+#[test]
+fn oversize_requests_get_eoverflow_and_keep_the_connection() {
+    let dir = TempDir::new("oversize");
+    let img = dir.path("a.img");
+    format_volume(&img, "160M");
+    let srv = ServerProc::start(&[img.to_str().unwrap()], None);
+    let addr = srv.tcp.clone().unwrap();
+    let max = MAX_PAYLOAD_BYTES;
+
+    let mut s = go(&addr);
+    // Exactly the maximum works both ways.
+    let data = pattern(3, max as usize);
+    request(&mut s, CMD_WRITE, CMD_FLAG_FUA, 1, 0, max);
+    s.write_all(&data).unwrap();
+    assert_eq!(simple_reply(&mut s), (0, 1));
+    request(&mut s, CMD_READ, 0, 2, 0, max);
+    assert_eq!(simple_reply(&mut s), (0, 2));
+    let mut back = vec![0u8; max as usize];
+    s.read_exact(&mut back).unwrap();
+    assert!(back == data, "64 MiB read back differs");
+
+    // One block more: EOVERFLOW, payload drained, connection kept.
+    let over = max + 4096;
+    request(&mut s, CMD_WRITE, 0, 3, 0, over);
+    s.write_all(&vec![0xee; over as usize]).unwrap();
+    assert_eq!(simple_reply(&mut s), (EOVERFLOW, 3));
+    request(&mut s, CMD_READ, 0, 4, 0, over);
+    assert_eq!(simple_reply(&mut s), (EOVERFLOW, 4));
+    request(&mut s, CMD_READ, 0, 5, 0, 4096);
+    assert_eq!(simple_reply(&mut s), (0, 5));
+    let mut first = [0u8; 4096];
+    s.read_exact(&mut first).unwrap();
+    assert_eq!(
+        &first[..],
+        &data[..4096],
+        "the refused write reached the disk"
+    );
+    request(&mut s, CMD_DISC, 0, 0, 0, 0);
+    assert!(closed_by_server(&mut s));
+
+    // Beyond the drain limit: the connection is dropped, the server lives.
+    let mut s = go(&addr);
+    request(&mut s, CMD_WRITE, 0, 6, 0, u32::MAX);
+    assert!(closed_by_server(&mut s), "a 4 GiB write was drained");
+    let mut c = Client::connect(&Address::Tcp(addr), "").unwrap();
+    assert_eq!(
+        c.call(CMD_READ, 0, 0, 4096, &[]).unwrap().unwrap(),
+        &data[..4096]
+    );
+    c.disconnect().unwrap();
+    assert!(
+        srv.log_text().contains("EOVERFLOW"),
+        "no warning in the log"
+    );
+    assert!(srv.stop());
+}

@@ -119,7 +119,7 @@ fn kill_9_loses_nothing_acknowledged_durable() {
     let model = Arc::new(Mutex::new(Model::default()));
     let mut checked_blocks = 0u64;
     for round in 0..ROUNDS {
-        let srv = ServerProc::start_after_crash(&[&img_s]);
+        let srv = ServerProc::start(&[&img_s], None);
         let addr = Address::Tcp(srv.tcp.clone().unwrap());
         {
             let mut m = model.lock().unwrap();
@@ -147,8 +147,9 @@ fn kill_9_loses_nothing_acknowledged_durable() {
             t.join().expect("client thread panicked");
         }
 
-        // Restart (recovery runs on open) and check every block.
-        let srv = ServerProc::start_after_crash(&[&img_s]);
+        // Restart at once, as a supervisor would (recovery runs on open;
+        // the dead process's lock is waited for), and check every block.
+        let srv = ServerProc::start(&[&img_s], None);
         let mut c = Client::connect(&Address::Tcp(srv.tcp.clone().unwrap()), "").unwrap();
         let m = model.lock().unwrap();
         assert!(
@@ -184,4 +185,49 @@ fn kill_9_loses_nothing_acknowledged_durable() {
         assert!(srv.stop(), "restarted server did not stop cleanly");
     }
     eprintln!("checked {checked_blocks} blocks over {ROUNDS} crashes");
+}
+
+/// A supervisor restarts the server the moment it dies: after `kill -9`
+/// under load, every immediate restart must open the volume (waiting for
+/// the dead process's lock if the kernel still holds it), never fail with
+/// "already open".
+#[test]
+fn restart_right_after_kill_9_always_opens() {
+    const RESTARTS: u32 = 10;
+    let dir = TempDir::new("restart");
+    let img = dir.path("a.img");
+    format_volume(&img, "64M");
+    let img_s = img.to_str().unwrap().to_string();
+    let model = Arc::new(Mutex::new(Model::default()));
+    let mut srv = ServerProc::start(&[&img_s], None);
+    let mut waited = 0;
+    for _ in 0..RESTARTS {
+        let addr = Address::Tcp(srv.tcp.clone().unwrap());
+        let stop = Arc::new(AtomicBool::new(false));
+        let threads: Vec<_> = (0..4)
+            .map(|t| {
+                let (a, m, s) = (addr.clone(), model.clone(), stop.clone());
+                std::thread::spawn(move || client_loop(a, t, m, s))
+            })
+            .collect();
+        // Crash once FUA writes are flowing (bounded: 2000 polls).
+        for _ in 0..2000 {
+            if model.lock().unwrap().fua_acks > 20 {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        model.lock().unwrap().fua_acks = 0;
+        srv.crash();
+        stop.store(true, Ordering::Relaxed);
+        for t in threads {
+            t.join().expect("client thread panicked");
+        }
+        srv = ServerProc::start(&[&img_s], None);
+        if srv.log_text().contains("waiting up to") {
+            waited += 1;
+        }
+    }
+    eprintln!("{RESTARTS} restarts after kill -9, {waited} waited for a dead holder's lock");
+    assert!(srv.stop(), "server did not stop cleanly");
 }

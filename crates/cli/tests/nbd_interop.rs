@@ -418,3 +418,46 @@ print("BIG-OK")
     assert!(out.contains("BIG-OK"), "{out}");
     assert!(srv.stop());
 }
+
+/// libnbd sends requests up to the advertised maximum: a single 48 MiB and
+/// 64 MiB write and read each go through (a 48 MiB write used to end the
+/// connection); FAST_ZERO succeeds where zeroing is a hole punch and is
+/// refused, changing nothing, where it would journal zero blocks.
+#[test]
+fn large_requests_and_honest_fast_zero_through_libnbd() {
+    if !have_tool("nbdsh", "large_requests") {
+        return;
+    }
+    let dir = TempDir::new("large");
+    let img = dir.path("a.img");
+    format_volume(&img, "256M");
+    let srv = ServerProc::start(&[img.to_str().unwrap()], None);
+    let script = r#"
+import nbd
+M = 1024 * 1024
+assert h.get_block_size(nbd.SIZE_MAXIMUM) == 64 * M
+for size, off in ((48 * M, 0), (64 * M, 64 * M)):
+    d = bytes((i * 31 + size) % 251 for i in range(251)) * (size // 251) + bytes(size % 251)
+    h.pwrite(d, off, nbd.CMD_FLAG_FUA)
+    assert h.pread(size, off) == d, size
+# A 32 MiB zero is zeroed in place: FAST_ZERO must succeed.
+h.zero(32 * M, 128 * M, nbd.CMD_FLAG_FAST_ZERO)
+assert h.pread(32 * M, 128 * M) == bytes(32 * M)
+assert h.pread(4096, 64 * M) != bytes(4096)
+# 4 KiB would be journaled as a zero block: ENOTSUP, contents unchanged.
+h.pwrite(b"\x42" * 4096, 200 * M)
+try:
+    h.zero(4096, 200 * M, nbd.CMD_FLAG_FAST_ZERO)
+    raise AssertionError("a journaled zero was called fast")
+except nbd.Error as e:
+    assert e.errnum == 95, e
+assert h.pread(4096, 200 * M) == b"\x42" * 4096
+h.zero(4096, 200 * M)
+assert h.pread(4096, 200 * M) == bytes(4096)
+h.shutdown()
+print("LARGE-OK")
+"#;
+    let out = run_ok("nbdsh", &["-u", &srv.tcp_uri(), "-c", script], 300);
+    assert!(out.contains("LARGE-OK"), "{out}");
+    assert!(srv.stop());
+}

@@ -131,14 +131,18 @@ fn open_waiting_for_dead_holder(
                 let Some(holders) = flock_holders(path) else {
                     return Err(DeviceError::Busy(what));
                 };
-                if holders.is_empty() || holders.iter().any(|&pid| pid_alive(pid)) {
+                if holders.iter().any(|&pid| pid_alive(pid)) {
                     return Err(DeviceError::Busy(what));
                 }
+                // All holders have exited, or none is listed any more (the
+                // lock went away between our attempt and the look): retry.
                 let deadline = *deadline.get_or_insert_with(|| {
-                    tracing::warn!(
-                        "{what} is locked by a process that has exited; waiting up to {} s for the kernel to release the lock",
-                        DEAD_HOLDER_WAIT.as_secs()
-                    );
+                    if !holders.is_empty() {
+                        tracing::warn!(
+                            "{what} is locked by a process that has exited; waiting up to {} s for the kernel to release the lock",
+                            DEAD_HOLDER_WAIT.as_secs()
+                        );
+                    }
                     Instant::now() + DEAD_HOLDER_WAIT
                 });
                 if Instant::now() >= deadline {

@@ -46,7 +46,15 @@ pub struct ConnLimits {
     /// Time a write's whole payload may take to arrive once its header has;
     /// a header, once begun, gets the same.
     pub payload_timeout: Duration,
+    /// A client must accept at least [`MIN_SEND_PROGRESS_BYTES`] of replies
+    /// per this much time while replies are waiting, or it is dropped.
+    pub send_timeout: Duration,
 }
+
+/// Reply bytes a client must read per `send_timeout` while replies wait:
+/// far below any real link, far above a client that reads a trickle to
+/// keep the server's memory and writer busy.
+pub const MIN_SEND_PROGRESS_BYTES: u64 = 1 << 20;
 
 /// What a connection shares with the rest of the server.
 pub struct ConnResources<'a> {
@@ -151,13 +159,18 @@ pub struct ReplySink {
     cv: Condvar,
     gate: Arc<InflightGate>,
     control: Arc<dyn StreamControl>,
+    send_timeout: Duration,
 }
 
 /// Most messages written in one `writev` batch.
 const MAX_BATCH_MSGS: usize = 256;
 
 impl ReplySink {
-    fn new(gate: Arc<InflightGate>, control: Arc<dyn StreamControl>) -> Self {
+    fn new(
+        gate: Arc<InflightGate>,
+        control: Arc<dyn StreamControl>,
+        send_timeout: Duration,
+    ) -> Self {
         Self {
             state: Mutex::new(SinkState {
                 queue: Vec::new(),
@@ -167,6 +180,7 @@ impl ReplySink {
             cv: Condvar::new(),
             gate,
             control,
+            send_timeout,
         }
     }
 
@@ -202,6 +216,7 @@ impl ReplySink {
     /// and empty, or a write fails (the client is gone or did not read for
     /// the send timeout), which ends the connection.
     fn run_writer(&self, mut writer: Box<dyn Write + Send>) {
+        let mut progress = SendProgress::new(self.send_timeout);
         let mut st = self.state.lock();
         loop {
             if st.queue.is_empty() {
@@ -214,7 +229,7 @@ impl ReplySink {
             let n = st.queue.len().min(MAX_BATCH_MSGS);
             let batch: Vec<OutMsg> = st.queue.drain(..n).collect();
             drop(st);
-            let res = write_batch(&mut *writer, &batch);
+            let res = write_batch(&mut *writer, &batch, &mut progress);
             self.release(&batch);
             drop(batch); // buffers back to the pool before the next wait
             st = self.state.lock();
@@ -231,7 +246,48 @@ impl ReplySink {
     }
 }
 
-fn write_batch(w: &mut dyn Write, batch: &[OutMsg]) -> io::Result<()> {
+/// Tracks how fast a client takes its replies. The socket's send timeout
+/// catches a client that reads nothing; this catches one that reads a
+/// trickle (each write then makes a little progress and never times out).
+struct SendProgress {
+    window: Duration,
+    window_start: Instant,
+    window_bytes: u64,
+}
+
+impl SendProgress {
+    fn new(window: Duration) -> Self {
+        Self {
+            window,
+            window_start: Instant::now(),
+            window_bytes: 0,
+        }
+    }
+
+    /// A new batch: replies were idle until now, so the clock starts here.
+    fn start(&mut self) {
+        self.window_start = Instant::now();
+        self.window_bytes = 0;
+    }
+
+    fn wrote(&mut self, n: usize) -> io::Result<()> {
+        self.window_bytes += n as u64;
+        if self.window_start.elapsed() < self.window {
+            return Ok(());
+        }
+        if self.window_bytes < MIN_SEND_PROGRESS_BYTES {
+            return Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "client reads its replies too slowly",
+            ));
+        }
+        self.start();
+        Ok(())
+    }
+}
+
+fn write_batch(w: &mut dyn Write, batch: &[OutMsg], progress: &mut SendProgress) -> io::Result<()> {
+    progress.start();
     let mut slices: Vec<IoSlice<'_>> = batch
         .iter()
         .flat_map(|m| m.parts.iter())
@@ -252,6 +308,7 @@ fn write_batch(w: &mut dyn Write, batch: &[OutMsg]) -> io::Result<()> {
             return Err(io::ErrorKind::WriteZero.into());
         }
         IoSlice::advance_slices(&mut rest, n);
+        progress.wrote(n)?;
     }
     w.flush()
 }
@@ -555,7 +612,7 @@ pub fn serve(
     let backend = session.export.backend.clone();
     let conn = Arc::new(ConnShared {
         backend: backend.clone(),
-        sink: ReplySink::new(gate.clone(), control.clone()),
+        sink: ReplySink::new(gate.clone(), control.clone(), limits.send_timeout),
         buffers: res.buffers.clone(),
         structured: session.structured_replies,
     });

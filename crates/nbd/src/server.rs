@@ -497,6 +497,7 @@ fn run_connection(inner: &Arc<Inner>, id: u64, stream: Stream) {
                 max_inflight_requests: cfg.max_inflight_requests_per_conn,
                 max_inflight_bytes: cfg.max_inflight_bytes_per_conn,
                 payload_timeout: cfg.payload_timeout,
+                send_timeout: cfg.send_timeout,
             };
             let res = ConnResources {
                 workers: &inner.pool,

@@ -99,23 +99,6 @@ pub struct ServerProc {
 }
 
 impl ServerProc {
-    /// Starts the server after a crash of the previous one. The dead
-    /// process's volume lock can outlive it briefly (the kernel tears down
-    /// its io_uring instances, which hold the file, asynchronously), so a
-    /// refusal with "already open" is retried for a bounded time.
-    pub fn start_after_crash(args: &[&str]) -> Self {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            match Self::try_start(args, None) {
-                Ok(s) => return s,
-                Err(log) if log.contains("already open") && Instant::now() < deadline => {
-                    std::thread::sleep(Duration::from_millis(100));
-                }
-                Err(log) => panic!("jbdev serve did not start: {log}"),
-            }
-        }
-    }
-
     /// Starts `jbdev serve ARGS --listen 127.0.0.1:0 [--socket SOCK]` and
     /// waits for its "listening on" lines.
     pub fn start(args: &[&str], socket: Option<&Path>) -> Self {

@@ -1,0 +1,216 @@
+//! Hostile clients against the real `jbdev serve`: a flood of idle and
+//! trickling connections, connections beyond `--max-connections`, and a
+//! client that sends reads but never reads the replies — while a normal
+//! client's writes and reads keep being served and verified, and the
+//! server's memory stays bounded. Then every hostile connection must have
+//! been dropped by the server (handshake deadline, send timeout).
+
+mod nbd_common;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use jbdev_nbd::client::{Address, Client};
+use jbdev_nbd::proto::*;
+use nbd_common::*;
+
+const MAX_CONNECTIONS: usize = 48;
+const IDLE: usize = 24;
+const TRICKLING: usize = 12;
+
+/// Resident memory of a process, in bytes.
+fn rss_bytes(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .expect("VmRSS");
+    kib << 10
+}
+
+/// Threads of a process.
+fn threads(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .map(|d| d.count())
+        .unwrap_or(0)
+}
+
+/// True once the server has closed `s` (reads end or fail), waiting at
+/// most `limit`.
+fn dropped_within(s: &mut TcpStream, limit: Duration) -> bool {
+    s.set_read_timeout(Some(Duration::from_millis(200)))
+        .unwrap();
+    let deadline = Instant::now() + limit;
+    let mut buf = [0u8; 64 << 10];
+    while Instant::now() < deadline {
+        match s.read(&mut buf) {
+            Ok(0) => return true,
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(e) if e.kind() == std::io::ErrorKind::TimedOut => {}
+            Err(_) => return true,
+        }
+    }
+    false
+}
+
+#[test]
+fn flood_of_idle_trickling_and_non_reading_clients_does_not_starve_a_normal_one() {
+    let dir = TempDir::new("hostile");
+    let img = dir.path("a.img");
+    format_volume(&img, "256M");
+    let max_conn = MAX_CONNECTIONS.to_string();
+    let srv = ServerProc::start(
+        &[
+            img.to_str().unwrap(),
+            "--max-connections",
+            &max_conn,
+            "--handshake-timeout",
+            "3",
+            "--send-timeout",
+            "3",
+        ],
+        None,
+    );
+    let tcp = srv.tcp.clone().unwrap();
+    let pid = srv.pid();
+
+    // The normal client connects first, so the flood cannot take its slot.
+    let mut normal = Client::connect(&Address::Tcp(tcp.clone()), "").unwrap();
+
+    // A client that asks for 64 reads of 1 MiB and never reads a reply.
+    let mut deaf_sock = TcpStream::connect(&tcp).unwrap();
+    let mut deaf = Client::handshake(
+        Box::new(deaf_sock.try_clone().unwrap()),
+        Box::new(deaf_sock.try_clone().unwrap()),
+        "",
+    )
+    .unwrap();
+    for i in 0..64u64 {
+        deaf.writer
+            .queue(CMD_READ, 0, i, i << 20, 1 << 20, &[])
+            .unwrap();
+    }
+    deaf.writer.flush().unwrap();
+
+    // Idle connections: connect, never send a byte.
+    let mut idle: Vec<TcpStream> = (0..IDLE)
+        .map(|_| TcpStream::connect(&tcp).unwrap())
+        .collect();
+    // Trickling ones: one byte of the client flags at a time, slowly.
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut trickling: Vec<TcpStream> = (0..TRICKLING)
+        .map(|_| TcpStream::connect(&tcp).unwrap())
+        .collect();
+    let tricklers: Vec<_> = trickling
+        .iter()
+        .map(|s| {
+            let mut s = s.try_clone().unwrap();
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let mut greeting = [0u8; 18];
+                let _ = s.read_exact(&mut greeting);
+                // 4 flag bytes, then option-header bytes forever, 1 per 500 ms
+                // (bounded: at most 40 bytes).
+                for _ in 0..40 {
+                    if stop.load(Ordering::Relaxed) || s.write_all(&[0]).is_err() {
+                        return;
+                    }
+                    std::thread::sleep(Duration::from_millis(500));
+                }
+            })
+        })
+        .collect();
+    // Connections beyond the limit are closed at once.
+    let mut over: Vec<TcpStream> = (0..(MAX_CONNECTIONS - IDLE - TRICKLING - 2 + 8))
+        .map(|_| TcpStream::connect(&tcp).unwrap())
+        .collect();
+
+    // The normal client's I/O is served throughout (bounded: 200 rounds).
+    let mut peak_rss = 0;
+    for round in 0..200u64 {
+        let data = pattern(round, 64 << 10);
+        let off = (128 << 20) + (round % 64) * (64 << 10);
+        let flags = if round % 4 == 0 { CMD_FLAG_FUA } else { 0 };
+        normal
+            .call(CMD_WRITE, flags, off, data.len() as u32, &data)
+            .unwrap()
+            .unwrap_or_else(|e| panic!("write {round}: NBD error {e}"));
+        let back = normal
+            .call(CMD_READ, 0, off, data.len() as u32, &[])
+            .unwrap()
+            .unwrap();
+        assert!(back == data, "round {round}: read back differs");
+        peak_rss = peak_rss.max(rss_bytes(pid));
+    }
+    normal.call(CMD_FLUSH, 0, 0, 0, &[]).unwrap().unwrap();
+    let flood_threads = threads(pid);
+    eprintln!(
+        "served 200 rounds; server peak RSS {} MiB, {flood_threads} threads with {} connections attempted",
+        peak_rss >> 20,
+        2 + IDLE + TRICKLING + over.len()
+    );
+    // Bounded by limits, not by clients: the deaf client can pin at most
+    // its per-connection in-flight bytes (64 MiB) in read replies.
+    assert!(
+        peak_rss < 256 << 20,
+        "server RSS {} MiB under the flood",
+        peak_rss >> 20
+    );
+    // Threads: reader+writer per admitted connection plus a fixed set.
+    assert!(
+        flood_threads <= 2 * MAX_CONNECTIONS + 80,
+        "{flood_threads} threads"
+    );
+
+    // Every hostile connection is dropped by the server: the ones over the
+    // limit at once, idle and trickling ones at the handshake deadline,
+    // the deaf one at the send timeout. (Bounded waits, generous.)
+    for s in &mut over {
+        assert!(
+            dropped_within(s, Duration::from_secs(30)),
+            "over-limit connection kept"
+        );
+    }
+    for s in idle.iter_mut().chain(trickling.iter_mut()) {
+        assert!(
+            dropped_within(s, Duration::from_secs(30)),
+            "idle/trickling connection outlived the handshake deadline"
+        );
+    }
+    stop.store(true, Ordering::Relaxed);
+    for t in tricklers {
+        t.join().unwrap();
+    }
+    // The deaf client: the server gives up on it once its replies stop
+    // moving for the send timeout. Only then read its socket (reading
+    // earlier would make it a client that reads): what the kernel had
+    // buffered comes out, then the end.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !srv
+        .log_text()
+        .contains("dropping client: reply write failed")
+        && Instant::now() < deadline
+    {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    drop(deaf);
+    assert!(
+        dropped_within(&mut deaf_sock, Duration::from_secs(60)),
+        "a client that never reads was not dropped; server log:\n{}",
+        srv.log_text()
+    );
+    // And the normal client still works.
+    let back = normal
+        .call(CMD_READ, 0, 128 << 20, 4096, &[])
+        .unwrap()
+        .unwrap();
+    assert_eq!(back.len(), 4096);
+    normal.disconnect().unwrap();
+    assert!(srv.stop(), "server did not stop cleanly");
+}

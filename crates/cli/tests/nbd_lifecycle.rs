@@ -1,0 +1,98 @@
+//! Lifecycle of the real `jbdev serve`: `--once` exits after the last
+//! client leaves, `--exit-with-parent` exits when the process that started
+//! it dies without stopping it; both close the volume cleanly, so the next
+//! open needs no wait.
+
+mod nbd_common;
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use jbdev_nbd::client::{Address, Client};
+use jbdev_nbd::proto::*;
+use nbd_common::*;
+
+/// True once `pid` has exited (gone, or a zombie), waiting at most `limit`.
+fn exited_within(pid: u32, limit: Duration) -> bool {
+    let deadline = Instant::now() + limit;
+    while Instant::now() < deadline {
+        match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+            Err(_) => return true,
+            Ok(s)
+                if s.rsplit_once(')')
+                    .is_some_and(|(_, r)| r.trim_start().starts_with('Z')) =>
+            {
+                return true
+            }
+            Ok(_) => std::thread::sleep(Duration::from_millis(50)),
+        }
+    }
+    false
+}
+
+#[test]
+fn once_exits_after_the_last_client_leaves() {
+    let dir = TempDir::new("once");
+    let img = dir.path("a.img");
+    format_volume(&img, "16M");
+    let mut srv = ServerProc::start(&[img.to_str().unwrap(), "--once"], None);
+    let addr = Address::Tcp(srv.tcp.clone().unwrap());
+    let mut a = Client::connect(&addr, "").unwrap();
+    let mut b = Client::connect(&addr, "").unwrap();
+    a.call(CMD_WRITE, CMD_FLAG_FUA, 0, 5, b"hello")
+        .unwrap()
+        .unwrap();
+    a.disconnect().unwrap();
+    // One client is still connected: the server stays.
+    assert_eq!(b.call(CMD_READ, 0, 0, 5, &[]).unwrap().unwrap(), b"hello");
+    b.disconnect().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(st) = srv.child.try_wait().unwrap() {
+            break Some(st);
+        }
+        if Instant::now() > deadline {
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "server did not exit cleanly after its last client: {status:?}\n{}",
+        srv.log_text()
+    );
+    // Closed cleanly: the volume opens again at once.
+    let out = run_ok(JBDEV, &["info", img.to_str().unwrap()], 60);
+    assert!(!out.is_empty());
+}
+
+#[test]
+fn exit_with_parent_exits_when_the_parent_dies() {
+    let dir = TempDir::new("parent");
+    let img = dir.path("a.img");
+    format_volume(&img, "16M");
+    // A parent shell that starts the server, prints its pid and dies
+    // without stopping it.
+    let script = format!(
+        "'{JBDEV}' serve '{}' --exit-with-parent --listen 127.0.0.1:0 2>/dev/null & echo $!; sleep 2",
+        img.display()
+    );
+    let out = Command::new("sh")
+        .arg("-c")
+        .arg(&script)
+        .stdin(Stdio::null())
+        .stderr(Stdio::null())
+        .output()
+        .unwrap();
+    let pid: u32 = String::from_utf8_lossy(&out.stdout)
+        .trim()
+        .parse()
+        .expect("server pid");
+    assert!(
+        exited_within(pid, Duration::from_secs(30)),
+        "server {pid} outlived its parent"
+    );
+    // It flushed and closed the volume on the way out: it opens at once.
+    let out = run_ok(JBDEV, &["info", img.to_str().unwrap()], 60);
+    assert!(!out.is_empty());
+}
