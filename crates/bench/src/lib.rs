@@ -8,6 +8,8 @@
 //! ([`sync`], [`mixed`], [`readlat`]), and [`report`]/[`plot`] turn the
 //! records into tables, JSON and SVG/PNG plots.
 #![deny(unsafe_code)]
+// Parses tool output and /proc: never panic on what it reads.
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::indexing_slicing))]
 
 pub mod backing;
 pub mod cleanup;

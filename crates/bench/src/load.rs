@@ -102,10 +102,12 @@ where
     let mut per_second_bytes = Vec::new();
 
     let (hists, start, end) = std::thread::scope(|s| {
-        let handles: Vec<_> = (0..threads)
-            .map(|i| {
-                let (w, abort, first_error, gate, finished) =
-                    (&workers[i], &abort, &first_error, &start_gate, &finished);
+        let handles: Vec<_> = workers
+            .iter()
+            .enumerate()
+            .map(|(i, w)| {
+                let (abort, first_error, gate, finished) =
+                    (&abort, &first_error, &start_gate, &finished);
                 let make_worker = &make_worker;
                 s.spawn(move || {
                     let mut hist = new_histogram();

@@ -238,7 +238,10 @@ pub fn osync_writers(ctx: &Ctx<'_>, p: &OsyncParams) -> Result<ScenarioReport> {
     rep.runs
         .push(jbdev_sync_run(ctx, &vol, p.policy, SyncMode::Fua, shape)?);
     vol.close()?;
-    let (k, j) = (&rep.runs[0], &rep.runs[1]);
+    // The kernel record, then jbdev's, as pushed above.
+    let [k, j] = rep.runs.as_slice() else {
+        return Ok(rep);
+    };
     let threshold = match ctx.backing.name() {
         "disk" => Some(2.0),
         "ram" => Some(1.0),
@@ -521,7 +524,7 @@ pub fn parse_fs_mark(out: &str) -> Option<f64> {
         .filter_map(|l| {
             let cols: Vec<&str> = l.split_whitespace().collect();
             if cols.len() >= 5 && cols.iter().all(|c| c.parse::<f64>().is_ok()) {
-                cols[3].parse::<f64>().ok()
+                cols.get(3).and_then(|c| c.parse::<f64>().ok())
             } else {
                 None
             }

@@ -106,6 +106,7 @@ impl<T> Table<T> {
         };
         // Invariant: `index` is now owned by this call alone (it is neither
         // in the free list nor below any other caller's fresh next_index).
+        #[allow(clippy::indexing_slicing)] // index < SLOT_CAPACITY = chunks.len() * CHUNK_SLOTS
         let chunk = self.chunks[index / CHUNK_SLOTS].get_or_init(|| {
             (0..CHUNK_SLOTS)
                 .map(|_| Slot {
@@ -116,6 +117,7 @@ impl<T> Table<T> {
                 })
                 .collect()
         });
+        #[allow(clippy::indexing_slicing)] // every chunk holds CHUNK_SLOTS slots
         let slot = &chunk[index % CHUNK_SLOTS];
         let mut state = slot.state.write().unwrap_or_else(PoisonError::into_inner);
         debug_assert!(state.value.is_none(), "allocated slot must be empty");
