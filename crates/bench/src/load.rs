@@ -1,8 +1,8 @@
 //! The load driver: T worker threads run an operation in a loop for a fixed
 //! time (and at most a fixed count), recording every completion latency.
 //!
-//! Seed 002 applies to the harness too: workers share no counter that every
-//! operation writes. Each has its own histogram and its own cache-padded
+//! The harness must not become the scaling wall it measures: workers share
+//! no counter that every operation writes. Each has its own histogram and its own cache-padded
 //! progress counter, which only the sampler thread reads.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

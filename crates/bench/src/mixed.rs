@@ -1,5 +1,5 @@
-//! `mixed-iops` (seed 002): 4 KiB random reads and writes, T threads ×
-//! queue depth Q.
+//! `mixed-iops`: 4 KiB random reads and writes, T threads × queue depth Q —
+//! where one shared counter touched by every I/O would stop scaling.
 //!
 //! Both sides are driven the same way: T×Q submitter threads, each with one
 //! request in flight (the volume API is synchronous, so this is how jbdev

@@ -1,4 +1,5 @@
-//! `read-latency` (seed 004): does background writeback starve readers?
+//! `read-latency`: does background (journal and checkpoint) writeback
+//! starve readers, and does a streaming reader starve sync writers?
 //!
 //! Part 1: a reader reads 1 MiB at a random offset every interval, first
 //! on an idle device, then while a streaming writer keeps it busy; the

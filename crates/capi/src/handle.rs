@@ -10,7 +10,8 @@
 //!
 //! Each slot guards its value with a `ShardedLock`: a call takes a read lock
 //! on the shard of its own thread, so threads sharing one volume handle do
-//! not bounce one cache line per I/O (seed 002); closing takes the write lock,
+//! not bounce one cache line per I/O (a line every I/O writes stops scaling
+//! with threads); closing takes the write lock,
 //! which waits for the calls in flight on that handle and turns every later
 //! call into `-EBADF`. Only open and close touch the table-wide allocator
 //! mutex.
