@@ -295,7 +295,9 @@ fn fill_file(path: &Path, size_bytes: u64, ram: bool) -> Result<()> {
             return Err(BenchError::Interrupted);
         }
         let n = left.min(chunk.len() as u64) as usize;
-        f.write_all(&chunk[..n])
+        #[allow(clippy::indexing_slicing)] // n <= chunk.len(): the min above
+        let data = &chunk[..n];
+        f.write_all(data)
             .map_err(io_err(format!("fill {}", path.display())))?;
         left -= n as u64;
     }

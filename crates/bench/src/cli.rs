@@ -14,15 +14,16 @@ pub enum BenchCommand {
     /// N threads each writing 4 KiB with FUA (ops/s, latency percentiles);
     /// `--baseline kernel` runs O_DIRECT|O_SYNC pwrite on the same backing.
     SyncWriters(SyncWritersArgs),
-    /// Seeds 000/001: T threads each rewriting its own 64 KiB region
-    /// synchronously; MB/s, per-second series, latency.
+    /// T threads each rewriting its own 64 KiB region synchronously (do
+    /// writers serialize while the device flushes?); MB/s, per-second
+    /// series, latency.
     OsyncWriters(OsyncArgs),
-    /// Seed 003: 4 KiB write + sync at 1..32 threads for each batching
+    /// Group commit: 4 KiB write + sync at 1..32 threads for each batching
     /// policy, the kernel's O_DIRECT|O_SYNC path and fs_mark on ext4.
     FsyncBatch(FsyncBatchArgs),
-    /// Seed 002: 4 KiB random 50/50 read/write, threads × queue depth.
+    /// 4 KiB random 50/50 read/write, threads × queue depth (IOPS scaling).
     MixedIops(MixedArgs),
-    /// Seed 004: 1 MiB read latency under a streaming writer, and sync-write
+    /// 1 MiB read latency under a streaming writer, and sync-write
     /// throughput under a streaming reader.
     ReadLatency(ReadLatencyArgs),
     /// Every scenario above with its defaults (`--quick`: under 3 minutes).

@@ -167,7 +167,9 @@ pub fn pattern_buf(len: usize, seed: u64) -> jbdev_device::AlignedBuf {
         x ^= x >> 7;
         x ^= x << 17;
         let bytes = x.to_le_bytes();
-        chunk.copy_from_slice(&bytes[..chunk.len()]);
+        for (d, s) in chunk.iter_mut().zip(bytes) {
+            *d = s;
+        }
     }
     b
 }

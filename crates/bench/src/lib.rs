@@ -1,4 +1,6 @@
-//! `jbdev bench`: the four seed experiments (and issue 2's sync-writers),
+//! `jbdev bench`: the experiments behind jbdev's design lessons (flushes
+//! without a lock held, no shared per-I/O counter, adaptive group commit,
+//! urgent commit I/O only when someone waits) and the sync-writers load,
 //! each run through jbdev and through the kernel's own path on the same
 //! backing in one run, so that the ratios hold on a noisy machine.
 //!
@@ -8,6 +10,8 @@
 //! ([`sync`], [`mixed`], [`readlat`]), and [`report`]/[`plot`] turn the
 //! records into tables, JSON and SVG/PNG plots.
 #![deny(unsafe_code)]
+// Parses tool output and /proc: never panic on what it reads.
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::indexing_slicing))]
 
 pub mod backing;
 pub mod cleanup;

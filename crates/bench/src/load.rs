@@ -1,8 +1,8 @@
 //! The load driver: T worker threads run an operation in a loop for a fixed
 //! time (and at most a fixed count), recording every completion latency.
 //!
-//! Seed 002 applies to the harness too: workers share no counter that every
-//! operation writes. Each has its own histogram and its own cache-padded
+//! The harness must not become the scaling wall it measures: workers share
+//! no counter that every operation writes. Each has its own histogram and its own cache-padded
 //! progress counter, which only the sampler thread reads.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -102,10 +102,12 @@ where
     let mut per_second_bytes = Vec::new();
 
     let (hists, start, end) = std::thread::scope(|s| {
-        let handles: Vec<_> = (0..threads)
-            .map(|i| {
-                let (w, abort, first_error, gate, finished) =
-                    (&workers[i], &abort, &first_error, &start_gate, &finished);
+        let handles: Vec<_> = workers
+            .iter()
+            .enumerate()
+            .map(|(i, w)| {
+                let (abort, first_error, gate, finished) =
+                    (&abort, &first_error, &start_gate, &finished);
                 let make_worker = &make_worker;
                 s.spawn(move || {
                     let mut hist = new_histogram();

@@ -1,4 +1,5 @@
-//! `read-latency` (seed 004): does background writeback starve readers?
+//! `read-latency`: does background (journal and checkpoint) writeback
+//! starve readers, and does a streaming reader starve sync writers?
 //!
 //! Part 1: a reader reads 1 MiB at a random offset every interval, first
 //! on an idle device, then while a streaming writer keeps it busy; the
@@ -153,7 +154,9 @@ fn jbdev_side(ctx: &Ctx<'_>, p: &ReadLatencyParams, rep: &mut ScenarioReport) ->
     let mut off = 0;
     while off < p.read_region_bytes {
         let n = (p.read_region_bytes - off).min(chunk.len() as u64) as usize;
-        vol.write_at(&chunk[..n], read_base + off, WriteFlags::NONE)?;
+        #[allow(clippy::indexing_slicing)] // n <= chunk.len(): the min above
+        let data = &chunk[..n];
+        vol.write_at(data, read_base + off, WriteFlags::NONE)?;
         off += n as u64;
     }
     vol.flush()?;
@@ -258,7 +261,9 @@ fn kernel_side(ctx: &Ctx<'_>, p: &ReadLatencyParams, rep: &mut ScenarioReport) -
         let mut left = p.read_region_bytes;
         while left > 0 {
             let n = left.min(chunk.len() as u64) as usize;
-            std::io::Write::write_all(&mut f, &chunk[..n]).map_err(io_err("write read.dat"))?;
+            #[allow(clippy::indexing_slicing)] // n <= chunk.len(): the min above
+            let data = &chunk[..n];
+            std::io::Write::write_all(&mut f, data).map_err(io_err("write read.dat"))?;
             left -= n as u64;
         }
         f.sync_all().map_err(io_err("fsync read.dat"))?;
@@ -333,7 +338,9 @@ fn kernel_side(ctx: &Ctx<'_>, p: &ReadLatencyParams, rep: &mut ScenarioReport) -
             .step(format!("{name} kernel: sync writes, {phase}"));
         let r = run_load(&ctx.spec(p.sync_threads), ctx.progress, |i| {
             let b = pattern_buf(4096, i as u64 + 1);
-            let f = &files[i];
+            let f = files
+                .get(i)
+                .ok_or_else(|| BenchError::Setup(format!("no sync file for thread {i}")))?;
             Ok(move |seq: u64| {
                 f.write_all_at(&b, (seq % 64) * 4096)
                     .map_err(io_err("pwrite sync file"))?;

@@ -422,7 +422,7 @@ pub fn render_scenario(s: &ScenarioReport, fio_percentiles: bool) -> String {
     out
 }
 
-/// The seed-003 matrix: threads down, policies across, ops/s in the cells.
+/// The group-commit matrix: threads down, policies across, ops/s in the cells.
 pub fn render_matrix(s: &ScenarioReport) -> String {
     let mut cols: Vec<String> = Vec::new();
     let mut threads: Vec<usize> = Vec::new();

@@ -1,9 +1,11 @@
-//! Synchronous writers: `sync-writers` (issue 2), `osync-writers` (seeds
-//! 000/001) and `fsync-batch` (seed 003).
+//! Synchronous writers: `sync-writers` (many small FUA writers),
+//! `osync-writers` (writers to different regions must not serialize behind
+//! one lock while the device flushes) and `fsync-batch` (group commit must
+//! tune its wait to the device's commit time).
 //!
 //! Every thread rewrites its own region of the device. The kernel side is
 //! `pwrite` on one shared `O_DIRECT|O_SYNC` descriptor of the raw backing
-//! (exactly the seed-000 test case); the jbdev side is `Volume::write_at`
+//! (the kernel's block-device fsync test case); the jbdev side is `Volume::write_at`
 //! with FUA (sync-writers, osync-writers) or `write_at` + `flush`
 //! (fsync-batch: "write, then fsync").
 
@@ -220,7 +222,7 @@ pub struct OsyncParams {
     pub policy: BatchPolicy,
 }
 
-/// `jbdev bench osync-writers`: the seed-000 test case, both sides.
+/// `jbdev bench osync-writers`: the kernel's block-device fsync test case, both sides.
 pub fn osync_writers(ctx: &Ctx<'_>, p: &OsyncParams) -> Result<ScenarioReport> {
     let mut rep = ScenarioReport::new(
         "osync-writers",
@@ -238,7 +240,10 @@ pub fn osync_writers(ctx: &Ctx<'_>, p: &OsyncParams) -> Result<ScenarioReport> {
     rep.runs
         .push(jbdev_sync_run(ctx, &vol, p.policy, SyncMode::Fua, shape)?);
     vol.close()?;
-    let (k, j) = (&rep.runs[0], &rep.runs[1]);
+    // The kernel record, then jbdev's, as pushed above.
+    let [k, j] = rep.runs.as_slice() else {
+        return Ok(rep);
+    };
     let threshold = match ctx.backing.name() {
         "disk" => Some(2.0),
         "ram" => Some(1.0),
@@ -267,7 +272,7 @@ pub struct FsyncBatchParams {
     pub fs_mark: bool,
 }
 
-/// `jbdev bench fsync-batch`: the seed-003 table, threads × policy → ops/s.
+/// `jbdev bench fsync-batch`: the group-commit table, threads × policy → ops/s.
 pub fn fsync_batch(ctx: &Ctx<'_>, p: &FsyncBatchParams) -> Result<ScenarioReport> {
     let mut rep = ScenarioReport::new("fsync-batch", ctx.backing.name(), &ctx.backing.description);
     let shape = |t| SyncShape {
@@ -521,7 +526,7 @@ pub fn parse_fs_mark(out: &str) -> Option<f64> {
         .filter_map(|l| {
             let cols: Vec<&str> = l.split_whitespace().collect();
             if cols.len() >= 5 && cols.iter().all(|c| c.parse::<f64>().is_ok()) {
-                cols[3].parse::<f64>().ok()
+                cols.get(3).and_then(|c| c.parse::<f64>().ok())
             } else {
                 None
             }

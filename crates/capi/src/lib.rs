@@ -22,6 +22,8 @@
 #![allow(unsafe_code)]
 #![deny(unsafe_op_in_unsafe_fn)]
 #![deny(clippy::undocumented_unsafe_blocks)]
+// Takes pointers and lengths from C callers: never panic on them.
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::indexing_slicing))]
 #![cfg(unix)]
 
 mod error;

@@ -1,5 +1,7 @@
 //! The `jbdev` command.
 #![deny(unsafe_code)]
+// Parses HTTP and metrics text from sockets: never panic on what it reads.
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::indexing_slicing))]
 
 use clap::{Parser, Subcommand};
 

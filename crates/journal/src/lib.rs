@@ -28,13 +28,3 @@ pub fn next_pos(pos: u32, first: u32, len_blocks: u32) -> u32 {
         pos + 1
     }
 }
-
-/// Number of log blocks from `from` (inclusive) to `to` (exclusive), going
-/// forward around the circle.
-pub fn distance(from: u32, to: u32, first: u32, len_blocks: u32) -> u32 {
-    if to >= from {
-        to - from
-    } else {
-        (len_blocks - from) + (to - first)
-    }
-}

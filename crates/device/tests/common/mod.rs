@@ -23,6 +23,7 @@ impl LoopDevice {
     /// blocks, with direct I/O on the backing when the kernel allows it.
     /// Returns `None` (after printing why) when the test cannot use loop
     /// devices here: not root, no losetup, no free loop device.
+    #[allow(unsafe_code)] // geteuid: the device layer's tests may call libc
     pub fn new(size_bytes: u64, sector_size: u32) -> Option<Self> {
         // SAFETY: geteuid has no preconditions.
         if unsafe { libc::geteuid() } != 0 {
