@@ -87,6 +87,25 @@ pub trait BlockDevice: Send + Sync {
         self.flush()
     }
 
+    /// Writes every request of `reqs` and returns once all completed (the
+    /// durable ones durable, as [`BlockDevice::write_vectored_durable_at`]),
+    /// or the first error. Nothing orders the requests among themselves.
+    /// Backends with a queue submit them all at once and wait for all
+    /// completions (io_uring: one `submit_and_wait` per ring's worth), so
+    /// a caller gets queue depth without a thread per request; the default
+    /// writes them one after another. Every request is checked like a
+    /// single write; after an error, some requests may have been written.
+    fn write_batch(&self, reqs: &[WriteReq<'_>], prio: IoPriority) -> Result<()> {
+        for r in reqs {
+            if r.durable {
+                self.write_vectored_durable_at(r.bufs, r.offset, prio)?;
+            } else {
+                self.write_vectored_at(r.bufs, r.offset, prio)?;
+            }
+        }
+        Ok(())
+    }
+
     /// Makes every completed write durable (a device cache flush).
     fn flush(&self) -> Result<()>;
 
@@ -117,6 +136,15 @@ pub trait BlockDevice: Send + Sync {
     fn write_at(&self, buf: &[u8], offset: u64, prio: IoPriority) -> Result<()> {
         self.write_vectored_at(&[IoSlice::new(buf)], offset, prio)
     }
+}
+
+/// One write of a [`BlockDevice::write_batch`].
+#[derive(Clone, Copy, Debug)]
+pub struct WriteReq<'a> {
+    pub offset: u64,
+    pub bufs: &'a [IoSlice<'a>],
+    /// Force unit access: durable when the batch returns.
+    pub durable: bool,
 }
 
 /// A run of bytes that is either allocated or a hole.

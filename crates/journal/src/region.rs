@@ -93,6 +93,28 @@ impl JournalRegion {
         Ok(self.dev.write_vectored_durable_at(bufs, off, prio)?)
     }
 
+    /// Writes runs of consecutive blocks, `(position, blocks)` each (no
+    /// wrap-around inside a run), as one device batch: all submitted at
+    /// once, returning when all completed (durably with `durable`).
+    pub fn write_runs(
+        &self,
+        runs: &[(u32, Vec<IoSlice<'_>>)],
+        durable: bool,
+        prio: IoPriority,
+    ) -> Result<()> {
+        let mut reqs = Vec::with_capacity(runs.len());
+        for (pos, bufs) in runs {
+            let bytes: u64 = bufs.iter().map(|b| b.len() as u64).sum();
+            let offset = self.byte_offset(*pos, bytes / u64::from(self.block_size))?;
+            reqs.push(jbdev_device::WriteReq {
+                offset,
+                bufs,
+                durable,
+            });
+        }
+        Ok(self.dev.write_batch(&reqs, prio)?)
+    }
+
     /// Makes every completed journal write durable (shared with concurrent callers).
     pub fn flush(&self) -> Result<()> {
         Ok(self.flusher.flush(self.dev.as_ref())?)

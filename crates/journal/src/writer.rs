@@ -233,9 +233,9 @@ pub fn build_transaction<'a>(
 /// With `durable`, every run is written with force-unit-access
 /// ([`jbdev_device::BlockDevice::write_vectored_durable_at`]): when this
 /// returns, these blocks are durable without a separate flush, and the runs
-/// (up to 256 blocks each) are written in parallel — nothing orders them,
-/// since recovery verifies every block, and a large commit then keeps the
-/// device busy at queue depth instead of one request at a time.
+/// (up to 256 blocks each) go out as one device batch — nothing orders
+/// them, since recovery verifies every block, and a large commit then keeps
+/// the device busy at queue depth instead of one request at a time.
 pub fn write_log_blocks(
     region: &JournalRegion,
     first: u32,
@@ -245,7 +245,6 @@ pub fn write_log_blocks(
     durable: bool,
 ) -> Result<u32> {
     const MAX_IOV: usize = 256;
-    const PARALLEL_RUNS: usize = 8;
     let len = region.len_blocks();
     // (log position, first block, block count) of each run.
     let mut runs: Vec<(u32, usize, usize)> = Vec::new();
@@ -260,39 +259,28 @@ pub fn write_log_blocks(
             pos = first;
         }
     }
-    let write_run = |&(at, i, n): &(u32, usize, usize)| -> Result<()> {
-        let iov: Vec<IoSlice<'_>> = blocks[i..i + n]
+    let iov_of = |i: usize, n: usize| -> Vec<IoSlice<'_>> {
+        blocks[i..i + n]
             .iter()
             .map(|b| IoSlice::new(b.bytes()))
-            .collect();
-        if durable {
-            region.write_blocks_durable(at, &iov, prio())
-        } else {
-            region.write_blocks(at, &iov, prio())
-        }
+            .collect()
     };
     if !durable || runs.len() == 1 {
-        runs.iter().try_for_each(write_run)?;
+        for &(at, i, n) in &runs {
+            let iov = iov_of(i, n);
+            if durable {
+                region.write_blocks_durable(at, &iov, prio())?;
+            } else {
+                region.write_blocks(at, &iov, prio())?;
+            }
+        }
         return Ok(pos);
     }
-    let next = std::sync::atomic::AtomicUsize::new(0);
-    let results: Vec<Result<()>> = std::thread::scope(|scope| {
-        let workers: Vec<_> = (0..PARALLEL_RUNS.min(runs.len()))
-            .map(|_| {
-                scope.spawn(|| loop {
-                    match runs.get(next.fetch_add(1, std::sync::atomic::Ordering::Relaxed)) {
-                        Some(run) => write_run(run)?,
-                        None => return Ok(()),
-                    }
-                })
-            })
-            .collect();
-        workers
-            .into_iter()
-            .map(|w| w.join().expect("journal writer panicked"))
-            .collect()
-    });
-    results.into_iter().collect::<Result<()>>()?;
+    // A large durable commit: every run in one device batch (queue depth
+    // without a thread per request).
+    let batch: Vec<(u32, Vec<IoSlice<'_>>)> =
+        runs.iter().map(|&(at, i, n)| (at, iov_of(i, n))).collect();
+    region.write_runs(&batch, true, prio())?;
     Ok(pos)
 }
 

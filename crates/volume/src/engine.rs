@@ -48,7 +48,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant, SystemTime};
 
 use crossbeam_utils::CachePadded;
-use jbdev_device::{AlignedBuf, BlockDevice, FlushCoalescer, IoPriority};
+use jbdev_device::{AlignedBuf, BlockDevice, FlushCoalescer, IoPriority, WriteReq};
 use jbdev_journal::format::{DescriptorBlock, JournalSuperblock, RevokeBlock};
 use jbdev_journal::writer::{self, LogBlock};
 use jbdev_journal::JournalRegion;
@@ -68,9 +68,6 @@ const CHECKPOINT_CHUNK_BLOCKS: usize = 512;
 /// Blocks per checkpoint round: the tail advances (and space is freed)
 /// after every round instead of after the whole backlog.
 const CHECKPOINT_ROUND_BLOCKS: usize = 4096;
-/// Writes in flight at once during a checkpoint (one thread each, since the
-/// device API is synchronous): random home blocks need queue depth.
-const CHECKPOINT_WRITERS: usize = 8;
 /// Condition variables for commit waiters (see `Engine::done`).
 const DONE_SLOTS: usize = 32;
 /// Most commits in flight (also the journal's refusal limit).
@@ -1460,46 +1457,44 @@ impl Engine {
                 runs.push((i, j, zero));
                 i = j;
             }
-            let write_run = |&(i, j, zero): &(usize, usize, bool)| -> Result<()> {
+            // Zero runs are hole punches; data runs go out as one device
+            // batch (queue depth without a thread per write).
+            let mut batch: Vec<(u64, Vec<IoSlice<'_>>)> = Vec::new();
+            let mut res: Result<()> = Ok(());
+            for &(i, j, zero) in &runs {
                 let off = self.home_offset(todo[i].0);
-                let res = if zero {
-                    self.home.write_zeroes(off, (j - i) as u64 * bs as u64)
+                if zero {
+                    res = self
+                        .home
+                        .write_zeroes(off, (j - i) as u64 * bs as u64)
+                        .map_err(Into::into);
+                    if res.is_err() {
+                        break;
+                    }
                 } else {
-                    let iov: Vec<IoSlice<'_>> = todo[i..j]
+                    let iov = todo[i..j]
                         .iter()
                         .map(|(_, _, r)| IoSlice::new(r.bytes(bs)))
                         .collect();
-                    self.home.write_vectored_at(&iov, off, prio)
-                };
-                if let Err(e) = &res {
-                    // Abort at once, not after the other writers finish:
-                    // no write may be acknowledged after a failure is seen.
-                    self.abort(format!("checkpoint write failed: {e}"));
+                    batch.push((off, iov));
                 }
-                Ok(res?)
-            };
-            if runs.len() <= 1 {
-                runs.iter().try_for_each(write_run)?;
-            } else {
-                let next = AtomicU64::new(0);
-                let results: Vec<Result<()>> = std::thread::scope(|scope| {
-                    let workers: Vec<_> = (0..CHECKPOINT_WRITERS.min(runs.len()))
-                        .map(|_| {
-                            scope.spawn(|| loop {
-                                let k = next.fetch_add(1, Ordering::Relaxed) as usize;
-                                match runs.get(k) {
-                                    Some(run) => write_run(run)?,
-                                    None => return Ok(()),
-                                }
-                            })
-                        })
-                        .collect();
-                    workers
-                        .into_iter()
-                        .map(|w| w.join().expect("checkpoint writer panicked"))
-                        .collect()
-                });
-                results.into_iter().collect::<Result<()>>()?;
+            }
+            if res.is_ok() && !batch.is_empty() {
+                let reqs: Vec<WriteReq<'_>> = batch
+                    .iter()
+                    .map(|(offset, bufs)| WriteReq {
+                        offset: *offset,
+                        bufs,
+                        durable: false,
+                    })
+                    .collect();
+                res = self.home.write_batch(&reqs, prio).map_err(Into::into);
+            }
+            if let Err(e) = res {
+                // Abort at once: no write may be acknowledged after a
+                // failure is seen.
+                self.abort(format!("checkpoint write failed: {e}"));
+                return Err(e);
             }
             written += todo.len() as u64;
             drop(_home);
