@@ -254,9 +254,10 @@ pub struct Engine {
 }
 
 /// Most journal credits a journaled request of `n` blocks can pay: the
-/// blocks, their descriptor blocks, and a commit block.
+/// journal's own count of a transaction of `n` data blocks (blocks, their
+/// descriptor blocks, a commit block) — one formula for both.
 pub fn credits_for_blocks(n: u64, bs: usize) -> u64 {
-    n + n.div_ceil(DescriptorBlock::capacity(bs) as u64) + 1
+    writer::transaction_blocks(bs, n as usize, 0) as u64
 }
 
 /// Credits a request of `n` blocks pays in a stripe that already added
