@@ -41,7 +41,7 @@
 //! journal space: every write pays for its journal blocks in advance
 //! (credits), so a commit always fits.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
 use std::io::IoSlice;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -53,11 +53,18 @@ use jbdev_journal::format::{DescriptorBlock, JournalSuperblock, RevokeBlock};
 use jbdev_journal::writer::{self, LogBlock};
 use jbdev_journal::JournalRegion;
 use parking_lot::{Condvar, Mutex, RwLock};
+use smallvec::SmallVec;
 
 use crate::lockorder::{Rank, Ranked};
 
 use crate::overlay::{BlockRef, Lba, Overlay, Pending, Source, Tid, Version};
 use crate::{BatchPolicy, CommitMode, OpenOptions, Result, VolumeError};
+
+/// Shard guards a request holds, in ascending shard order.
+type ShardGuards<'a> = SmallVec<[(usize, Ranked<'a, crate::overlay::Shard>); 8]>;
+
+/// Runs `(first block index, count)` of a read that come from home.
+type HomeRuns = SmallVec<[(usize, usize); 4]>;
 
 /// Number of transaction-join stripes (power of two).
 pub const STRIPES: usize = 32;
@@ -465,11 +472,11 @@ impl Engine {
     pub fn read_blocks(&self, lba: Lba, out: &mut [u8]) -> Result<()> {
         let n = out.len() / self.bs;
         let shard_ids = Overlay::shards_for_range(lba, lba + n as u64);
-        let mut home_runs: Vec<(usize, usize)> = Vec::new();
+        let mut home_runs: HomeRuns = SmallVec::new();
         for attempt in 0.. {
             let locked = attempt >= READ_OPTIMISTIC_TRIES;
             home_runs.clear();
-            let guards: Vec<(usize, Ranked<'_, crate::overlay::Shard>)> = shard_ids
+            let guards: ShardGuards<'_> = shard_ids
                 .iter()
                 .map(|&s| (s, self.overlay.lock(s)))
                 .collect();
@@ -481,7 +488,7 @@ impl Engine {
                 self.read_home_runs(lba, out, &home_runs)?;
                 return Ok(());
             }
-            let versions: Vec<u64> = guards.iter().map(|(_, g)| g.version).collect();
+            let versions: SmallVec<[u64; 8]> = guards.iter().map(|(_, g)| g.version).collect();
             drop(guards);
             self.read_home_runs(lba, out, &home_runs)?;
             let unchanged = shard_ids
@@ -502,7 +509,7 @@ impl Engine {
         lba: Lba,
         out: &mut [u8],
         guards: &[(usize, Ranked<'_, crate::overlay::Shard>)],
-        home_runs: &mut Vec<(usize, usize)>,
+        home_runs: &mut HomeRuns,
     ) {
         let bs = self.bs;
         for i in 0..out.len() / bs {
@@ -541,8 +548,10 @@ impl Engine {
     pub fn journaled(&self, ops: &[Op<'_>], fua: bool) -> Result<()> {
         self.check_writable()?;
         let bs = self.bs as u64;
-        // Blocks touched, with the byte coverage of each.
-        let mut touched: BTreeMap<Lba, Vec<(usize, usize)>> = BTreeMap::new();
+        // Blocks touched, with the byte coverage of each piece, sorted by
+        // block then start: small requests stay in inline storage (no heap
+        // allocation per write for the bookkeeping).
+        let mut touched: SmallVec<[(Lba, usize, usize); 8]> = SmallVec::new();
         for op in ops {
             let (s, e) = op.range();
             if s == e {
@@ -552,10 +561,7 @@ impl Engine {
                 let bstart = b * bs;
                 let lo = s.max(bstart) - bstart;
                 let hi = e.min(bstart + bs) - bstart;
-                touched
-                    .entry(b)
-                    .or_default()
-                    .push((lo as usize, hi as usize));
+                touched.push((b, lo as usize, hi as usize));
             }
         }
         if touched.is_empty() {
@@ -564,11 +570,14 @@ impl Engine {
             }
             return Ok(());
         }
-        let lbas: Vec<Lba> = touched.keys().copied().collect();
-        let partial: Vec<bool> = touched
-            .values()
-            .map(|ranges| !covers_block(ranges, self.bs))
-            .collect();
+        touched.sort_unstable();
+        // Distinct blocks (ascending), and whether each is only partly written.
+        let mut lbas: SmallVec<[Lba; 8]> = SmallVec::new();
+        let mut partial: SmallVec<[bool; 8]> = SmallVec::new();
+        for group in touched.chunk_by(|a, b| a.0 == b.0) {
+            lbas.push(group[0].0);
+            partial.push(!covers_block(group, self.bs));
+        }
         let n = lbas.len() as u64;
         if credits_for_blocks(n, self.bs) > self.max_txn_blocks {
             return Err(VolumeError::TooLarge {
@@ -576,7 +585,7 @@ impl Engine {
                 max: self.max_atomic_blocks() * bs,
             });
         }
-        let index: HashMap<Lba, usize> = lbas.iter().enumerate().map(|(i, &b)| (b, i)).collect();
+        let index = |b: Lba| lbas.binary_search(&b).expect("block of the request");
         let shard_ids = Overlay::shards_for_blocks(lbas.iter().copied());
         let stripe_idx = my_stripe();
         let mut conflicts = 0u32;
@@ -592,7 +601,7 @@ impl Engine {
                 }
                 _ => AlignedBuf::zeroed(lbas.len() * self.bs),
             };
-            let mut pre_read: Vec<(usize, u64)> = Vec::new();
+            let mut pre_read: SmallVec<[(usize, u64); 4]> = SmallVec::new();
             for (i, &b) in lbas.iter().enumerate() {
                 if !partial[i] {
                     continue;
@@ -626,11 +635,11 @@ impl Engine {
                 continue;
             }
             self.check_writable()?;
-            let mut guards: Vec<(usize, Ranked<'_, crate::overlay::Shard>)> = shard_ids
+            let mut guards: ShardGuards<'_> = shard_ids
                 .iter()
                 .map(|&s| (s, self.overlay.lock(s)))
                 .collect();
-            let guard_of = |g: &Vec<(usize, Ranked<'_, crate::overlay::Shard>)>, b: Lba| {
+            let guard_of = |g: &ShardGuards<'_>, b: Lba| {
                 g.binary_search_by_key(&Overlay::shard_of(b), |(s, _)| *s)
                     .expect("shard locked")
             };
@@ -681,7 +690,7 @@ impl Engine {
                             let b = off / bs;
                             let inb = (off % bs) as usize;
                             let take = (self.bs - inb).min(data.len() - pos);
-                            let i = index[&b];
+                            let i = index(b);
                             buf[i * self.bs + inb..i * self.bs + inb + take]
                                 .copy_from_slice(&data[pos..pos + take]);
                             pos += take;
@@ -695,7 +704,7 @@ impl Engine {
                             let b = off / bs;
                             let inb = (off % bs) as usize;
                             let take = ((bs - inb as u64).min(end - off)) as usize;
-                            let i = index[&b];
+                            let i = index(b);
                             buf[i * self.bs + inb..i * self.bs + inb + take].fill(0);
                             off += take as u64;
                         }
@@ -1651,12 +1660,11 @@ fn resolve(
     (newest, rev.keys().copied().collect())
 }
 
-/// True if the byte ranges cover `[0, bs)`.
-fn covers_block(ranges: &[(usize, usize)], bs: usize) -> bool {
-    let mut r = ranges.to_vec();
-    r.sort_unstable();
+/// True if the pieces `(block, lo, hi)` of one block, sorted by `lo`,
+/// cover `[0, bs)`.
+fn covers_block(pieces: &[(Lba, usize, usize)], bs: usize) -> bool {
     let mut reach = 0;
-    for (lo, hi) in r {
+    for &(_, lo, hi) in pieces {
         if lo > reach {
             return false;
         }

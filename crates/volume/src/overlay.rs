@@ -31,6 +31,10 @@ use crate::lockorder::{Rank, Ranked};
 pub type Lba = u64;
 pub type Tid = u64;
 
+/// Shard indices of one request; small requests keep them inline (no heap
+/// allocation per request).
+pub type ShardIds = smallvec::SmallVec<[usize; 8]>;
+
 /// Consecutive blocks per shard granule.
 pub const GRANULE: u64 = 16;
 /// Number of shards (power of two).
@@ -151,15 +155,15 @@ impl Overlay {
     }
 
     /// Sorted, de-duplicated shard indices covering `[start, end)`.
-    pub fn shards_for_range(start: Lba, end: Lba) -> Vec<usize> {
+    pub fn shards_for_range(start: Lba, end: Lba) -> ShardIds {
         if end <= start {
-            return Vec::new();
+            return ShardIds::new();
         }
         let granules = (end - 1) / GRANULE - start / GRANULE + 1;
         if granules >= SHARDS as u64 * 4 {
             return (0..SHARDS).collect();
         }
-        let mut v: Vec<usize> = (start / GRANULE..=(end - 1) / GRANULE)
+        let mut v: ShardIds = (start / GRANULE..=(end - 1) / GRANULE)
             .map(|g| Self::shard_of(g * GRANULE))
             .collect();
         v.sort_unstable();
@@ -168,8 +172,8 @@ impl Overlay {
     }
 
     /// Sorted, de-duplicated shard indices of a set of blocks.
-    pub fn shards_for_blocks(lbas: impl Iterator<Item = Lba>) -> Vec<usize> {
-        let mut v: Vec<usize> = lbas.map(Self::shard_of).collect();
+    pub fn shards_for_blocks(lbas: impl Iterator<Item = Lba>) -> ShardIds {
+        let mut v: ShardIds = lbas.map(Self::shard_of).collect();
         v.sort_unstable();
         v.dedup();
         v
