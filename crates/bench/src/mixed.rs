@@ -13,7 +13,7 @@ use std::sync::Arc;
 use jbdev_volume::{BatchPolicy, WriteFlags};
 use rand::{Rng, SeedableRng};
 
-use crate::ctx::{open_kernel, pattern_buf, stats_json, Ctx};
+use crate::ctx::{open_kernel, pattern_buf, prefill, stats_json, Ctx};
 use crate::error::{io_err, BenchError, Result};
 use crate::load::{run_load, Op};
 use crate::report::{RunRecord, ScenarioReport, TargetCheck};
@@ -109,16 +109,7 @@ pub fn mixed_iops(ctx: &Ctx<'_>, p: &MixedParams) -> Result<ScenarioReport> {
         ctx.backing.name(),
         p.working_set_bytes >> 20
     ));
-    let chunk = pattern_buf(1 << 20, 99);
-    let mut off = 0;
-    while off < p.working_set_bytes {
-        let n = (p.working_set_bytes - off).min(chunk.len() as u64) as usize;
-        #[allow(clippy::indexing_slicing)] // n <= chunk.len(): the min above
-        let data = &chunk[..n];
-        vol.write_at(data, off, WriteFlags::NONE)?;
-        off += n as u64;
-    }
-    vol.flush()?;
+    prefill(&vol, 0, p.working_set_bytes, 99)?;
 
     ctx.progress
         .step(format!("{} jbdev mixed x{slots}", ctx.backing.name()));
