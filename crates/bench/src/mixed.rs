@@ -16,7 +16,7 @@ use rand::{Rng, SeedableRng};
 use crate::ctx::{open_kernel, pattern_buf, prefill, stats_json, Ctx};
 use crate::error::{io_err, BenchError, Result};
 use crate::load::{run_load, Op};
-use crate::report::{RunRecord, ScenarioReport, TargetCheck};
+use crate::report::{Percentile, RunRecord, ScenarioReport, TargetCheck};
 
 /// Arguments of `mixed-iops`.
 #[derive(Clone, Debug)]
@@ -146,24 +146,21 @@ pub fn mixed_iops(ctx: &Ctx<'_>, p: &MixedParams) -> Result<ScenarioReport> {
     };
     if matches!(ctx.backing.name(), "ram" | "disk") {
         let name = ctx.backing.name();
-        rep.targets.push(TargetCheck::at_least(
+        let ops = TargetCheck::ops_vs_kernel(
             format!("mixed-iops {name} IOPS vs kernel"),
-            j.ops_per_sec / k.ops_per_sec.max(1e-9),
+            j,
+            k,
             1.0,
-            format!(
-                "jbdev {:.0} IOPS, kernel {:.0} IOPS",
-                j.ops_per_sec, k.ops_per_sec
-            ),
-        ));
-        rep.targets.push(TargetCheck::at_most(
+            " IOPS",
+        );
+        let p99 = TargetCheck::latency_vs_kernel(
             format!("mixed-iops {name} p99 latency vs kernel"),
-            j.latency.p99_us / k.latency.p99_us.max(1e-9),
+            j,
+            k,
+            Percentile::P99,
             1.0,
-            format!(
-                "jbdev p99 {:.0} us, kernel p99 {:.0} us",
-                j.latency.p99_us, k.latency.p99_us
-            ),
-        ));
+        );
+        rep.targets.extend([ops, p99]);
     }
     Ok(rep)
 }
