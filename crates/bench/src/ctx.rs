@@ -174,6 +174,22 @@ pub fn pattern_buf(len: usize, seed: u64) -> jbdev_device::AlignedBuf {
     b
 }
 
+/// Writes `len_bytes` of pattern `seed` at `base` in 1 MiB pieces, then
+/// flushes, so the measured reads find written (not sparse) blocks.
+pub fn prefill(vol: &Volume, base: u64, len_bytes: u64, seed: u64) -> Result<()> {
+    let chunk = pattern_buf(1 << 20, seed);
+    let mut off = 0;
+    while off < len_bytes {
+        let n = (len_bytes - off).min(chunk.len() as u64) as usize;
+        #[allow(clippy::indexing_slicing)] // n <= chunk.len(): the min above
+        let data = &chunk[..n];
+        vol.write_at(data, base + off, jbdev_volume::WriteFlags::NONE)?;
+        off += n as u64;
+    }
+    vol.flush()?;
+    Ok(())
+}
+
 /// The volume's metrics as JSON (for the report).
 pub fn stats_json(vol: &Volume) -> Option<serde_json::Value> {
     serde_json::to_value(vol.stats()).ok()

@@ -13,10 +13,10 @@ use std::sync::Arc;
 use jbdev_volume::{BatchPolicy, WriteFlags};
 use rand::{Rng, SeedableRng};
 
-use crate::ctx::{open_kernel, pattern_buf, stats_json, Ctx};
+use crate::ctx::{open_kernel, pattern_buf, prefill, stats_json, Ctx};
 use crate::error::{io_err, BenchError, Result};
 use crate::load::{run_load, Op};
-use crate::report::{RunRecord, ScenarioReport, TargetCheck};
+use crate::report::{Percentile, RunRecord, ScenarioReport, TargetCheck};
 
 /// Arguments of `mixed-iops`.
 #[derive(Clone, Debug)]
@@ -109,16 +109,7 @@ pub fn mixed_iops(ctx: &Ctx<'_>, p: &MixedParams) -> Result<ScenarioReport> {
         ctx.backing.name(),
         p.working_set_bytes >> 20
     ));
-    let chunk = pattern_buf(1 << 20, 99);
-    let mut off = 0;
-    while off < p.working_set_bytes {
-        let n = (p.working_set_bytes - off).min(chunk.len() as u64) as usize;
-        #[allow(clippy::indexing_slicing)] // n <= chunk.len(): the min above
-        let data = &chunk[..n];
-        vol.write_at(data, off, WriteFlags::NONE)?;
-        off += n as u64;
-    }
-    vol.flush()?;
+    prefill(&vol, 0, p.working_set_bytes, 99)?;
 
     ctx.progress
         .step(format!("{} jbdev mixed x{slots}", ctx.backing.name()));
@@ -155,24 +146,21 @@ pub fn mixed_iops(ctx: &Ctx<'_>, p: &MixedParams) -> Result<ScenarioReport> {
     };
     if matches!(ctx.backing.name(), "ram" | "disk") {
         let name = ctx.backing.name();
-        rep.targets.push(TargetCheck::at_least(
+        let ops = TargetCheck::ops_vs_kernel(
             format!("mixed-iops {name} IOPS vs kernel"),
-            j.ops_per_sec / k.ops_per_sec.max(1e-9),
+            j,
+            k,
             1.0,
-            format!(
-                "jbdev {:.0} IOPS, kernel {:.0} IOPS",
-                j.ops_per_sec, k.ops_per_sec
-            ),
-        ));
-        rep.targets.push(TargetCheck::at_most(
+            " IOPS",
+        );
+        let p99 = TargetCheck::latency_vs_kernel(
             format!("mixed-iops {name} p99 latency vs kernel"),
-            j.latency.p99_us / k.latency.p99_us.max(1e-9),
+            j,
+            k,
+            Percentile::P99,
             1.0,
-            format!(
-                "jbdev p99 {:.0} us, kernel p99 {:.0} us",
-                j.latency.p99_us, k.latency.p99_us
-            ),
-        ));
+        );
+        rep.targets.extend([ops, p99]);
     }
     Ok(rep)
 }

@@ -28,7 +28,7 @@ use nix::fcntl::{posix_fadvise, PosixFadviseAdvice};
 use rand::{Rng, SeedableRng};
 
 use crate::cleanup;
-use crate::ctx::{pattern_buf, stats_json, Ctx};
+use crate::ctx::{pattern_buf, prefill, stats_json, Ctx};
 use crate::error::{io_err, BenchError, Result};
 use crate::load::{probe_series, run_load, Op};
 use crate::report::{LatencySummary, RunRecord, ScenarioReport, TargetCheck};
@@ -150,16 +150,7 @@ fn jbdev_side(ctx: &Ctx<'_>, p: &ReadLatencyParams, rep: &mut ScenarioReport) ->
         "{name} jbdev: writing the {} MiB read region",
         p.read_region_bytes >> 20
     ));
-    let chunk = pattern_buf(1 << 20, 7);
-    let mut off = 0;
-    while off < p.read_region_bytes {
-        let n = (p.read_region_bytes - off).min(chunk.len() as u64) as usize;
-        #[allow(clippy::indexing_slicing)] // n <= chunk.len(): the min above
-        let data = &chunk[..n];
-        vol.write_at(data, read_base + off, WriteFlags::NONE)?;
-        off += n as u64;
-    }
-    vol.flush()?;
+    prefill(&vol, read_base, p.read_region_bytes, 7)?;
 
     let mut rng = rand::rngs::StdRng::seed_from_u64(4);
     let mut buf = vec![0u8; p.read_bytes];

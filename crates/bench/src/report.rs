@@ -198,6 +198,54 @@ impl TargetCheck {
     }
 }
 
+/// A latency percentile a target compares.
+#[derive(Clone, Copy, Debug)]
+pub enum Percentile {
+    P50,
+    P99,
+}
+
+impl TargetCheck {
+    /// jbdev's rate at least `threshold` times the kernel's; `unit` labels
+    /// the figures ("/s", " IOPS").
+    pub fn ops_vs_kernel(
+        name: impl Into<String>,
+        jbdev: &RunRecord,
+        kernel: &RunRecord,
+        threshold: f64,
+        unit: &str,
+    ) -> TargetCheck {
+        let (j, k) = (jbdev.ops_per_sec, kernel.ops_per_sec);
+        Self::at_least(
+            name,
+            j / k.max(1e-9),
+            threshold,
+            format!("jbdev {j:.0}{unit}, kernel {k:.0}{unit}"),
+        )
+    }
+
+    /// jbdev's latency percentile `pct` at most `threshold` times the kernel's.
+    pub fn latency_vs_kernel(
+        name: impl Into<String>,
+        jbdev: &RunRecord,
+        kernel: &RunRecord,
+        pct: Percentile,
+        threshold: f64,
+    ) -> TargetCheck {
+        let (label, pick): (&str, fn(&LatencySummary) -> f64) = match pct {
+            Percentile::P50 => ("p50", |l| l.p50_us),
+            Percentile::P99 => ("p99", |l| l.p99_us),
+        };
+        let (j, k) = (pick(&jbdev.latency), pick(&kernel.latency));
+        Self::at_most(
+            name,
+            j / k.max(1e-9),
+            threshold,
+            format!("jbdev {label} {j:.0} us, kernel {label} {k:.0} us"),
+        )
+    }
+}
+
 /// All runs of one scenario on one backing.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct ScenarioReport {
@@ -469,4 +517,39 @@ fn truncate(s: &str, n: usize) -> String {
 /// Seconds as a Duration, for config.
 pub fn secs(d: Duration) -> f64 {
     d.as_secs_f64()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(ops_per_sec: f64, p50_us: f64, p99_us: f64) -> RunRecord {
+        RunRecord {
+            ops_per_sec,
+            latency: LatencySummary {
+                p50_us,
+                p99_us,
+                ..LatencySummary::from_samples_us(&[])
+            },
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn targets_against_the_kernel() {
+        let (j, k) = (run(300.0, 10.0, 90.0), run(100.0, 20.0, 30.0));
+        let t = TargetCheck::ops_vs_kernel("ops", &j, &k, 2.0, " IOPS");
+        assert!(t.met && (t.ratio - 3.0).abs() < 1e-9, "{t:?}");
+        assert_eq!(t.detail, "jbdev 300 IOPS, kernel 100 IOPS");
+        let t = TargetCheck::latency_vs_kernel("p50", &j, &k, Percentile::P50, 1.0);
+        assert!(t.met && (t.ratio - 0.5).abs() < 1e-9, "{t:?}");
+        let t = TargetCheck::latency_vs_kernel("p99", &j, &k, Percentile::P99, 1.0);
+        assert!(!t.met && (t.ratio - 3.0).abs() < 1e-9, "{t:?}");
+        assert_eq!(t.detail, "jbdev p99 90 us, kernel p99 30 us");
+        // A kernel figure of zero gives a huge ratio, not a division by zero.
+        let zero = run(0.0, 0.0, 0.0);
+        assert!(TargetCheck::ops_vs_kernel("z", &j, &zero, 1.0, "/s")
+            .ratio
+            .is_finite());
+    }
 }

@@ -22,7 +22,7 @@ use crate::cleanup;
 use crate::ctx::{open_kernel, pattern_buf, stats_json, Ctx};
 use crate::error::{io_err, BenchError, Result};
 use crate::load::{run_load, Op};
-use crate::report::{RunRecord, ScenarioReport, TargetCheck};
+use crate::report::{Percentile, RunRecord, ScenarioReport, TargetCheck};
 
 /// How a jbdev writer makes its write durable.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -185,29 +185,24 @@ pub fn sync_writers(ctx: &Ctx<'_>, p: &SyncWritersParams) -> Result<ScenarioRepo
             rep.find("kernel", KERNEL_OSYNC, "", 32),
             rep.find("jbdev", &pol, "", 32),
         ) {
-            let t = TargetCheck::at_least(
+            rep.targets.push(TargetCheck::ops_vs_kernel(
                 "sync-writers disk 32 threads ops/s vs kernel",
-                j.ops_per_sec / k.ops_per_sec.max(1e-9),
+                j,
+                k,
                 5.0,
-                format!(
-                    "jbdev {:.0}/s, kernel {:.0}/s",
-                    j.ops_per_sec, k.ops_per_sec
-                ),
-            );
-            rep.targets.push(t);
+                "/s",
+            ));
         }
         if let (Some(k), Some(j)) = (
             rep.find("kernel", KERNEL_OSYNC, "", 1),
             rep.find("jbdev", &pol, "", 1),
         ) {
-            rep.targets.push(TargetCheck::at_most(
+            rep.targets.push(TargetCheck::latency_vs_kernel(
                 "sync-writers disk 1 thread p50 latency vs kernel",
-                j.latency.p50_us / k.latency.p50_us.max(1e-9),
+                j,
+                k,
+                Percentile::P50,
                 1.1,
-                format!(
-                    "jbdev p50 {:.0} us, kernel p50 {:.0} us",
-                    j.latency.p50_us, k.latency.p50_us
-                ),
             ));
         }
     }
@@ -348,28 +343,24 @@ fn fsync_batch_targets(rep: &mut ScenarioReport) {
                 rep.find("kernel", KERNEL_OSYNC, "", 32),
                 rep.find("jbdev", "adaptive", "", 32),
             ) {
-                targets.push(TargetCheck::at_least(
+                targets.push(TargetCheck::ops_vs_kernel(
                     "fsync-batch disk 32 threads adaptive ops/s vs kernel",
-                    j.ops_per_sec / k.ops_per_sec.max(1e-9),
+                    j,
+                    k,
                     5.0,
-                    format!(
-                        "jbdev {:.0}/s, kernel {:.0}/s",
-                        j.ops_per_sec, k.ops_per_sec
-                    ),
+                    "/s",
                 ));
             }
             if let (Some(k), Some(j)) = (
                 rep.find("kernel", KERNEL_OSYNC, "", 1),
                 rep.find("jbdev", "adaptive", "", 1),
             ) {
-                targets.push(TargetCheck::at_most(
+                targets.push(TargetCheck::latency_vs_kernel(
                     "fsync-batch disk 1 thread adaptive p50 latency vs kernel",
-                    j.latency.p50_us / k.latency.p50_us.max(1e-9),
+                    j,
+                    k,
+                    Percentile::P50,
                     1.1,
-                    format!(
-                        "jbdev p50 {:.0} us, kernel p50 {:.0} us",
-                        j.latency.p50_us, k.latency.p50_us
-                    ),
                 ));
             }
         }
