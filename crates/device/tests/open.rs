@@ -91,8 +91,19 @@ fn a_second_open_of_the_same_file_is_busy() {
             ro.read_only = true;
             assert!(matches!(open_device(&path, &ro), Err(DeviceError::Busy(_))));
             drop(held);
-            // Closing releases the lock.
-            drop(open_device(&path, &opts(second)).unwrap());
+            // Closing releases the lock — once the kernel has torn down an
+            // io_uring that used the file, which it does asynchronously: a
+            // reopen may see the lock for a moment (bounded retry).
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+            loop {
+                match open_device(&path, &opts(second)) {
+                    Ok(d) => break drop(d),
+                    Err(DeviceError::Busy(_)) if std::time::Instant::now() < deadline => {
+                        std::thread::sleep(std::time::Duration::from_millis(10))
+                    }
+                    Err(e) => panic!("{first:?} then {second:?}: reopen after close: {e}"),
+                }
+            }
         }
     }
 }
