@@ -733,6 +733,27 @@ impl Collector_ {
             "Writes that went straight home, bypassing the journal.",
             MetricType::Counter,
             &counter(|s| s.direct_writes),
+        )?;
+        family(
+            enc,
+            "jbdev_commits_pipelined",
+            "Commits whose blocks were written while an older commit was still in flight.",
+            MetricType::Counter,
+            &counter(|s| s.commits_pipelined),
+        )?;
+        family(
+            enc,
+            "jbdev_device_flushes",
+            "Cache flushes issued to the volume's devices (group commit shares them; FUA commit writes are not counted).",
+            MetricType::Counter,
+            &counter(|s| s.device_flushes),
+        )?;
+        family(
+            enc,
+            "jbdev_log_space_waits",
+            "Times a writer found the journal full and waited for the checkpoint.",
+            MetricType::Counter,
+            &counter(|s| s.log_space_waits),
         )
     }
 

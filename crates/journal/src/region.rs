@@ -116,6 +116,11 @@ impl JournalRegion {
     }
 
     /// Makes every completed journal write durable (shared with concurrent callers).
+    /// The flush coalescer of the journal's device.
+    pub fn flusher(&self) -> &Arc<FlushCoalescer> {
+        &self.flusher
+    }
+
     pub fn flush(&self) -> Result<()> {
         Ok(self.flusher.flush(self.dev.as_ref())?)
     }

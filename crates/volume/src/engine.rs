@@ -200,6 +200,7 @@ pub struct StatsInner {
     pub direct_writes: u64,
     /// Commits whose body overlapped an older commit in flight.
     pub chained_commits: u64,
+    pub log_space_waits: u64,
 }
 
 /// One write operation of a journaled request, in bytes.
@@ -375,6 +376,7 @@ impl Engine {
                 checkpoint_blocks: 0,
                 direct_writes: 0,
                 chained_commits: 0,
+                log_space_waits: 0,
             }),
             first,
         }
@@ -772,6 +774,7 @@ impl Engine {
             // the running transaction (leading the commit ourselves if none
             // is in progress) so its blocks can be checkpointed too.
             st.space_waiters += 1;
+            self.stats.lock().log_space_waits += 1;
             st.checkpoint_request = true;
             self.checkpoint_kick.notify_one();
             if self.can_lead(&st) {
@@ -1601,6 +1604,17 @@ impl Engine {
     pub fn journal_state(&self) -> (u64, u64, Tid, Tid) {
         let st = self.state();
         (st.used, st.capacity, st.committed_tid, st.checkpointed_tid)
+    }
+
+    /// Device cache flushes issued (home, plus the journal's when external).
+    pub fn device_flushes(&self) -> u64 {
+        let home = self.home_flusher.flushes_issued();
+        let journal = self.region.flusher();
+        if Arc::ptr_eq(journal, &self.home_flusher) {
+            home
+        } else {
+            home + journal.flushes_issued()
+        }
     }
 
     /// Transactions committed and waiting for checkpoint.

@@ -72,6 +72,11 @@ pub struct Stats {
     /// Commits whose descriptor and data blocks were written while an older
     /// commit was still in flight (pipelining at work).
     pub commits_pipelined: u64,
+    /// Cache flushes issued to the home and journal devices (shared by
+    /// concurrent callers; single-write FUA commits need none).
+    pub device_flushes: u64,
+    /// Times a writer found the journal full and waited for space.
+    pub log_space_waits: u64,
 }
 
 /// What `open` found and did; shown by `jbdev info` and `jbdev check`.
@@ -770,6 +775,8 @@ impl Volume {
             checkpoint_blocks: s.checkpoint_blocks,
             direct_writes: s.direct_writes,
             commits_pipelined: s.chained_commits,
+            device_flushes: e.device_flushes(),
+            log_space_waits: s.log_space_waits,
         }
     }
 
