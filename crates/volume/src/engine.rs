@@ -936,16 +936,24 @@ impl Engine {
                 .home
                 .write_zeroes(self.home_offset(start), (end - start) * self.bs as u64),
         };
-        drop(home_guard);
         if let Err(e) = res {
+            // IMPORTANT: abort while still holding the home lock. Step 1 told
+            // the checkpoint to skip the journaled copies this write
+            // supersedes; the write failed, so those copies are the only good
+            // data. The checkpoint validates under the home lock (exclusive)
+            // and stops once aborted, so it can never skip them and then move
+            // the tail past them (found by the simulator: a durable FUA write
+            // read back as the initial content after such a failure).
+            self.abort(format!("direct write to the home location failed: {e}"));
+            drop(home_guard);
             for &(s, _) in &shard_versions {
                 let mut sh = self.overlay.lock(s);
                 sh.pending.retain(|p| p.id != id);
                 sh.bump();
             }
-            self.abort(format!("direct write to the home location failed: {e}"));
             return Err(e.into());
         }
+        drop(home_guard);
         // Step 3 (credits first: waiting for space needs no lock of ours).
         loop {
             let have = self.stripe(stripe_idx).credits;
@@ -1450,6 +1458,11 @@ impl Engine {
                     sh.map.get(b).is_some_and(|e| *v >= e.cancel_below)
                 })
                 .collect();
+            // IMPORTANT: a copy is only skippable because a direct write
+            // superseded it; a direct write that failed aborted first (under
+            // the home lock we hold now), so after an abort nothing may be
+            // skipped — or checkpointed: the journal keeps everything.
+            self.ack()?;
             let prio = if urgent || self.state().space_waiters > 0 {
                 IoPriority::Urgent
             } else {
@@ -1532,6 +1545,9 @@ impl Engine {
                 (None, None) => (st.head, st.next_sequence),
             }
         };
+        // IMPORTANT: never move the tail after an abort: recovery replays
+        // whatever the journal still holds.
+        self.ack()?;
         {
             let mut jsb = self.jsb.lock();
             jsb.start = tail_pos;

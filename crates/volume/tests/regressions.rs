@@ -99,6 +99,11 @@ struct GateDev {
     /// A read at this offset waits afterwards until a write at `read_wait_for_write`.
     read_hold_at: AtomicU64,
     read_wait_for_write: AtomicU64,
+    /// A plain write at this offset waits until `release_write` is set.
+    write_hold_at: AtomicU64,
+    release_write: AtomicBool,
+    /// A plain write starting at this offset fails once (without effect).
+    write_fail_at: AtomicU64,
 }
 
 #[derive(Default)]
@@ -111,6 +116,7 @@ struct GateState {
     flushes_at_write: Vec<(u64, u64)>,
     alloc_entered: bool,
     read_entered: bool,
+    write_held: bool,
     fua_waiting: u64,
 }
 
@@ -127,6 +133,9 @@ impl GateDev {
             alloc_wait_for_write: AtomicU64::new(NONE),
             read_hold_at: AtomicU64::new(NONE),
             read_wait_for_write: AtomicU64::new(NONE),
+            write_hold_at: AtomicU64::new(NONE),
+            release_write: AtomicBool::new(false),
+            write_fail_at: AtomicU64::new(NONE),
         })
     }
 
@@ -216,6 +225,21 @@ impl BlockDevice for GateDev {
         offset: u64,
         prio: IoPriority,
     ) -> jbdev_device::Result<()> {
+        if offset == self.write_hold_at.load(Ordering::SeqCst) {
+            self.write_hold_at.store(NONE, Ordering::SeqCst);
+            {
+                self.state.lock().write_held = true;
+                self.changed.notify_all();
+            }
+            let deadline = Instant::now() + WAIT;
+            while !self.release_write.load(Ordering::SeqCst) && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+        if offset == self.write_fail_at.load(Ordering::SeqCst) {
+            self.write_fail_at.store(NONE, Ordering::SeqCst);
+            return Err(jbdev_device::DeviceError::Injected("write (gate)"));
+        }
         self.inner.write_vectored_at(bufs, offset, prio)?;
         let len: u64 = bufs.iter().map(|b| b.len() as u64).sum();
         self.note_write(offset, len, true);
@@ -665,4 +689,106 @@ fn a_read_sees_all_or_none_of_a_journaled_write_across_a_checkpoint() {
         if b_new { "new" } else { "old" }
     );
     assert_eq!(got[bs..2 * bs], stamped(3, c * BS, bs)[..]);
+}
+
+// ---------------------------------------------------------------- found by the simulator
+
+/// A direct write over a block whose newer copy is only in the journal
+/// marks that copy "superseded, do not checkpoint" before its home I/O. When
+/// the home I/O failed, the write released the home lock before aborting,
+/// and a checkpoint round already under way went on: it skipped the copy
+/// (superseded by a write that never happened), flushed, and moved the tail
+/// past it — a durable FUA write then read back as the old content after a
+/// crash. Found by the simulator's soak (torn-write fault class).
+#[test]
+fn failed_direct_write_never_lets_the_checkpoint_drop_a_durable_copy() {
+    const BIG_DATA: u64 = 8 << 20;
+    const BIG_JOURNAL: u64 = 16 << 20;
+    let fault = Arc::new(FaultDevice::new(
+        BIG_DATA + BIG_JOURNAL + 64 * 1024,
+        SECTOR as u32,
+    ));
+    let mut f = FormatOptions::new(BIG_DATA);
+    f.journal_bytes = Some(BIG_JOURNAL);
+    Volume::format_device(fault.clone(), None, &f).unwrap();
+    let data_off = BS + BIG_JOURNAL;
+    let gate = GateDev::new(fault.clone());
+    let opts = OpenOptions {
+        direct_write_threshold: 16 * BS,
+        ..quiet()
+    };
+    let vol = Arc::new(Volume::open_device(gate.clone(), None, &opts).unwrap());
+    // 700 journaled blocks (two checkpoint chunks of 512), block X in the
+    // second chunk, each write durable.
+    let x = 1590u64;
+    for i in 0..70u64 {
+        let off = (900 + i * 10) * BS;
+        vol.write_at(
+            &stamped(10 + i, off, 10 * BS as usize),
+            off,
+            WriteFlags::FUA,
+        )
+        .unwrap();
+    }
+    let want = read(&vol, x * BS, BS as usize);
+    assert_eq!(want, stamped(10 + (x - 900) / 10, x * BS, BS as usize));
+    // Hold the checkpoint in its first chunk (the write of block 900).
+    gate.write_hold_at
+        .store(data_off + 900 * BS, Ordering::SeqCst);
+    // Fill a quarter of the journal to start the checkpoint.
+    let filler = {
+        let vol = vol.clone();
+        std::thread::spawn(move || {
+            for i in 0..40u64 {
+                let off = (1610 + i * 10) * BS;
+                let _ = vol.write_at(
+                    &stamped(500 + i, off, 10 * BS as usize),
+                    off,
+                    WriteFlags::FUA,
+                );
+            }
+        })
+    };
+    {
+        let deadline = Instant::now() + WAIT;
+        while !gate.state.lock().write_held && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert!(
+            gate.state.lock().write_held,
+            "the checkpoint never reached chunk 1: {:?}",
+            vol.stats()
+        );
+    }
+    // The direct write over X (aligned, 16 blocks from 1584) fails at home.
+    let d0 = 1584u64;
+    gate.write_fail_at
+        .store(data_off + d0 * BS, Ordering::SeqCst);
+    let direct = {
+        let vol = vol.clone();
+        std::thread::spawn(move || {
+            vol.write_at(
+                &stamped(999, d0 * BS, 16 * BS as usize),
+                d0 * BS,
+                WriteFlags::NONE,
+            )
+        })
+    };
+    // The direct write waits for the home lock the checkpoint holds.
+    std::thread::sleep(Duration::from_millis(100));
+    gate.release_write.store(true, Ordering::SeqCst);
+    assert!(
+        direct.join().unwrap().is_err(),
+        "the failing direct write reported success"
+    );
+    filler.join().unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    let image = crash(&fault, Arc::try_unwrap(vol).ok().expect("sole owner"));
+    let v = Volume::open_device(on_image(image), None, &quiet()).expect("recovery");
+    let got = read(&v, x * BS, BS as usize);
+    assert!(
+        got == want,
+        "a durable FUA write was lost after a failed direct write (block {x} reads {})",
+        common::describe_sector(&got[..SECTOR], x * BS / SECTOR as u64)
+    );
 }
