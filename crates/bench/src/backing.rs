@@ -1,6 +1,8 @@
 //! Backings: a loop device over a file in /dev/shm (`ram`), a loop device
-//! with direct I/O over a file on disk (`disk`), or a user-given device or
-//! file. Also ext4 mounts on a backing for the kernel's filesystem baselines.
+//! with direct I/O over a file on disk (`disk`), a loop device over a file
+//! on a FUSE file system whose fsync takes a set time (`slow`, see
+//! [`crate::slow`]), or a user-given device or file. Also ext4 mounts on a
+//! backing for the kernel's filesystem baselines.
 //!
 //! Every loop device, backing file and mount is owned by a guard registered
 //! in [`crate::cleanup`] before it exists, so it is torn down on success, on
@@ -12,9 +14,11 @@ use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 use crate::cleanup::{self, Action, Cleanup};
 use crate::error::{io_err, BenchError, Result};
+use crate::slow::SlowServer;
 
 /// Which backing to benchmark on.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -23,6 +27,10 @@ pub enum BackingKind {
     Ram,
     /// Loop device with `--direct-io=on` over a file on disk.
     Disk,
+    /// Loop device over a file on a FUSE file system whose fsync and flush
+    /// take a set time (a slow-flush device); reads and writes pass
+    /// straight through to a store file in /dev/shm (or on disk).
+    Slow,
     /// A block device or regular file the user named (its content is destroyed).
     Device(PathBuf),
 }
@@ -33,6 +41,7 @@ impl BackingKind {
         match self {
             BackingKind::Ram => "ram",
             BackingKind::Disk => "disk",
+            BackingKind::Slow => "slow",
             BackingKind::Device(_) => "device",
         }
     }
@@ -44,8 +53,9 @@ impl std::str::FromStr for BackingKind {
         match s {
             "ram" => Ok(Self::Ram),
             "disk" => Ok(Self::Disk),
+            "slow" => Ok(Self::Slow),
             _ => Err(format!(
-                "unknown backing {s:?} (ram or disk; or use --device PATH)"
+                "unknown backing {s:?} (ram, disk or slow; or use --device PATH)"
             )),
         }
     }
@@ -62,6 +72,11 @@ pub struct BackingConfig {
     /// Use a user-given device even if it holds a jbdev volume or a file
     /// system (`--force`). A mounted device is refused regardless.
     pub force: bool,
+    /// Extra time of every fsync/flush on the `slow` backing.
+    pub slow_flush: Duration,
+    /// The `slow` backing's store file goes on disk (`disk_dir`) instead of
+    /// /dev/shm.
+    pub slow_on_disk: bool,
 }
 
 impl Default for BackingConfig {
@@ -71,6 +86,8 @@ impl Default for BackingConfig {
             disk_dir: PathBuf::from("/var/tmp"),
             ram_dir: PathBuf::from("/dev/shm"),
             force: false,
+            slow_flush: crate::slow::DEFAULT_FLUSH_DELAY,
+            slow_on_disk: false,
         }
     }
 }
@@ -99,8 +116,10 @@ pub struct Backing {
     pub description: String,
     /// The file behind the loop device (ram and disk backings).
     pub backing_file: Option<PathBuf>,
-    // Field order is drop order: detach the loop device before removing the file.
+    // Field order is drop order: detach the loop device, then unmount the
+    // FUSE file system (slow) and stop its server, then remove the file.
     _loop: Option<Cleanup>,
+    _fuse: Option<SlowServer>,
     _file: Option<Cleanup>,
 }
 
@@ -110,6 +129,7 @@ impl Backing {
         match kind {
             BackingKind::Ram => Self::setup_loop(kind, &cfg.ram_dir, cfg.size_bytes, false),
             BackingKind::Disk => Self::setup_loop(kind, &cfg.disk_dir, cfg.size_bytes, true),
+            BackingKind::Slow => Self::setup_slow(cfg),
             BackingKind::Device(p) => Self::use_device(p, cfg.force),
         }
     }
@@ -125,21 +145,13 @@ impl Backing {
         // Registered before creation (see the module invariant in cleanup.rs).
         let file_guard = Cleanup::register(Action::RemoveFile(file.clone()));
         fill_file(&file, size_bytes, kind == &BackingKind::Ram)?;
-        let loop_guard = Cleanup::register(Action::DetachLoopsOf(file.clone()));
-        let mut cmd = Command::new("losetup");
-        cmd.arg("--find").arg("--show");
-        if direct {
-            cmd.arg("--direct-io=on");
-        }
-        cmd.arg(&file);
-        let out = run(cmd)?;
-        let dev = PathBuf::from(out.trim());
-        if !dev.starts_with("/dev/") {
-            return Err(BenchError::Setup(format!(
-                "losetup printed {out:?} instead of a device path"
-            )));
-        }
+        let (dev, loop_guard) = attach_loop(&file, direct)?;
         let dio = read_loop_dio(&dev);
+        let probe = match probe_flush(&dev, size_bytes) {
+            Ok(p) => p,
+            Err(BenchError::Interrupted) => return Err(BenchError::Interrupted),
+            Err(e) => format!("flush probe failed: {e}"),
+        };
         if direct && dio != Some(true) {
             tracing::warn!(
                 "{}: the loop driver did not enable direct I/O over {}; figures include the host page cache",
@@ -148,7 +160,7 @@ impl Backing {
             );
         }
         let description = format!(
-            "{} over {} ({} MiB, loop direct-io {})",
+            "{} over {} ({} MiB, loop direct-io {}); {probe}",
             dev.display(),
             file.display(),
             size_bytes >> 20,
@@ -166,8 +178,70 @@ impl Backing {
             description,
             backing_file: Some(file),
             _loop: Some(loop_guard),
+            _fuse: None,
             _file: Some(file_guard),
         })
+    }
+
+    /// The slow-flush backing: store file, FUSE mount over it, loop device
+    /// over the FUSE image (direct I/O off, like `ram`), then a short probe
+    /// showing that a flush on the loop device costs the set delay.
+    fn setup_slow(cfg: &BackingConfig) -> Result<Backing> {
+        check_tool("losetup")?;
+        crate::slow::fuse_available()
+            .map_err(|why| BenchError::Setup(format!("the slow backing needs FUSE: {why}")))?;
+        if cfg.size_bytes < 2 * crate::ctx::KERNEL_AREA_BYTES {
+            return Err(BenchError::InvalidArgument(format!(
+                "--backing-size must be at least {} MiB for the slow backing",
+                (2 * crate::ctx::KERNEL_AREA_BYTES) >> 20
+            )));
+        }
+        let dir = if cfg.slow_on_disk {
+            &cfg.disk_dir
+        } else {
+            &cfg.ram_dir
+        };
+        let store = dir.join(format!("{}.img", unique("jbdev-bench-slow")));
+        let file_guard = Cleanup::register(Action::RemoveFile(store.clone()));
+        fill_file(&store, cfg.size_bytes, !cfg.slow_on_disk)?;
+        let mnt = std::env::temp_dir().join(unique("jbdev-bench-fuse"));
+        let server = SlowServer::start(mnt, &store, cfg.size_bytes, cfg.slow_flush)?;
+        let image = server.image.clone();
+        let (dev, loop_guard) = attach_loop(&image, false)?;
+        let probe = match probe_flush(&dev, cfg.size_bytes) {
+            Ok(p) => p,
+            Err(BenchError::Interrupted) => return Err(BenchError::Interrupted),
+            Err(e) => format!("flush probe failed: {e}"),
+        };
+        let description = format!(
+            "{} over {} (FUSE, fsync/flush +{:.1} ms, one at a time; I/O passed through to {}; {} MiB, loop direct-io {}); {probe}",
+            dev.display(),
+            image.display(),
+            cfg.slow_flush.as_secs_f64() * 1e3,
+            store.display(),
+            cfg.size_bytes >> 20,
+            match read_loop_dio(&dev) {
+                Some(true) => "on",
+                Some(false) => "off",
+                None => "unknown",
+            }
+        );
+        Ok(Backing {
+            kind: BackingKind::Slow,
+            path: dev,
+            is_block_device: true,
+            size_bytes: cfg.size_bytes,
+            description,
+            backing_file: Some(image),
+            _loop: Some(loop_guard),
+            _fuse: Some(server),
+            _file: Some(file_guard),
+        })
+    }
+
+    /// The slow backing's FUSE server (None on other backings).
+    pub fn slow_server(&self) -> Option<&SlowServer> {
+        self._fuse.as_ref()
     }
 
     fn use_device(path: &Path, force: bool) -> Result<Backing> {
@@ -218,6 +292,7 @@ impl Backing {
             ),
             backing_file: None,
             _loop: None,
+            _fuse: None,
             _file: None,
         })
     }
@@ -262,6 +337,64 @@ impl Backing {
         run(mount)?;
         Ok(Ext4Mount { dir, _guard: guard })
     }
+}
+
+/// Attaches a loop device to `file`; the guard (registered first) detaches it.
+fn attach_loop(file: &Path, direct: bool) -> Result<(PathBuf, Cleanup)> {
+    let loop_guard = Cleanup::register(Action::DetachLoopsOf(file.to_path_buf()));
+    let mut cmd = Command::new("losetup");
+    cmd.arg("--find").arg("--show");
+    if direct {
+        cmd.arg("--direct-io=on");
+    }
+    cmd.arg(file);
+    let out = run(cmd)?;
+    let dev = PathBuf::from(out.trim());
+    if !dev.starts_with("/dev/") {
+        return Err(BenchError::Setup(format!(
+            "losetup printed {out:?} instead of a device path"
+        )));
+    }
+    Ok((dev, loop_guard))
+}
+
+/// Median latency of 4 KiB writes at the end of the device (the kernel
+/// baselines' area), QD1: `O_DIRECT` alone; `O_DIRECT` + `fdatasync` (one
+/// flush); `O_DIRECT|O_SYNC` (a FUA write, which the loop driver emulates
+/// as write + flush, and then the O_SYNC flush: two flushes). On the slow
+/// backing the second exceeds the first by about the flush delay, the
+/// third by about twice that.
+pub fn probe_flush(dev: &Path, size_bytes: u64) -> Result<String> {
+    const N: usize = 15;
+    let off = size_bytes.saturating_sub(4096) & !4095;
+    let buf = crate::ctx::pattern_buf(4096, 7);
+    let mut p50 = [0.0f64; 3];
+    for (slot, (osync, fdatasync)) in
+        p50.iter_mut()
+            .zip([(false, false), (false, true), (true, false)])
+    {
+        let (f, _) = crate::ctx::open_kernel(dev, osync)?;
+        let mut lat = Vec::with_capacity(N);
+        for _ in 0..N {
+            if cleanup::stop_requested() {
+                return Err(BenchError::Interrupted);
+            }
+            let t0 = Instant::now();
+            std::os::unix::fs::FileExt::write_all_at(&f, &buf, off)
+                .map_err(io_err(format!("probe write {}", dev.display())))?;
+            if fdatasync {
+                f.sync_data()
+                    .map_err(io_err(format!("probe fdatasync {}", dev.display())))?;
+            }
+            lat.push(t0.elapsed().as_secs_f64() * 1e6);
+        }
+        lat.sort_by(f64::total_cmp);
+        *slot = lat.get(N / 2).copied().unwrap_or_default();
+    }
+    Ok(format!(
+        "flush probe, 4 KiB QD1 p50: O_DIRECT write {:.0} us, + fdatasync {:.0} us, O_DIRECT|O_SYNC {:.0} us",
+        p50[0], p50[1], p50[2]
+    ))
 }
 
 /// A mounted ext4; dropping it unmounts and removes the mount point.
@@ -425,6 +558,7 @@ pub(crate) fn run(mut cmd: Command) -> Result<String> {
 }
 
 /// True when loop devices can be set up here (root and losetup present).
+/// The slow backing also needs [`crate::slow::fuse_available`].
 pub fn loop_devices_available() -> bool {
     tool_exists("losetup")
         && Path::new("/dev/loop-control").exists()

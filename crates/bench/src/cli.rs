@@ -34,9 +34,17 @@ pub enum BenchCommand {
 #[derive(clap::Args, Clone, Debug)]
 pub struct CommonArgs {
     /// Backings, comma separated: ram (loop over /dev/shm), disk (loop with
-    /// direct-io over a file in --backing-dir).
+    /// direct-io over a file in --backing-dir), slow (loop over a file on a
+    /// FUSE file system whose fsync takes --slow-flush-ms; needs /dev/fuse).
     #[arg(long, value_delimiter = ',', default_value = "ram,disk")]
     pub backing: Vec<BackingKind>,
+    /// Extra milliseconds of every fsync/flush on the slow backing.
+    #[arg(long, default_value_t = 2.0, value_name = "MS")]
+    pub slow_flush_ms: f64,
+    /// Where the slow backing's reads and writes go: a store file in
+    /// /dev/shm (ram) or in --backing-dir (disk).
+    #[arg(long, value_enum, default_value = "ram")]
+    pub slow_store: SlowStore,
     /// Benchmark this block device or file instead. ITS CONTENT IS DESTROYED;
     /// one that holds a jbdev volume or a file system is refused unless --force.
     #[arg(long, value_name = "PATH")]
@@ -96,6 +104,15 @@ impl CommonArgs {
                 .clamp(0.05, 3600.0),
         )
     }
+}
+
+/// `--slow-store`.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SlowStore {
+    /// A file in /dev/shm.
+    Ram,
+    /// A file in --backing-dir (fdatasync'd after each delayed fsync).
+    Disk,
 }
 
 /// `--baseline`.

@@ -16,6 +16,7 @@
 pub mod backing;
 pub mod cleanup;
 pub mod cli;
+pub mod cpu;
 pub mod ctx;
 mod error;
 pub mod load;
@@ -24,6 +25,7 @@ pub mod plot;
 pub mod progress;
 pub mod readlat;
 pub mod report;
+pub mod slow;
 pub mod sync;
 
 use std::io::Write;
@@ -277,7 +279,7 @@ pub fn run_plans(
     let needs_loop = kinds.iter().any(|k| !matches!(k, BackingKind::Device(_)));
     if needs_loop && !backing::loop_devices_available() {
         return Err(BenchError::Setup(
-            "the ram and disk backings need root and loop devices (losetup); run as root or use --device PATH".into(),
+            "the ram, disk and slow backings need root and loop devices (losetup); run as root or use --device PATH".into(),
         ));
     }
     let cfg = RunConfig {
@@ -294,6 +296,8 @@ pub fn run_plans(
         size_bytes: common.backing_size,
         disk_dir: common.backing_dir.clone(),
         force: common.force,
+        slow_flush: Duration::from_secs_f64(common.slow_flush_ms.clamp(0.0, 1000.0) / 1e3),
+        slow_on_disk: common.slow_store == cli::SlowStore::Disk,
         ..BackingConfig::default()
     };
     let mut report = Report {
@@ -341,6 +345,17 @@ pub fn run_plans(
             progress.finish();
             match res {
                 Ok(mut rep) => {
+                    if rep.runs.iter().any(|r| r.cpu_us_per_op.is_some()) {
+                        rep.notes.push(report::CPU_NOTE.into());
+                    }
+                    if let Some(s) = b.slow_server() {
+                        rep.notes.push(format!(
+                            "slow backing: FUSE saw {} fsyncs and {} flushes so far, {:.1} ms each; its server threads' CPU is excluded from cpu_us/op",
+                            s.stats.fsyncs.load(std::sync::atomic::Ordering::Relaxed),
+                            s.stats.flushes.load(std::sync::atomic::Ordering::Relaxed),
+                            s.delay.as_secs_f64() * 1e3
+                        ));
+                    }
                     if !common.no_plots {
                         match write_plots(&rep, &common.plot_dir) {
                             Ok(files) => rep.plots = files,
@@ -432,6 +447,31 @@ pub fn write_plots(rep: &ScenarioReport, dir: &Path) -> Result<Vec<String>> {
                     y_label: "ops/s".into(),
                     x_log: true,
                     series,
+                },
+            ));
+            let mut cpu: Vec<Series> = Vec::new();
+            for r in rep.runs.iter().filter(|r| r.engine != "fs_mark") {
+                let Some(v) = r.cpu_us_per_op else { continue };
+                let name = label(r);
+                match cpu.iter_mut().find(|s| s.name == name) {
+                    Some(s) => s.points.push((r.threads as f64, v)),
+                    None => cpu.push(Series {
+                        name,
+                        points: vec![(r.threads as f64, v)],
+                    }),
+                }
+            }
+            charts.push((
+                "cpu".into(),
+                Chart {
+                    title: format!(
+                        "{} on {}: CPU us per op (bench process; kernel threads not counted)",
+                        rep.scenario, rep.backing
+                    ),
+                    x_label: "threads".into(),
+                    y_label: "user+sys us/op".into(),
+                    x_log: true,
+                    series: cpu,
                 },
             ));
             let max_t = rep.runs.iter().map(|r| r.threads).max().unwrap_or(1);

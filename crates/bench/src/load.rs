@@ -66,6 +66,9 @@ pub struct LoadResult {
     pub per_second_ops: Vec<u64>,
     /// Bytes moved in each whole second of the run.
     pub per_second_bytes: Vec<u64>,
+    /// CPU of this process from the start gate to the last worker's end
+    /// (see [`crate::cpu`]); None if getrusage failed.
+    pub cpu: Option<crate::cpu::CpuDelta>,
 }
 
 fn new_histogram() -> Histogram<u64> {
@@ -101,7 +104,7 @@ where
     let mut per_second_ops = Vec::new();
     let mut per_second_bytes = Vec::new();
 
-    let (hists, start, end) = std::thread::scope(|s| {
+    let (hists, start, end, cpu) = std::thread::scope(|s| {
         let handles: Vec<_> = workers
             .iter()
             .enumerate()
@@ -161,6 +164,7 @@ where
             .collect();
         start_gate.wait();
         let start = Instant::now();
+        let cpu0 = crate::cpu::mark();
         // Sample every 100 ms; book whole seconds into the per-second series.
         let (mut last_ops, mut last_bytes) = (0u64, 0u64);
         let mut next_second = start + Duration::from_secs(1);
@@ -183,11 +187,12 @@ where
             }
         }
         let end = Instant::now();
+        let cpu = crate::cpu::since(cpu0);
         let hists: Vec<_> = handles
             .into_iter()
             .map(|h| h.join().expect("benchmark worker panicked"))
             .collect();
-        (hists, start, end)
+        (hists, start, end, cpu)
     });
 
     if let Some(e) = first_error.into_inner() {
@@ -215,6 +220,7 @@ where
         latency_ns,
         per_second_ops,
         per_second_bytes,
+        cpu,
     })
 }
 

@@ -223,7 +223,7 @@ fn jbdev_side(ctx: &Ctx<'_>, p: &ReadLatencyParams, rep: &mut ScenarioReport) ->
         },
         || sync_run("with-reader"),
     )?;
-    with.note = format!("streaming reader: {rate:.1} MiB/s");
+    with.note = format!("streaming reader: {rate:.1} MiB/s (its CPU is in this phase's cpu_us/op)");
     with.volume_stats = stats_json(&vol);
     rep.runs.push(with);
     vol.close()?;
@@ -362,7 +362,9 @@ fn kernel_side(ctx: &Ctx<'_>, p: &ReadLatencyParams, rep: &mut ScenarioReport) -
         },
         || sync_run("with-reader"),
     )?;
-    with.note = format!("streaming O_DIRECT reader: {rate:.1} MiB/s");
+    with.note = format!(
+        "streaming O_DIRECT reader: {rate:.1} MiB/s (its CPU is in this phase's cpu_us/op)"
+    );
     rep.runs.push(with);
     drop(files);
     drop(reader);

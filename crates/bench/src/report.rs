@@ -101,6 +101,18 @@ pub struct RunRecord {
     pub per_second_mib: Vec<f64>,
     /// The slowest samples, slowest first, in microseconds (read-latency).
     pub slowest_us: Vec<f64>,
+    /// User CPU seconds of the bench process during the run (getrusage
+    /// RUSAGE_SELF delta; for fs_mark, RUSAGE_CHILDREN), the emulated
+    /// device's threads excluded. None where not measured.
+    pub cpu_user_s: Option<f64>,
+    /// System CPU seconds, likewise.
+    pub cpu_sys_s: Option<f64>,
+    /// CPU seconds of the slow backing's FUSE server during the run,
+    /// excluded from the two figures above (0 on other backings).
+    pub cpu_device_s: Option<f64>,
+    /// (user + system) microseconds per operation. Work done in kernel
+    /// threads (loop workers, jbd2) is not included: see [`CPU_NOTE`].
+    pub cpu_us_per_op: Option<f64>,
     /// The volume's own metrics after the run (jbdev only).
     pub volume_stats: Option<serde_json::Value>,
     /// Anything worth knowing about this run.
@@ -139,6 +151,24 @@ impl RunRecord {
                 .collect(),
             ..Default::default()
         }
+        .with_cpu(r.cpu.map(|c| (c.process, c.device)), r.ops)
+    }
+
+    /// Fills the CPU fields from a measured (process, device) CPU time.
+    pub fn with_cpu(
+        mut self,
+        cpu: Option<(crate::cpu::CpuTime, crate::cpu::CpuTime)>,
+        ops: u64,
+    ) -> RunRecord {
+        if let Some((c, dev)) = cpu {
+            self.cpu_user_s = Some(c.user_us as f64 / 1e6);
+            self.cpu_sys_s = Some(c.sys_us as f64 / 1e6);
+            self.cpu_device_s = Some(dev.total_us() as f64 / 1e6);
+            if ops > 0 {
+                self.cpu_us_per_op = Some(c.total_us() as f64 / ops as f64);
+            }
+        }
+        self
     }
 
     /// "jbdev adaptive" etc.
@@ -349,6 +379,17 @@ fn fmt_rate(v: f64) -> String {
     }
 }
 
+/// Printed under every table with a CPU column.
+pub const CPU_NOTE: &str = "cpu_us/op = (user + sys) CPU of the bench process per operation (getrusage RUSAGE_SELF around the measured run; fs_mark: RUSAGE_CHILDREN). jbdev's engine threads are included; work in kernel threads is NOT: the loop device's workers (the actual file I/O of the ram/disk/slow backings), block-layer completions, ext4's jbd2 thread. Both sides lose that work, and the kernel path loses more of its own (below its syscalls), so the kernel figure is an under-count.";
+
+fn fmt_cpu(v: Option<f64>) -> String {
+    match v {
+        Some(v) if v >= 100.0 => format!("{v:.0}"),
+        Some(v) => format!("{v:.1}"),
+        None => "-".into(),
+    }
+}
+
 fn fmt_us(v: f64) -> String {
     if v >= 10_000.0 {
         format!("{:.1}ms", v / 1000.0)
@@ -367,7 +408,7 @@ pub fn render_scenario(s: &ScenarioReport, fio_percentiles: bool) -> String {
     );
     let _ = writeln!(
         out,
-        "{:<44} {:>4} {:>3} {:>9} {:>9} {:>8} {:>8} {:>8} {:>9}",
+        "{:<44} {:>4} {:>3} {:>9} {:>9} {:>8} {:>8} {:>8} {:>9} {:>10}",
         "engine variant [phase]",
         "thr",
         "qd",
@@ -376,7 +417,8 @@ pub fn render_scenario(s: &ScenarioReport, fio_percentiles: bool) -> String {
         "mean_us",
         "p50_us",
         "p99_us",
-        "p99.9_us"
+        "p99.9_us",
+        "cpu_us/op"
     );
     for r in &s.runs {
         // fs_mark reports no latency.
@@ -396,7 +438,7 @@ pub fn render_scenario(s: &ScenarioReport, fio_percentiles: bool) -> String {
             .unwrap_or(0.0);
         let _ = writeln!(
             out,
-            "{:<44} {:>4} {:>3} {:>9} {:>9.1} {:>8} {:>8} {:>8} {:>9}",
+            "{:<44} {:>4} {:>3} {:>9} {:>9.1} {:>8} {:>8} {:>8} {:>9} {:>10}",
             truncate(&r.label(), 44),
             r.threads,
             r.iodepth,
@@ -410,6 +452,7 @@ pub fn render_scenario(s: &ScenarioReport, fio_percentiles: bool) -> String {
             lat(r.latency.p50_us),
             lat(r.latency.p99_us),
             lat(p999),
+            fmt_cpu(r.cpu_us_per_op),
         );
     }
     if fio_percentiles {
@@ -470,8 +513,19 @@ pub fn render_scenario(s: &ScenarioReport, fio_percentiles: bool) -> String {
     out
 }
 
-/// The group-commit matrix: threads down, policies across, ops/s in the cells.
+/// The group-commit matrix: threads down, policies across, ops/s in the
+/// cells; then the same matrix of CPU µs per operation.
 pub fn render_matrix(s: &ScenarioReport) -> String {
+    let mut out = matrix(s, "ops/s", |r| Some(fmt_rate(r.ops_per_sec)));
+    if s.runs.iter().any(|r| r.cpu_us_per_op.is_some()) {
+        out.push_str(&matrix(s, "cpu us/op", |r| {
+            r.cpu_us_per_op.map(|v| fmt_cpu(Some(v)))
+        }));
+    }
+    out
+}
+
+fn matrix(s: &ScenarioReport, what: &str, cell: impl Fn(&RunRecord) -> Option<String>) -> String {
     let mut cols: Vec<String> = Vec::new();
     let mut threads: Vec<usize> = Vec::new();
     for r in &s.runs {
@@ -485,7 +539,7 @@ pub fn render_matrix(s: &ScenarioReport) -> String {
     }
     threads.sort_unstable();
     let mut out = String::new();
-    let _ = write!(out, "\nops/s ({}):\n{:>7}", s.backing, "threads");
+    let _ = write!(out, "\n{what} ({}):\n{:>7}", s.backing, "threads");
     for c in &cols {
         let _ = write!(out, " {:>22}", truncate(c, 22));
     }
@@ -497,7 +551,7 @@ pub fn render_matrix(s: &ScenarioReport) -> String {
                 .runs
                 .iter()
                 .find(|r| r.threads == t && format!("{} {}", r.engine, r.variant) == *c)
-                .map(|r| fmt_rate(r.ops_per_sec))
+                .and_then(&cell)
                 .unwrap_or_else(|| "-".into());
             let _ = write!(out, " {v:>22}");
         }

@@ -179,8 +179,40 @@ pub fn sync_writers(ctx: &Ctx<'_>, p: &SyncWritersParams) -> Result<ScenarioRepo
         )?);
     }
     vol.close()?;
+    let pol = p.policy.to_string();
+    if let (Some(k), Some(j)) = (
+        rep.find("kernel", KERNEL_OSYNC, "", 32),
+        rep.find("jbdev", &pol, "", 32),
+    ) {
+        if let (Some(kc), Some(jc)) = (k.cpu_us_per_op, j.cpu_us_per_op) {
+            rep.targets.push(TargetCheck::at_most(
+                format!(
+                    "sync-writers {} 32 threads CPU us/op vs kernel",
+                    ctx.backing.name()
+                ),
+                jc / kc.max(1e-9),
+                1.0,
+                format!("jbdev {jc:.1} us/op, kernel {kc:.1} us/op (kernel under-counted: loop workers not included)"),
+            ));
+        }
+    }
+    if ctx.backing.name() == "slow" {
+        if let (Some(k), Some(j)) = (
+            rep.find("kernel", KERNEL_OSYNC, "", 32),
+            rep.find("jbdev", &pol, "", 32),
+        ) {
+            rep.targets.push(TargetCheck::at_least(
+                "sync-writers slow 32 threads ops/s vs kernel",
+                j.ops_per_sec / k.ops_per_sec.max(1e-9),
+                5.0,
+                format!(
+                    "jbdev {:.0}/s, kernel {:.0}/s",
+                    j.ops_per_sec, k.ops_per_sec
+                ),
+            ));
+        }
+    }
     if ctx.backing.name() == "disk" {
-        let pol = p.policy.to_string();
         if let (Some(k), Some(j)) = (
             rep.find("kernel", KERNEL_OSYNC, "", 32),
             rep.find("jbdev", &pol, "", 32),
@@ -364,6 +396,32 @@ fn fsync_batch_targets(rep: &mut ScenarioReport) {
                 ));
             }
         }
+        "slow" => {
+            // The seed's slow device: waiting for joiners must pay off once
+            // there are joiners to wait for.
+            let threads: std::collections::BTreeSet<usize> = rep
+                .runs
+                .iter()
+                .filter(|r| r.engine == "jbdev" && r.threads >= 4)
+                .map(|r| r.threads)
+                .collect();
+            for t in threads {
+                if let (Some(a), Some(n)) = (
+                    rep.find("jbdev", "adaptive", "", t),
+                    rep.find("jbdev", "none", "", t),
+                ) {
+                    targets.push(TargetCheck::at_least(
+                        format!("fsync-batch slow {t} threads adaptive vs none"),
+                        a.ops_per_sec / n.ops_per_sec.max(1e-9),
+                        1.0,
+                        format!(
+                            "adaptive {:.0}/s, none {:.0}/s",
+                            a.ops_per_sec, n.ops_per_sec
+                        ),
+                    ));
+                }
+            }
+        }
         "ram" => {
             let threads: Vec<usize> = rep
                 .runs
@@ -449,8 +507,11 @@ fn fs_mark_run(
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     let t0 = Instant::now();
+    let cpu0 = crate::cpu::mark();
     let limit = ctx.cfg.duration * 20 + Duration::from_secs(30);
     let out = run_bounded(cmd, limit)?;
+    // fs_mark is a child: its CPU is in RUSAGE_CHILDREN once waited for.
+    let cpu = crate::cpu::since(cpu0).map(|c| (c.children, crate::cpu::CpuTime::default()));
     ctx.progress.advance(t0.elapsed());
     let elapsed = t0.elapsed().as_secs_f64();
     // fs_mark leaves its files behind; free the inodes for the next run.
@@ -471,9 +532,12 @@ fn fs_mark_run(
         write_ops: per_thread * threads as u64,
         ops_per_sec: files_per_sec,
         mib_per_sec: files_per_sec * 4096.0 / (1 << 20) as f64,
-        note: format!("{per_thread} files per thread; latency not reported by fs_mark"),
+        note: format!(
+            "{per_thread} files per thread; latency not reported by fs_mark; cpu is fs_mark's own process (jbd2 and loop kernel threads not counted)"
+        ),
         ..Default::default()
-    })
+    }
+    .with_cpu(cpu, per_thread * threads as u64))
 }
 
 /// Runs a command with a time limit; kills it (by its own pid) when the

@@ -12,6 +12,8 @@ use jbdev_volume::{BatchPolicy, FormatOptions, OpenOptions, Volume};
 
 fn args(device: PathBuf, dir: &Path, force: bool) -> CommonArgs {
     CommonArgs {
+        slow_flush_ms: 2.0,
+        slow_store: jbdev_bench::cli::SlowStore::Ram,
         backing: vec![BackingKind::Ram],
         device: Some(device),
         backing_size: 0,

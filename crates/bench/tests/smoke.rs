@@ -14,6 +14,8 @@ use jbdev_volume::BatchPolicy;
 fn common(device: PathBuf, dir: &std::path::Path) -> CommonArgs {
     CommonArgs {
         backing: vec![BackingKind::Ram],
+        slow_flush_ms: 2.0,
+        slow_store: jbdev_bench::cli::SlowStore::Ram,
         device: Some(device),
         backing_size: 0,
         backing_dir: dir.to_path_buf(),
@@ -107,6 +109,12 @@ fn every_scenario_produces_table_json_and_plots() {
             assert!(r.ops > 0, "{}: {} did no operation", s.scenario, r.label());
             assert!(r.latency.samples > 0);
             assert!(r.latency.p50_us <= r.latency.max_us);
+            // CPU time per operation is reported for every load run (the
+            // read probes of read-latency are single timed reads).
+            if r.slowest_us.is_empty() {
+                let cpu = r.cpu_us_per_op.expect("cpu_us_per_op");
+                assert!(cpu.is_finite() && cpu >= 0.0, "{}: {cpu}", r.label());
+            }
         }
         // Both sides ran where the backing allows it.
         assert!(s.runs.iter().any(|r| r.engine == "jbdev"), "{}", s.scenario);
@@ -128,6 +136,8 @@ fn every_scenario_produces_table_json_and_plots() {
         .any(|r| r.engine == "kernel" && r.threads == 2));
     let mixed = &report.scenarios[3];
     assert!(text.contains("clat percentiles (usec)"));
+    assert!(text.contains("cpu_us/op"), "{text}");
+    assert!(text.contains("cpu us/op (device)"), "{text}");
     assert_eq!(mixed.runs[0].latency.percentiles_us.len(), 17);
     assert_eq!(
         mixed.runs[1].read_ops + mixed.runs[1].write_ops,
@@ -149,6 +159,7 @@ fn every_scenario_produces_table_json_and_plots() {
     let json: serde_json::Value =
         serde_json::from_slice(&std::fs::read(dir.path().join("report.json")).unwrap()).unwrap();
     assert_eq!(json["scenarios"].as_array().unwrap().len(), 5);
+    assert!(json["scenarios"][0]["runs"][0]["cpu_us_per_op"].is_number());
     assert!(
         json["scenarios"][0]["runs"][0]["ops_per_sec"]
             .as_f64()
@@ -169,6 +180,10 @@ fn bad_arguments_are_errors_not_panics() {
         |args: &[&str]| Cli::try_parse_from(std::iter::once("bench").chain(args.iter().copied()));
     assert!(parse(&["fsync-batch", "--policies", "sometimes"]).is_err());
     assert!(parse(&["sync-writers", "--backing", "floppy"]).is_err());
+    let cli = parse(&["fsync-batch", "--backing", "slow", "--slow-flush-ms", "5"]).unwrap();
+    let (_, common) = jbdev_bench::plans(&cli.cmd).unwrap();
+    assert_eq!(common.backing, vec![BackingKind::Slow]);
+    assert_eq!(common.slow_flush_ms, 5.0);
     assert!(parse(&["sync-writers", "--backing-size", "12Q"]).is_err());
     let cli = parse(&["sync-writers", "--threads", "0"]).unwrap();
     assert!(matches!(
