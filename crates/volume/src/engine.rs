@@ -1294,42 +1294,20 @@ impl Engine {
             // that data must be durable before a revoke can be.
             self.home_flusher.flush(self.home.as_ref())?;
         }
-        let end_pos = if layout.chained {
-            // IMPORTANT: the body (descriptor, revoke, data blocks) goes out
-            // now, durably, overlapping the older commit still in flight; the
-            // commit block only once that one is published. So a commit
-            // block on disk always means its predecessor was durable, which
-            // is what lets recovery tell damage in the middle of the log from
-            // the torn end of a crashed pipeline.
-            let (body, commit) = log.split_at(log.len() - 1);
-            let mid = match self.opts.commit_mode {
-                CommitMode::SingleFlush => {
-                    writer::write_log_blocks(&self.region, self.first, head, body, &prio, true)?
-                }
-                CommitMode::TwoFlush => {
-                    let mid = writer::write_log_blocks(
-                        &self.region,
-                        self.first,
-                        head,
-                        body,
-                        &prio,
-                        false,
-                    )?;
-                    self.region.flush()?;
-                    mid
-                }
-            };
+        if layout.chained {
+            // IMPORTANT: everything above (cut, layout, descriptors,
+            // checksums, digest) ran while the older commit was in flight;
+            // the I/O waits until that one is published. So no block of
+            // this transaction reaches the log before its predecessor is
+            // durable — recovery's "a later commit block proves the earlier
+            // transaction was durable" holds — and a commit still costs one
+            // FUA write: on devices that emulate FUA with a cache flush
+            // (every loop device over a file), writing the body early would
+            // cost a second flush per commit (measured: 0.4x at 8 threads).
             self.stats.lock().chained_commits += 1;
             self.wait_published(tid - 1)?;
-            writer::write_log_blocks(
-                &self.region,
-                self.first,
-                mid,
-                commit,
-                &|| IoPriority::Urgent,
-                true,
-            )?
-        } else {
+        }
+        let end_pos = {
             match self.opts.commit_mode {
                 CommitMode::SingleFlush => {
                     // IMPORTANT: one force-unit-access write (RWF_DSYNC) of

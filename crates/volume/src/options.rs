@@ -116,10 +116,12 @@ pub struct OpenOptions {
     /// request that fits in one transaction is journaled (atomic), and only
     /// larger ones go home directly.
     pub direct_write_threshold: u64,
-    /// Commits that may be in flight at once (1 ..= 16, default 2): the
-    /// blocks of transaction N+1 are written while N's are still on their way
-    /// to the device. Commits are still acknowledged in order. 1 is the
-    /// first engine's behaviour (one commit at a time).
+    /// Commits that may be in flight at once (1 ..= 16, default 1): with
+    /// more than one, transaction N+1 is cut, laid out and built (descriptors,
+    /// checksums, digest) while N's write is in flight, and written the
+    /// moment N is published. Commits are always acknowledged in order.
+    /// Default 1 (one commit at a time): on this project's test machine the
+    /// overlap measured no gain (docs/BENCHMARKS.md).
     pub pipeline_depth: u32,
 }
 
@@ -137,7 +139,7 @@ impl Default for OpenOptions {
             commit_interval: Duration::from_secs(5),
             checkpoint_interval: Duration::from_secs(1),
             direct_write_threshold: u64::MAX,
-            pipeline_depth: 2,
+            pipeline_depth: 1,
         }
     }
 }
