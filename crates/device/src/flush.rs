@@ -1,4 +1,5 @@
-//! Flush coalescing (seeds 000/001).
+//! Flush coalescing: many synchronous writers must not queue behind one
+//! another's device flushes.
 //!
 //! Many threads may need "everything I wrote so far is durable" at once.
 //! Issuing one device flush per caller serializes them behind each other;

@@ -9,7 +9,7 @@
 //!
 //! * independent threads never contend on a ring lock, nor on a shared
 //!   sequence counter or in-flight counter touched by every I/O — the
-//!   scaling wall of seed 002 (one atomic shared by all direct I/O);
+//!   scaling wall that one atomic shared by all direct I/O becomes);
 //! * each call is synchronous: it pushes its SQE(s), enters the kernel with
 //!   "submit and wait for one completion", and returns only once the
 //!   completion has been reaped. At most one request per thread is in the
@@ -30,7 +30,7 @@
 //! [`AlignedBuf`]; callers on hot paths pass aligned buffers and pay no copy.
 //!
 //! [`IoPriority::Background`] sets the SQE's `ioprio` to the idle class so
-//! background commit and checkpoint writes do not starve reads (seed 004);
+//! background commit and checkpoint writes do not starve reads;
 //! [`IoPriority::Urgent`] leaves the task's default (best effort).
 
 use std::cell::RefCell;

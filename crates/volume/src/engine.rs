@@ -1,7 +1,8 @@
 //! The journaling engine: joining transactions, group commit, checkpointing.
 //!
 //! # Joining a transaction
-//! Writers never touch one global lock or counter per write (seed 002).
+//! Writers never touch one global lock or counter per write: a cache line
+//! every write touches caps throughput however many cores there are.
 //! Each thread is bound to one of [`STRIPES`] stripes; a stripe holds the
 //! blocks its threads added to the running transaction and a small stock of
 //! journal-space credits. A write locks its stripe, then the overlay shards
@@ -14,7 +15,7 @@
 //! inserts — lies entirely before or after the cut, and versions of a block
 //! are ordered the same way as the transactions holding them.
 //!
-//! # Group commit (seed 003)
+//! # Group commit (the batching wait is tuned to the device)
 //! A FUA write or a flush registers as a sync waiter for the transaction it
 //! needs and wakes the commit thread. While commit N is in flight, new
 //! arrivals join N+1 (natural batching). When the commit thread is idle and
@@ -29,7 +30,7 @@
 //!   new sample weighted 1/4), capped at `max_batch` — or until three
 //!   quarters as many writers have joined as the previous commit served.
 //!
-//! # Writeout priority (seed 004)
+//! # Writeout priority (urgent only when somebody waits)
 //! Commit blocks go out at background priority unless someone waits for the
 //! commit; the priority is re-read between chunks, so a commit that somebody
 //! starts waiting for finishes urgently. Checkpoint writes are background and

@@ -36,7 +36,8 @@ impl FormatOptions {
     }
 }
 
-/// Group commit batching policy (seed 003).
+/// Group commit batching policy: how long a committing leader waits for
+/// more writers to join (a fixed wait ruins fast devices).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum BatchPolicy {
     /// Commit as soon as a sync request arrives and the device is idle.

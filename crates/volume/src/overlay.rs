@@ -3,7 +3,8 @@
 //! transactions), and the direct home writes in flight.
 //!
 //! It is sharded by block number so that readers and writers of different
-//! regions never touch the same lock or cache line (seed 002). Shards cover
+//! regions never touch the same lock or cache line (a shared line per I/O
+//! is a scaling wall). Shards cover
 //! `GRANULE` consecutive blocks each, so a small multi-block request usually
 //! locks one shard.
 //!
