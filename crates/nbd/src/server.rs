@@ -482,9 +482,10 @@ fn run_connection(inner: &Arc<Inner>, id: u64, stream: Stream) {
         Ok(Outcome::Transmission(session)) => {
             control.set_write_timeout(Some(cfg.send_timeout));
             tracing::debug!(
-                "connection {id}: export {:?}, structured replies {}",
+                "connection {id}: export {:?}, structured replies {}, {:?} headers",
                 session.export.name,
-                session.structured_replies
+                session.structured_replies,
+                session.header_mode
             );
             let limits = ConnLimits {
                 max_inflight_requests: cfg.max_inflight_requests_per_conn,
