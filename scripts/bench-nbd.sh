@@ -124,6 +124,14 @@ p = j['clat_ns']['percentile']
 print(json.dumps({'label': '$label', 'mode': 'fio-randread', 'iops': j['iops'],
     'lat_us': {'mean': j['clat_ns']['mean'] / 1000, 'p50': p['50.000000'] / 1000,
                'p99': p['99.000000'] / 1000}}))" >> "$results"
+    # Resident memory and threads once the server is idle after all of it.
+    sleep 3
+    python3 -c "
+import json, os
+st = open('/proc/$server_pid/status').read().split(chr(10))
+rss = [l for l in st if l.startswith('VmRSS:')][0].split()[1]
+print(json.dumps({'label': '$label', 'mode': 'idle-rss', 'rss_mib': int(rss) / 1024,
+    'threads': len(os.listdir('/proc/$server_pid/task'))}))" >> "$results"
 }
 
 # 1. nbdkit file (raw file, page cache; FUA and FLUSH map to fdatasync).

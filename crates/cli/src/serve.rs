@@ -45,7 +45,7 @@ pub struct ServeArgs {
     #[arg(short = 's', long = "stdio")]
     pub stdio: bool,
     /// Worker threads shared by all connections (requests in the volume at
-    /// once; default four per core, 8 to 64).
+    /// once; default 16 per core, 32 to 128).
     #[arg(long)]
     pub threads: Option<usize>,
     /// Connections served at once (in handshake or transmission); more are

@@ -68,12 +68,15 @@ pub struct ServerConfig {
     pub exit_when_idle: bool,
 }
 
-/// Default worker count: four per core (a synchronous volume call blocks
-/// its worker for a whole commit, so more workers than cores let group
-/// commits gather), at least 8 and at most 64.
+/// Default worker count: 16 per core, at least 32 and at most 128. A
+/// volume call blocks its worker for a whole commit, so a group commit
+/// gathers at most as many FUA writes as there are workers: with 8 workers
+/// 4 KiB FUA writes at QD32 ran at a third of the rate of 64 workers on the
+/// same run. The async core removes this coupling; until then the count is
+/// fixed here, not by the number of clients.
 pub fn default_worker_threads() -> usize {
     let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
-    (cores * 4).clamp(8, 64)
+    (cores * 16).clamp(32, 128)
 }
 
 impl Default for ServerConfig {
