@@ -304,7 +304,10 @@ impl Server {
         Ok(())
     }
 
-    fn install_signals(&self) -> io::Result<SignalGuard> {
+    /// Shuts the server down on SIGINT or SIGTERM while the guard lives.
+    /// Install it before announcing the server: a supervisor may signal as
+    /// soon as it sees the announcement.
+    pub fn install_signals(&self) -> io::Result<SignalGuard> {
         use signal_hook::consts::{SIGINT, SIGTERM};
         let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM])?;
         let handle = signals.handle();
@@ -339,7 +342,8 @@ impl Server {
     }
 }
 
-struct SignalGuard(signal_hook::iterator::Handle);
+/// Keeps the signal handling of [`Server::install_signals`] installed.
+pub struct SignalGuard(signal_hook::iterator::Handle);
 impl Drop for SignalGuard {
     fn drop(&mut self) {
         self.0.close();
