@@ -3,7 +3,11 @@
 #   jbdev serve  vs  nbdkit file  vs  qemu-nbd -e 4 (cache=none, aio=native)
 # Each server is measured with nbd-loadgen (4 KiB random writes with FUA at
 # QD32 -- fio's nbd engine cannot send FUA -- and 4 KiB random reads at QD32)
-# and with fio's nbd engine (4 KiB random reads at QD32). nbdkit and qemu-nbd
+# and with fio's nbd engine (4 KiB random reads at QD32); with nbdcopy (half
+# the export in with --flush, out, and in with 16 MiB requests: seconds);
+# with `qemu-img bench -w -t none -c 200000 -d 32 -s 4k` (seconds); server
+# CPU time per operation of the FUA and qemu-img runs (from /proc); and the
+# server's resident memory and threads when idle after all of it. nbdkit and qemu-nbd
 # serve the file raw first; then the same file is formatted as a jbdev
 # volume and served by jbdev. Every server gets the same prefill (random
 # data over the whole export, so no read is answered from a hole).
@@ -47,7 +51,7 @@ server_pid=""
 cleanup() {
     if [ -n "$server_pid" ]; then kill "$server_pid" 2>/dev/null || true; wait "$server_pid" 2>/dev/null || true; fi
     # Keep the results, not the gigabytes.
-    rm -f "$img" "$prefill"
+    rm -f "$img" "$prefill" "$dir/half.raw" "$dir/out.raw"
 }
 trap cleanup EXIT INT TERM
 
@@ -69,12 +73,43 @@ stop_server() {
 bytes=$(python3 -c "import sys; s=sys.argv[1]; m={'K':1<<10,'M':1<<20,'G':1<<30}; print(int(s[:-1])*m[s[-1].upper()] if s[-1].upper() in m else int(s))" "$size")
 head -c "$bytes" /dev/urandom > "$prefill"
 
+half=$((bytes / 2))
+head -c "$half" "$prefill" > "$dir/half.raw" 2>/dev/null || true
+
+cpu_ticks() { # pid -> utime+stime in clock ticks
+    awk '{ sub(/.*\) /, ""); print $12 + $13 }' "/proc/$1/stat"
+}
+now() { date +%s.%N; }
+record_time() { # label mode start end
+    python3 -c "import json; print(json.dumps({'label': '$1', 'mode': '$2', 'seconds': $4 - $3}))" >> "$results"
+}
+record_cpu() { # label mode ticks ops
+    python3 -c "import json, os; t = os.sysconf('SC_CLK_TCK'); print(json.dumps({'label': '$1', 'mode': '$2', 'cpu_us_per_op': $3 * 1e6 / t / max($4, 1)}))" >> "$results"
+}
+
 measure() { # label uri
-    local label=$1 uri=$2
+    local label=$1 uri=$2 t0 t1 c0 c1
     echo "== $label: prefill" >&2
     nbdcopy --flush "$prefill" "$uri"
+    echo "== $label: nbdcopy in (--flush), out, in with 16 MiB requests" >&2
+    t0=$(now); nbdcopy --flush "$dir/half.raw" "$uri"; t1=$(now)
+    record_time "$label" nbdcopy-in "$t0" "$t1"
+    t0=$(now); nbdcopy "$uri" "$dir/out.raw"; t1=$(now)
+    record_time "$label" nbdcopy-out "$t0" "$t1"
+    rm -f "$dir/out.raw"
+    t0=$(now); nbdcopy --flush --request-size=16777216 "$dir/half.raw" "$uri"; t1=$(now)
+    record_time "$label" nbdcopy-in-16m "$t0" "$t1"
+    echo "== $label: qemu-img bench -w -t none -c 200000 -d 32 -s 4k" >&2
+    c0=$(cpu_ticks "$server_pid"); t0=$(now)
+    qemu-img bench -f raw -w -t none -c 200000 -d 32 -s 4k "$uri" >/dev/null
+    t1=$(now); c1=$(cpu_ticks "$server_pid")
+    record_time "$label" qemu-img-bench "$t0" "$t1"
+    record_cpu "$label" cpu-qemu-img-bench "$((c1 - c0))" 200000
     echo "== $label: 4 KiB random writes with FUA, QD$qd (nbd-loadgen)" >&2
-    "$loadgen" --addr "127.0.0.1:$port" --mode randwrite-fua --qd "$qd" --seconds "$secs" --label "$label" --json >> "$results"
+    c0=$(cpu_ticks "$server_pid")
+    "$loadgen" --addr "127.0.0.1:$port" --mode randwrite-fua --qd "$qd" --seconds "$secs" --label "$label" --json | tee -a "$results" > "$dir/fua-$label.json"
+    c1=$(cpu_ticks "$server_pid")
+    record_cpu "$label" cpu-fua "$((c1 - c0))" "$(python3 -c "import json; r = json.load(open('$dir/fua-$label.json')); print(int(r['iops'] * $secs))")"
     echo "== $label: 4 KiB random reads, QD$qd (nbd-loadgen)" >&2
     "$loadgen" --addr "127.0.0.1:$port" --mode randread --qd "$qd" --seconds "$secs" --label "$label" --json >> "$results"
     echo "== $label: 4 KiB random reads, QD$qd (fio nbd engine)" >&2
@@ -89,6 +124,14 @@ p = j['clat_ns']['percentile']
 print(json.dumps({'label': '$label', 'mode': 'fio-randread', 'iops': j['iops'],
     'lat_us': {'mean': j['clat_ns']['mean'] / 1000, 'p50': p['50.000000'] / 1000,
                'p99': p['99.000000'] / 1000}}))" >> "$results"
+    # Resident memory and threads once the server is idle after all of it.
+    sleep 3
+    python3 -c "
+import json, os
+st = open('/proc/$server_pid/status').read().split(chr(10))
+rss = [l for l in st if l.startswith('VmRSS:')][0].split()[1]
+print(json.dumps({'label': '$label', 'mode': 'idle-rss', 'rss_mib': int(rss) / 1024,
+    'threads': len(os.listdir('/proc/$server_pid/task'))}))" >> "$results"
 }
 
 # 1. nbdkit file (raw file, page cache; FUA and FLUSH map to fdatasync).
@@ -142,5 +185,20 @@ for mode, name in modes:
     peers = [iops[s] for s in servers[1:] if s in iops]
     ratio = f"{iops['jbdev'] / max(peers):>15.2f}x" if peers and "jbdev" in iops and max(peers) > 0 else f"{'-':>16}"
     print(f"{name:28} " + " ".join(cells) + f" {ratio}")
+print()
+timed = [("nbdcopy-in", "nbdcopy in --flush (s)"), ("nbdcopy-out", "nbdcopy out (s)"),
+         ("nbdcopy-in-16m", "nbdcopy in, 16 MiB req (s)"), ("qemu-img-bench", "qemu-img bench 4k QD32 (s)")]
+cpu = [("cpu-fua", "CPU/op, FUA loadgen (us)"), ("cpu-qemu-img-bench", "CPU/op, qemu-img bench (us)")]
+for rows_, key in ((timed, "seconds"), (cpu, "cpu_us_per_op")):
+    for mode, name in rows_:
+        vals = {s: get[(s, mode)][key] for s in servers if (s, mode) in get}
+        cells = [f"{vals[s]:>22.3f}" if s in vals else f"{'-':>22}" for s in servers]
+        peers = [vals[s] for s in servers[1:] if s in vals]
+        ratio = f"{vals['jbdev'] / min(peers):>15.2f}x" if peers and "jbdev" in vals and min(peers) > 0 else f"{'-':>16}"
+        print(f"{name:28} " + " ".join(cells) + f" {ratio}")
+for s in servers:
+    r = get.get((s, "idle-rss"))
+    if r:
+        print(f"idle after load: {s}: RSS {r['rss_mib']:.1f} MiB, {r['threads']} threads")
 print(f"\nraw results: {sys.argv[1]}")
 PY

@@ -229,5 +229,6 @@ fn restart_right_after_kill_9_always_opens() {
         }
     }
     eprintln!("{RESTARTS} restarts after kill -9, {waited} waited for a dead holder's lock");
-    assert!(srv.stop(), "server did not stop cleanly");
+    let log = srv.log_text();
+    assert!(srv.stop(), "server did not stop cleanly:\n{log}");
 }

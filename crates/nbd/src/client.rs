@@ -230,7 +230,9 @@ impl ClientReader {
                 self.r.read_exact(&mut data)?;
                 Ok((cookie, Ok(data)))
             }
-            ReplyHeader::Chunk { .. } => Err(bad("structured reply without negotiation")),
+            ReplyHeader::Chunk { .. } | ReplyHeader::Extended { .. } => {
+                Err(bad("structured reply without negotiation"))
+            }
         }
     }
 }

@@ -32,7 +32,7 @@ use parking_lot::{Condvar, Mutex};
 
 use crate::backend::{Backend, BackendError};
 use crate::buffers::{BufferPool, PooledBuf};
-use crate::codec::{self, Command, ExportContext, Request};
+use crate::codec::{self, ChunkStyle, Command, ExportContext, HeaderMode, Request};
 use crate::handshake::Session;
 use crate::pool::WorkerPool;
 use crate::proto::*;
@@ -321,6 +321,17 @@ struct ConnShared {
     sink: ReplySink,
     buffers: Arc<BufferPool>,
     structured: bool,
+    /// Extended headers: every reply is an extended chunk.
+    extended: bool,
+}
+
+impl ConnShared {
+    fn style(&self, request_offset: u64) -> ChunkStyle {
+        ChunkStyle {
+            extended: self.extended,
+            request_offset,
+        }
+    }
 }
 
 /// Releases the gate and drops the connection if a job is lost without a
@@ -350,20 +361,33 @@ impl Drop for PendingReply {
     }
 }
 
-fn error_reply(structured: bool, cookie: u64, errno: u32, message: &str) -> Vec<Part> {
-    vec![Part::Bytes(if structured {
-        codec::encode_error_chunk(cookie, errno, message)
+fn error_reply(conn: &ConnShared, req: &Request, errno: u32, message: &str) -> Vec<Part> {
+    vec![Part::Bytes(if conn.structured {
+        codec::encode_error_chunk(conn.style(req.offset), req.cookie, errno, message)
     } else {
-        codec::encode_simple_reply(errno, cookie).to_vec()
+        codec::encode_simple_reply(errno, req.cookie).to_vec()
     })]
 }
 
-fn ok_reply(cookie: u64) -> Vec<Part> {
-    vec![Part::Bytes(codec::encode_simple_reply(0, cookie).to_vec())]
+/// Success without data: a simple reply, or (extended headers, where simple
+/// replies are not allowed) a final NONE chunk.
+fn ok_reply(conn: &ConnShared, req: &Request) -> Vec<Part> {
+    vec![Part::Bytes(if conn.extended {
+        codec::encode_done_chunk(conn.style(req.offset), req.cookie)
+    } else {
+        codec::encode_simple_reply(0, req.cookie).to_vec()
+    })]
 }
 
-fn execute(conn: &ConnShared, cookie: u64, cmd: Command, payload: Option<PooledBuf>) -> Vec<Part> {
+fn execute(
+    conn: &ConnShared,
+    req: &Request,
+    cmd: Command,
+    payload: Option<PooledBuf>,
+) -> Vec<Part> {
     let b = &*conn.backend;
+    let cookie = req.cookie;
+    let ok_reply = |_cookie: u64| ok_reply(conn, req);
     let res: Result<Vec<Part>, BackendError> = match cmd {
         Command::Read { offset, length, df } => read_reply(conn, cookie, offset, length, df),
         Command::Write { offset, fua, .. } => {
@@ -409,13 +433,13 @@ fn execute(conn: &ConnShared, cookie: u64, cmd: Command, payload: Option<PooledB
             offset,
             length,
             req_one,
-        } => block_status_reply(b, cookie, offset, length, req_one)
+        } => block_status_reply(b, conn.style(req.offset), cookie, offset, length, req_one)
             .map(|chunk| vec![Part::Bytes(chunk)]),
         Command::Disconnect => Ok(Vec::new()), // handled by the reader
     };
     res.unwrap_or_else(|e| {
         tracing::debug!("request {cookie:#x} failed: {e}");
-        error_reply(conn.structured, cookie, e.errno, &e.message)
+        error_reply(conn, req, e.errno, &e.message)
     })
 }
 
@@ -434,6 +458,7 @@ fn read_reply(
     length: u32,
     df: bool,
 ) -> Result<Vec<Part>, BackendError> {
+    let style = conn.style(offset);
     if !conn.structured {
         let data = read_data(conn, offset, length)?;
         return Ok(vec![
@@ -442,9 +467,7 @@ fn read_reply(
         ]);
     }
     if length == 0 {
-        return Ok(vec![Part::Bytes(
-            codec::encode_chunk_header(REPLY_FLAG_DONE, REPLY_TYPE_NONE, cookie, 0).to_vec(),
-        )]);
+        return Ok(vec![Part::Bytes(codec::encode_done_chunk(style, cookie))]);
     }
     // IMPORTANT: one backend read for the whole request, then holes found
     // in the data itself. A separate block-status call before the read (or
@@ -459,7 +482,9 @@ fn read_reply(
     };
     if pieces.len() == 1 && !pieces[0].2 {
         return Ok(vec![
-            Part::Bytes(codec::encode_data_chunk_head(cookie, true, offset, length)),
+            Part::Bytes(codec::encode_data_chunk_head(
+                style, cookie, true, offset, length,
+            )),
             Part::Buf(data),
         ]);
     }
@@ -469,6 +494,7 @@ fn read_reply(
         let (off, n) = (offset + from as u64, (to - from) as u32);
         if zero {
             parts.push(Part::Bytes(codec::encode_hole_chunk(
+                style,
                 cookie,
                 i == last,
                 off,
@@ -476,6 +502,7 @@ fn read_reply(
             )));
         } else {
             parts.push(Part::Bytes(codec::encode_data_chunk_head(
+                style,
                 cookie,
                 i == last,
                 off,
@@ -528,13 +555,21 @@ fn zero_runs(data: &[u8], granule: usize, min_run: usize) -> Vec<(usize, usize, 
 
 fn block_status_reply(
     b: &dyn Backend,
+    style: ChunkStyle,
     cookie: u64,
     offset: u64,
     length: u64,
     req_one: bool,
 ) -> Result<Vec<u8>, BackendError> {
     let extents = b.block_status(offset, length)?;
-    let mut descs: Vec<(u32, u32)> = Vec::new();
+    // Compact descriptors hold 32-bit lengths: split longer extents, keeping
+    // the pieces 4 KiB-aligned. Extended ones hold 64 bits.
+    let max_desc = if style.extended {
+        u64::MAX
+    } else {
+        u64::from(u32::MAX) & !4095
+    };
+    let mut descs: Vec<(u64, u32)> = Vec::new();
     let mut pos = offset;
     for e in &extents {
         if e.offset != pos || e.length == 0 {
@@ -543,17 +578,14 @@ fn block_status_reply(
         let flags = if e.zero { STATE_HOLE | STATE_ZERO } else { 0 };
         let mut left = e.length;
         while left > 0 && descs.len() < MAX_STATUS_DESCRIPTORS {
-            // Descriptor lengths are 32-bit; keep them 4 KiB-aligned when split.
-            let n = left.min(u64::from(u32::MAX) & !4095) as u32;
+            let n = left.min(max_desc);
             match descs.last_mut() {
-                Some((l, f))
-                    if *f == flags && u64::from(*l) + u64::from(n) <= u64::from(u32::MAX) =>
-                {
+                Some((l, f)) if *f == flags && l.checked_add(n).is_some_and(|t| t <= max_desc) => {
                     *l += n
                 }
                 _ => descs.push((n, flags)),
             }
-            left -= u64::from(n);
+            left -= n;
         }
         pos += e.length;
         if descs.len() >= MAX_STATUS_DESCRIPTORS {
@@ -562,13 +594,14 @@ fn block_status_reply(
     }
     if descs.is_empty() {
         // The backend described nothing usable: "unknown" is always honest.
-        descs.push((length.min(u64::from(u32::MAX)) as u32, 0));
+        descs.push((length.min(max_desc), 0));
     }
     if req_one {
         descs.truncate(1);
-        descs[0].0 = descs[0].0.min(length.min(u64::from(u32::MAX)) as u32);
+        descs[0].0 = descs[0].0.min(length);
     }
     Ok(codec::encode_block_status_chunk(
+        style,
         cookie,
         CONTEXT_ID_BASE_ALLOCATION,
         &descs,
@@ -615,12 +648,14 @@ pub fn serve(
         sink: ReplySink::new(gate.clone(), control.clone(), limits.send_timeout),
         buffers: res.buffers.clone(),
         structured: session.structured_replies,
+        extended: session.header_mode == HeaderMode::Extended,
     });
     let ctx = ExportContext {
         size_bytes: backend.size_bytes(),
         read_only: backend.read_only(),
         structured_replies: session.structured_replies,
         base_allocation: session.base_allocation,
+        extended_headers: session.header_mode == HeaderMode::Extended,
     };
     let conn2 = conn.clone();
     let writer_thread = std::thread::Builder::new()
@@ -750,7 +785,7 @@ impl Reader<'_> {
     /// Answers a request that failed validation. It counts against the
     /// in-flight limits like any other until its reply is on the wire.
     fn reject(&mut self, req: &Request, errno: u32) -> Result<(), Ended> {
-        let payload = req.payload_bytes();
+        let payload = req.payload_bytes_in(self.session.header_mode);
         if errno == EOVERFLOW {
             self.warn_oversize(req);
             if payload > MAX_DRAIN_BYTES {
@@ -769,7 +804,7 @@ impl Reader<'_> {
             "invalid request"
         };
         self.conn.sink.send(OutMsg {
-            parts: error_reply(self.ctx.structured_replies, req.cookie, errno, msg),
+            parts: error_reply(&self.conn, req, errno, msg),
             cost: 0,
         });
         Ok(())
@@ -807,9 +842,9 @@ impl Reader<'_> {
             }
             _ => None,
         };
-        let cookie = req.cookie;
+        let req = *req;
         self.res.workers.submit(move || {
-            let parts = execute(&pending.conn, cookie, cmd, payload);
+            let parts = execute(&pending.conn, &req, cmd, payload);
             pending.answer(parts);
         });
         Ok(())

@@ -40,6 +40,8 @@ pub enum Outcome {
 struct State {
     no_zeroes: bool,
     structured: bool,
+    /// Extended headers negotiated (implies `structured`).
+    extended: bool,
     /// Export name the last SET_META_CONTEXT selected `base:allocation` for.
     meta_export: Option<String>,
 }
@@ -75,6 +77,7 @@ pub fn negotiate(
     let mut st = State {
         no_zeroes: client_flags & FLAG_C_NO_ZEROES != 0,
         structured: false,
+        extended: false,
         meta_export: None,
     };
 
@@ -185,6 +188,32 @@ pub fn negotiate(
                     }
                 }
             }
+            ClientOption::ExtendedHeaders => {
+                if st.extended {
+                    send_error(
+                        writer,
+                        head.option,
+                        REP_ERR_INVALID,
+                        "extended headers already negotiated",
+                    )?;
+                } else {
+                    // Supersedes structured replies if those came first.
+                    st.extended = true;
+                    st.structured = true;
+                    send(
+                        writer,
+                        &codec::encode_option_reply(head.option, REP_ACK, &[]),
+                    )?;
+                }
+            }
+            ClientOption::StructuredReply if st.extended => {
+                send_error(
+                    writer,
+                    head.option,
+                    REP_ERR_EXT_HEADER_REQD,
+                    "extended headers already negotiated",
+                )?;
+            }
             ClientOption::StructuredReply => {
                 if st.structured {
                     send_error(
@@ -231,7 +260,11 @@ fn session(export: Arc<Export>, st: &State, name: Option<&str>) -> Session {
         export,
         structured_replies: st.structured,
         base_allocation,
-        header_mode: HeaderMode::Compact,
+        header_mode: if st.extended {
+            HeaderMode::Extended
+        } else {
+            HeaderMode::Compact
+        },
     }
 }
 

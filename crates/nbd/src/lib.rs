@@ -6,9 +6,12 @@
 //! * [`proto`] — constants; [`codec`] — pure, fuzzed encoders/decoders;
 //! * [`backend`] — the [`Backend`] trait the server serves (a volume, or
 //!   memory for tests);
+//! * [`export`] — exports and their operator-set descriptions; [`stream`] —
+//!   sockets, stdio and socket activation;
 //! * [`handshake`] — option haggling; [`conn`] — the transmission phase of
-//!   one connection; [`pool`] — the worker threads; [`server`] — listeners,
-//!   socket activation, stdio mode and shutdown;
+//!   one connection; [`pool`] — the worker threads; [`buffers`] — the
+//!   bounded payload buffer pool; [`server`] — limits, connections,
+//!   lifecycle and shutdown;
 //! * [`client`] — a small client for the load generator and tests.
 //!
 //! Durability mapping: a WRITE is answered when `write_at` returns (the data
@@ -20,16 +23,18 @@
 //! honest: a FLUSH on any connection covers every write already answered on
 //! every connection.
 //!
-//! Growth points. *TLS*: STARTTLS is answered `ERR_POLICY` today; the
+//! Limits hold whatever clients do: a fixed worker pool, one bounded
+//! payload buffer pool, a connection cap, a whole-handshake deadline, a
+//! send timeout with a progress floor, per-connection in-flight limits and
+//! a 64 MiB request maximum (see [`server`] and [`conn`]). Extended headers
+//! (64-bit lengths) are negotiated per connection ([`codec::HeaderMode`]).
+//!
+//! Growth point. *TLS*: STARTTLS is answered `ERR_POLICY` today; the
 //! handshake reads and writes through `dyn Read`/`dyn Write` and the
-//! transmission phase through a [`server::Stream`]'s halves, so TLS means a
-//! `Stream` whose halves are backed by one TLS session (rustls, X.509 or
-//! PSK), swapped in when STARTTLS is acknowledged, with negotiation state
-//! reset as the spec requires. *Extended headers*: requests carry 64-bit
-//! lengths already ([`codec::Request`]); [`codec::HeaderMode`] selects the
-//! header layout per connection, so `NBD_OPT_EXTENDED_HEADERS` adds a
-//! decoder variant, extended reply headers and 64-bit block-status
-//! descriptors without touching the executor or the bounds.
+//! transmission phase through a [`stream::Stream`]'s halves, so TLS means a
+//! `Stream` whose halves are backed by one TLS session (rustls for X.509,
+//! openssl for PSK) driven by one I/O thread, swapped in when STARTTLS is
+//! acknowledged, with negotiation state reset as the spec requires.
 #![deny(unsafe_code)]
 
 pub mod backend;

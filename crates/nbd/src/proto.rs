@@ -14,6 +14,10 @@ pub const REQUEST_MAGIC: u32 = 0x2560_9513;
 pub const SIMPLE_REPLY_MAGIC: u32 = 0x6744_6698;
 /// Magic of a structured reply chunk.
 pub const STRUCTURED_REPLY_MAGIC: u32 = 0x668e_33ef;
+/// Magic of an extended (64-bit) transmission request.
+pub const EXTENDED_REQUEST_MAGIC: u32 = 0x21e4_1c71;
+/// Magic of an extended reply chunk.
+pub const EXTENDED_REPLY_MAGIC: u32 = 0x6e8a_278c;
 
 // Handshake flags (server, 16 bits).
 pub const FLAG_FIXED_NEWSTYLE: u16 = 1 << 0;
@@ -46,7 +50,7 @@ pub const OPT_GO: u32 = 7;
 pub const OPT_STRUCTURED_REPLY: u32 = 8;
 pub const OPT_LIST_META_CONTEXT: u32 = 9;
 pub const OPT_SET_META_CONTEXT: u32 = 10;
-/// Extended headers (64-bit lengths). Not negotiated yet: answered ERR_UNSUP.
+/// Extended headers: 32-byte requests and replies with 64-bit lengths.
 pub const OPT_EXTENDED_HEADERS: u32 = 11;
 
 // Option reply types.
@@ -64,6 +68,7 @@ pub const REP_ERR_UNKNOWN: u32 = REP_FLAG_ERROR | 6;
 pub const REP_ERR_SHUTDOWN: u32 = REP_FLAG_ERROR | 7;
 pub const REP_ERR_BLOCK_SIZE_REQD: u32 = REP_FLAG_ERROR | 8;
 pub const REP_ERR_TOO_BIG: u32 = REP_FLAG_ERROR | 9;
+pub const REP_ERR_EXT_HEADER_REQD: u32 = REP_FLAG_ERROR | 10;
 
 // Information types of NBD_REP_INFO.
 pub const INFO_EXPORT: u16 = 0;
@@ -87,6 +92,8 @@ pub const CMD_FLAG_NO_HOLE: u16 = 1 << 1;
 pub const CMD_FLAG_DF: u16 = 1 << 2;
 pub const CMD_FLAG_REQ_ONE: u16 = 1 << 3;
 pub const CMD_FLAG_FAST_ZERO: u16 = 1 << 4;
+/// Extended headers only: the length field is a payload length.
+pub const CMD_FLAG_PAYLOAD_LEN: u16 = 1 << 5;
 
 // Structured reply flags and types.
 pub const REPLY_FLAG_DONE: u16 = 1 << 0;
@@ -94,6 +101,8 @@ pub const REPLY_TYPE_NONE: u16 = 0;
 pub const REPLY_TYPE_OFFSET_DATA: u16 = 1;
 pub const REPLY_TYPE_OFFSET_HOLE: u16 = 2;
 pub const REPLY_TYPE_BLOCK_STATUS: u16 = 5;
+/// Block status with 64-bit descriptors (extended headers).
+pub const REPLY_TYPE_BLOCK_STATUS_EXT: u16 = 6;
 pub const REPLY_TYPE_ERROR: u16 = (1 << 15) | 1;
 pub const REPLY_TYPE_ERROR_OFFSET: u16 = (1 << 15) | 2;
 
@@ -125,6 +134,8 @@ pub const OPTION_HEADER_BYTES: usize = 16;
 pub const SIMPLE_REPLY_BYTES: usize = 16;
 /// Size of a structured reply chunk header.
 pub const STRUCTURED_HEADER_BYTES: usize = 20;
+/// Size of an extended request header and of an extended reply header.
+pub const EXTENDED_HEADER_BYTES: usize = 32;
 
 /// Largest READ or WRITE payload we accept, advertised as the maximum in
 /// `NBD_INFO_BLOCK_SIZE`. Twice the protocol's interoperable 32 MiB: qemu

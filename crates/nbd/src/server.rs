@@ -68,12 +68,15 @@ pub struct ServerConfig {
     pub exit_when_idle: bool,
 }
 
-/// Default worker count: four per core (a synchronous volume call blocks
-/// its worker for a whole commit, so more workers than cores let group
-/// commits gather), at least 8 and at most 64.
+/// Default worker count: 16 per core, at least 32 and at most 128. A
+/// volume call blocks its worker for a whole commit, so a group commit
+/// gathers at most as many FUA writes as there are workers: with 8 workers
+/// 4 KiB FUA writes at QD32 ran at a third of the rate of 64 workers on the
+/// same run. The async core removes this coupling; until then the count is
+/// fixed here, not by the number of clients.
 pub fn default_worker_threads() -> usize {
     let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
-    (cores * 4).clamp(8, 64)
+    (cores * 16).clamp(32, 128)
 }
 
 impl Default for ServerConfig {
@@ -308,7 +311,10 @@ impl Server {
         Ok(())
     }
 
-    fn install_signals(&self) -> io::Result<SignalGuard> {
+    /// Shuts the server down on SIGINT or SIGTERM while the guard lives.
+    /// Install it before announcing the server: a supervisor may signal as
+    /// soon as it sees the announcement.
+    pub fn install_signals(&self) -> io::Result<SignalGuard> {
         use signal_hook::consts::{SIGINT, SIGTERM};
         let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM])?;
         let handle = signals.handle();
@@ -343,7 +349,8 @@ impl Server {
     }
 }
 
-struct SignalGuard(signal_hook::iterator::Handle);
+/// Keeps the signal handling of [`Server::install_signals`] installed.
+pub struct SignalGuard(signal_hook::iterator::Handle);
 impl Drop for SignalGuard {
     fn drop(&mut self) {
         self.0.close();
@@ -489,9 +496,10 @@ fn run_connection(inner: &Arc<Inner>, id: u64, stream: Stream) {
         Ok(Outcome::Transmission(session)) => {
             control.set_write_timeout(Some(cfg.send_timeout));
             tracing::debug!(
-                "connection {id}: export {:?}, structured replies {}",
+                "connection {id}: export {:?}, structured replies {}, {:?} headers",
                 session.export.name,
-                session.structured_replies
+                session.structured_replies,
+                session.header_mode
             );
             let limits = ConnLimits {
                 max_inflight_requests: cfg.max_inflight_requests_per_conn,

@@ -117,7 +117,8 @@ impl ServerProc {
         cmd.stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
-            .env("JBDEV_LOG", "info");
+            // Per-connection lines (negotiated header mode) are debug.
+            .env("JBDEV_LOG", "info,jbdev_nbd::server=debug");
         let mut child = cmd.spawn().expect("spawn jbdev serve");
         let stderr = child.stderr.take().expect("stderr");
         let log = Arc::new(Mutex::new(Vec::new()));

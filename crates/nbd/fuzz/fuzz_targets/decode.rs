@@ -1,5 +1,6 @@
 //! Fuzzes the decoders that see bytes from a socket: option headers and
-//! option data (every option type), request headers and their validation,
+//! option data (every option type), compact and extended request headers
+//! and their validation,
 //! and the reply decoders a client uses. None may panic; decoded requests
 //! must re-encode to the same bytes; validation must never accept a request
 //! outside the export.
@@ -32,14 +33,28 @@ fuzz_target!(|data: &[u8]| {
             _ => {}
         }
     }
-    if let Ok(req) = Request::decode(HeaderMode::Compact, rest) {
-        let enc = req.encode().expect("compact request re-encodes");
-        assert_eq!(&enc[..], &rest[..REQUEST_HEADER_BYTES]);
+    // Request headers in the mode the selector picks: compact (28 bytes,
+    // 32-bit length) or extended (32 bytes, 64-bit length).
+    let extended = selector & 0x80 != 0;
+    let mode = if extended {
+        HeaderMode::Extended
+    } else {
+        HeaderMode::Compact
+    };
+    if let Ok(req) = Request::decode(mode, rest) {
+        if extended {
+            let enc = req.encode_extended();
+            assert_eq!(&enc[..], &rest[..EXTENDED_HEADER_BYTES]);
+        } else {
+            let enc = req.encode().expect("compact request re-encodes");
+            assert_eq!(&enc[..], &rest[..REQUEST_HEADER_BYTES]);
+        }
         let ctx = ExportContext {
             size_bytes: 1 << 30,
             read_only: selector & 0x10 != 0,
-            structured_replies: selector & 0x20 != 0,
+            structured_replies: extended || selector & 0x20 != 0,
             base_allocation: selector & 0x40 != 0,
+            extended_headers: extended,
         };
         if let Ok(cmd) = codec::validate(&req, &ctx) {
             let range = match cmd {
@@ -54,6 +69,8 @@ fuzz_target!(|data: &[u8]| {
             if let Some((off, len)) = range {
                 assert!(off.checked_add(len).is_some_and(|e| e <= ctx.size_bytes));
             }
+            // Whatever was accepted carries no payload beyond the maximum.
+            assert!(req.payload_bytes_in(mode) <= u64::from(MAX_PAYLOAD_BYTES));
         }
     }
 });
