@@ -238,8 +238,12 @@ pub fn scan(region: &JournalRegion, progress: &mut dyn FnMut(u64)) -> Result<Sca
 /// `a` was written after `b` (sequence numbers wrap; half the space ahead
 /// counts as "after").
 fn is_after(a: u32, b: u32) -> bool {
-    let d = a.wrapping_sub(b);
-    d != 0 && d < 1 << 31
+    a != b && not_before(a, b)
+}
+
+/// `a` is `b` or was written after it.
+fn not_before(a: u32, b: u32) -> bool {
+    a.wrapping_sub(b) < 1 << 31
 }
 
 /// Walks and verifies transactions from `s_start`; appends the complete
@@ -525,7 +529,7 @@ pub fn replay_plan(txns: &[ScannedTxn]) -> (Vec<ReplayEntry>, u64) {
     for t in txns {
         for b in &t.blocks {
             if let Some(&rseq) = revoked.get(&b.home) {
-                if rseq.wrapping_sub(t.sequence) < 1 << 31 {
+                if not_before(rseq, t.sequence) {
                     cancelled += 1;
                     continue;
                 }

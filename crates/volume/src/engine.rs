@@ -135,7 +135,8 @@ enum Finished {
     /// Nothing to write (an empty cut still takes its turn in order).
     Empty,
     Written(CommittedTxn, Duration),
-    Failed(String),
+    /// The journal was aborted with the error when the I/O failed.
+    Failed,
 }
 
 /// The log layout of a cut transaction, fixed under the state lock so that
@@ -436,9 +437,15 @@ impl Engine {
 
     /// Aborts the journal: every later write fails until the volume is reopened.
     pub fn abort(&self, why: String) {
+        let mut st = self.state();
+        self.record_abort(&mut st, why);
+    }
+
+    /// [`Engine::abort`] for a caller that holds the state lock: records
+    /// the first reason, raises the flag and wakes every waiter.
+    fn record_abort(&self, st: &mut JState, why: String) {
         tracing::error!("journal aborted: {why}");
         let _ = self.abort_reason.set(why.clone());
-        let mut st = self.state();
         if st.error.is_none() {
             st.error = Some(why);
         }
@@ -1151,7 +1158,11 @@ impl Engine {
             self.done[Self::slot(st.running_tid)].notify_one();
         }
         let outcome = match planned {
-            None => Finished::Empty,
+            None => {
+                // No block was written: the cut's credits return at once.
+                st.outstanding -= charged;
+                Finished::Empty
+            }
             Some((newest, revoke_list, layout)) => {
                 drop(st);
                 // Phase 3.
@@ -1159,26 +1170,17 @@ impl Engine {
                 st = self.state();
                 match res {
                     Ok(txn) => Finished::Written(txn, started.elapsed()),
-                    Err(e) => Finished::Failed(format!("journal commit failed: {e}")),
+                    Err(e) => {
+                        // IMPORTANT: recorded under the same lock hold that
+                        // ends the commit, before anything could publish past it.
+                        self.record_abort(&mut st, format!("journal commit failed: {e}"));
+                        Finished::Failed
+                    }
                 }
             }
         };
         // Phase 4.
-        if let Finished::Failed(why) = &outcome {
-            // IMPORTANT: recorded under the same lock hold that ends the
-            // commit, before anything could publish past it.
-            let _ = self.abort_reason.set(why.clone());
-            if st.error.is_none() {
-                st.error = Some(why.clone());
-            }
-            self.aborted.store(true, Ordering::Release);
-            tracing::error!("journal aborted: {why}");
-        }
         st.finished.insert(tid, outcome);
-        // An empty cut's credits (none were used) return with this cut.
-        if matches!(st.finished.get(&tid), Some(Finished::Empty)) {
-            st.outstanding -= charged;
-        }
         self.publish_ready(&mut st);
         st
     }
@@ -1223,7 +1225,7 @@ impl Engine {
                         self.checkpoint_kick.notify_one();
                     }
                 }
-                Finished::Failed(_) => unreachable!("a failure sets the error first"),
+                Finished::Failed => unreachable!("a failure sets the error first"),
             }
             self.done[Self::slot(tid)].notify_all();
         }

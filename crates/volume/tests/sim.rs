@@ -170,18 +170,7 @@ fn base(key: BaseKey) -> Arc<Base> {
     let jdyn = jdev.clone().map(|j| j as Arc<dyn BlockDevice>);
     Volume::format_device(home.clone(), jdyn.clone(), &f).expect("format");
     let vol = Volume::open_device(home.clone(), jdyn, &verify_open_options()).expect("open");
-    let chunk = (vol.max_transaction_bytes() / 2).clamp(BLOCK, 32 * 1024);
-    let mut off = 0;
-    while off < DATA_BYTES {
-        let len = chunk.min(DATA_BYTES - off);
-        vol.write_at(
-            &stamped(INITIAL_ID, off, len as usize),
-            off,
-            jbdev_volume::WriteFlags::NONE,
-        )
-        .expect("fill");
-        off += len;
-    }
+    fill_initial(&vol, 32 * 1024);
     vol.close().expect("close");
     let b = Arc::new(Base {
         home: home.image(),
@@ -607,13 +596,8 @@ fn check_shared_reads(rec: &Record) -> Result<(), String> {
     Ok(())
 }
 
-/// The shared region after recovery. `strict`: durable writes must be there.
-fn check_shared_recovered(
-    rec: &Record,
-    horizon: u64,
-    got: &[u8],
-    strict: bool,
-) -> Result<(), String> {
+/// The shared region after recovery: durable writes there, nothing half-applied.
+fn check_shared_recovered(rec: &Record, horizon: u64, got: &[u8]) -> Result<(), String> {
     let by_id: HashMap<u64, &SharedOp> = rec.shared_ops.iter().map(|o| (o.id, o)).collect();
     let durable = |o: &SharedOp| o.ack.is_some_and(|a| o.fua || a < horizon);
     let ids: Vec<Option<u64>> = (0..SHARED_END / S)
@@ -628,13 +612,11 @@ fn check_shared_recovered(
         match id {
             None => return Err(format!("shared sector {s} holds bytes no write put there")),
             Some(INITIAL_ID) => {
-                if strict {
-                    if let Some(d) = newest_durable.clone().next() {
-                        return Err(format!(
-                            "shared sector {s} lost durable write {} (reads as initial)",
-                            id_name(d.id)
-                        ));
-                    }
+                if let Some(d) = newest_durable.clone().next() {
+                    return Err(format!(
+                        "shared sector {s} lost durable write {} (reads as initial)",
+                        id_name(d.id)
+                    ));
                 }
             }
             Some(v) => {
@@ -644,17 +626,15 @@ fn check_shared_recovered(
                         id_name(*v)
                     ));
                 };
-                if strict {
-                    if let Some(d) = newest_durable
-                        .clone()
-                        .find(|d| w.ack.is_some_and(|wa| wa < d.start))
-                    {
-                        return Err(format!(
-                            "shared sector {s} shows {} but the durable {} replaced it",
-                            id_name(*v),
-                            id_name(d.id)
-                        ));
-                    }
+                if let Some(d) = newest_durable
+                    .clone()
+                    .find(|d| w.ack.is_some_and(|wa| wa < d.start))
+                {
+                    return Err(format!(
+                        "shared sector {s} shows {} but the durable {} replaced it",
+                        id_name(*v),
+                        id_name(d.id)
+                    ));
                 }
                 for &t in &w.sectors {
                     let ok = match ids[t as usize] {
@@ -723,7 +703,7 @@ fn check_recovered(base: &Base, rec: &Record, got: &[u8], expect: Expect) -> Res
             check_prefix(&base.content, h, h.floor(horizon), got)?;
         }
     }
-    check_shared_recovered(rec, horizon, got, true)
+    check_shared_recovered(rec, horizon, got)
 }
 
 // ---------------------------------------------------------------- recovery

@@ -538,18 +538,7 @@ pub fn base_image(geo: Geometry) -> (Vec<u8>, Vec<u8>) {
     let vol = Volume::open_device(dev.clone(), None, &verify_open_options()).expect("open");
     let size = vol.size();
     assert!(size >= geo.data_bytes, "volume smaller than asked for");
-    let chunk = (vol.max_transaction_bytes() / 2).clamp(BLOCK, 64 * 1024);
-    let mut off = 0;
-    while off < size {
-        let len = chunk.min(size - off);
-        vol.write_at(
-            &stamped(INITIAL_ID, off, len as usize),
-            off,
-            WriteFlags::NONE,
-        )
-        .expect("fill");
-        off += len;
-    }
+    fill_initial(&vol, 64 * 1024);
     vol.close().expect("close");
     let image = dev.image();
     let vol = Volume::open_device(
@@ -566,6 +555,24 @@ pub fn base_image(geo: Geometry) -> (Vec<u8>, Vec<u8>) {
     );
     drop(vol);
     (image, content)
+}
+
+/// Writes the stamps of [`INITIAL_ID`] over the whole volume, in journaled
+/// writes of at most `max_chunk` bytes (half a transaction at most).
+pub fn fill_initial(vol: &Volume, max_chunk: u64) {
+    let size = vol.size();
+    let chunk = (vol.max_transaction_bytes() / 2).clamp(BLOCK, max_chunk);
+    let mut off = 0;
+    while off < size {
+        let len = chunk.min(size - off);
+        vol.write_at(
+            &stamped(INITIAL_ID, off, len as usize),
+            off,
+            WriteFlags::NONE,
+        )
+        .expect("fill");
+        off += len;
+    }
 }
 
 /// Reads the whole volume.
