@@ -397,58 +397,12 @@ fn fsync_batch_targets(rep: &mut ScenarioReport) {
             }
         }
         "slow" => {
-            // The seed's slow device: waiting for joiners must pay off once
+            // A slow device: waiting for joiners must pay off once
             // there are joiners to wait for.
-            let threads: std::collections::BTreeSet<usize> = rep
-                .runs
-                .iter()
-                .filter(|r| r.engine == "jbdev" && r.threads >= 4)
-                .map(|r| r.threads)
-                .collect();
-            for t in threads {
-                if let (Some(a), Some(n)) = (
-                    rep.find("jbdev", "adaptive", "", t),
-                    rep.find("jbdev", "none", "", t),
-                ) {
-                    targets.push(TargetCheck::at_least(
-                        format!("fsync-batch slow {t} threads adaptive vs none"),
-                        a.ops_per_sec / n.ops_per_sec.max(1e-9),
-                        1.0,
-                        format!(
-                            "adaptive {:.0}/s, none {:.0}/s",
-                            a.ops_per_sec, n.ops_per_sec
-                        ),
-                    ));
-                }
-            }
+            targets.extend(adaptive_vs_none(rep, "slow", 4, 1.0));
         }
         "ram" => {
-            let threads: Vec<usize> = rep
-                .runs
-                .iter()
-                .filter(|r| r.engine == "jbdev")
-                .map(|r| r.threads)
-                .collect();
-            for t in threads
-                .iter()
-                .copied()
-                .collect::<std::collections::BTreeSet<_>>()
-            {
-                if let (Some(a), Some(n)) = (
-                    rep.find("jbdev", "adaptive", "", t),
-                    rep.find("jbdev", "none", "", t),
-                ) {
-                    targets.push(TargetCheck::at_least(
-                        format!("fsync-batch ram {t} threads adaptive vs none"),
-                        a.ops_per_sec / n.ops_per_sec.max(1e-9),
-                        0.95,
-                        format!(
-                            "adaptive {:.0}/s, none {:.0}/s",
-                            a.ops_per_sec, n.ops_per_sec
-                        ),
-                    ));
-                }
-            }
+            targets.extend(adaptive_vs_none(rep, "ram", 1, 0.95));
             if let (Some(f), Some(a)) = (
                 rep.find("jbdev", "fixed:1000", "", 4),
                 rep.find("jbdev", "adaptive", "", 4),
@@ -592,6 +546,38 @@ pub fn parse_fs_mark(out: &str) -> Option<f64> {
     } else {
         Some(rates.iter().sum::<f64>() / rates.len() as f64)
     }
+}
+
+/// "adaptive >= floor x none" for every thread count of at least
+/// `min_threads` that both policies ran on `backing`.
+fn adaptive_vs_none(
+    rep: &ScenarioReport,
+    backing: &str,
+    min_threads: usize,
+    floor: f64,
+) -> Vec<TargetCheck> {
+    let threads: std::collections::BTreeSet<usize> = rep
+        .runs
+        .iter()
+        .filter(|r| r.engine == "jbdev" && r.threads >= min_threads)
+        .map(|r| r.threads)
+        .collect();
+    threads
+        .into_iter()
+        .filter_map(|t| {
+            let a = rep.find("jbdev", "adaptive", "", t)?;
+            let n = rep.find("jbdev", "none", "", t)?;
+            Some(TargetCheck::at_least(
+                format!("fsync-batch {backing} {t} threads adaptive vs none"),
+                a.ops_per_sec / n.ops_per_sec.max(1e-9),
+                floor,
+                format!(
+                    "adaptive {:.0}/s, none {:.0}/s",
+                    a.ops_per_sec, n.ops_per_sec
+                ),
+            ))
+        })
+        .collect()
 }
 
 #[cfg(test)]
