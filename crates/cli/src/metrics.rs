@@ -754,6 +754,27 @@ impl Collector_ {
             "Times a writer found the journal full and waited for the checkpoint.",
             MetricType::Counter,
             &counter(|s| s.log_space_waits),
+        )?;
+        family(
+            enc,
+            "jbdev_write_buffers_allocated",
+            "Journaled-write buffers allocated from the heap (the rest are reused from the pool).",
+            MetricType::Counter,
+            &counter(|s| s.write_buffers_allocated),
+        )?;
+        family(
+            enc,
+            "jbdev_write_buffers_reused",
+            "Journaled-write buffers reused from the buffer pool.",
+            MetricType::Counter,
+            &counter(|s| s.write_buffers_reused),
+        )?;
+        family(
+            enc,
+            "jbdev_write_buffer_pool_bytes",
+            "Bytes of write buffers the pool keeps for reuse (emptied when the volume is idle).",
+            MetricType::Gauge,
+            &gauge(|s| s.write_buffer_pool_bytes as f64),
         )
     }
 

@@ -56,6 +56,7 @@ use jbdev_journal::JournalRegion;
 use parking_lot::{Condvar, Mutex, RwLock};
 use smallvec::SmallVec;
 
+use crate::bufpool::{BufPool, WriteBuf};
 use crate::lockorder::{Rank, Ranked};
 
 use crate::overlay::{BlockRef, Lba, Overlay, Pending, Source, Tid, Version};
@@ -182,6 +183,13 @@ struct JState {
     used: u64,
     outstanding: u64,
     space_waiters: u32,
+    /// Ticket queue of writers waiting for log space: the one holding
+    /// `space_queue_head` is served next; `space_queue_tail` is the next
+    /// ticket handed out (equal: nobody waits).
+    space_queue_head: u64,
+    space_queue_tail: u64,
+    /// Credits the queued writers wait for, in all.
+    space_wanted: u64,
     head: u32,
     checkpointed_tid: Tid,
     error: Option<String>,
@@ -230,6 +238,8 @@ pub struct Engine {
     pub region: JournalRegion,
     pub jsb: Mutex<JournalSuperblock>,
     pub overlay: Overlay,
+    /// Buffers of journaled writes (one copy per write, reused).
+    pub pool: BufPool,
     stripes: Box<[CachePadded<Mutex<Stripe>>]>,
     st: Mutex<JState>,
     kick: Condvar,
@@ -325,6 +335,9 @@ impl Engine {
             used: 0,
             outstanding: 0,
             space_waiters: 0,
+            space_queue_head: 0,
+            space_queue_tail: 0,
+            space_wanted: 0,
             head: first,
             checkpointed_tid: 0,
             error: None,
@@ -349,6 +362,10 @@ impl Engine {
             region,
             jsb: Mutex::new(jsb),
             overlay: Overlay::new(),
+            // Keeps up to a journal's worth (bounded at 64 MiB): the
+            // buffers one checkpoint round frees are what the next writes
+            // take.
+            pool: BufPool::new(bs, 64 << 20),
             stripes,
             st: Mutex::new(st),
             kick: Condvar::new(),
@@ -595,22 +612,20 @@ impl Engine {
                 max: self.max_atomic_blocks() * bs,
             });
         }
-        let index = |b: Lba| lbas.binary_search(&b).expect("block of the request");
         let shard_ids = Overlay::shards_for_blocks(lbas.iter().copied());
         let stripe_idx = my_stripe();
         let mut conflicts = 0u32;
+        // One copy per write: the data goes once into a pooled buffer. The
+        // buffer is taken before the loop, so a write that waits for log
+        // space keeps it (and its copied data) across retries. Blocks the
+        // request covers whole are filled now, outside any lock; partial
+        // blocks get their base under the shard locks, then the request's
+        // bytes on top.
+        let mut buf = self.pool.take(lbas.len());
+        apply_ops(&mut buf, ops, &lbas, self.bs, |i| !partial[i]);
         loop {
             // Phase 1, no locks held across I/O: read home content of partial
             // blocks that have no newer copy, remembering the shard version.
-            let mut buf = match ops {
-                // The common case: one block-aligned write; copy it once.
-                [Op::Write { offset, data }]
-                    if offset.is_multiple_of(bs) && (data.len() as u64).is_multiple_of(bs) =>
-                {
-                    AlignedBuf::from_slice(data)
-                }
-                _ => AlignedBuf::zeroed(lbas.len() * self.bs),
-            };
             let mut pre_read: SmallVec<[(usize, u64); 4]> = SmallVec::new();
             for (i, &b) in lbas.iter().enumerate() {
                 if !partial[i] {
@@ -621,10 +636,7 @@ impl Engine {
                     (matches!(sh.source(b, self.bs), Source::Home), sh.version)
                 };
                 if is_home {
-                    self.home.read_at(
-                        &mut buf[i * self.bs..(i + 1) * self.bs],
-                        self.home_offset(b),
-                    )?;
+                    self.home.read_at(buf.block_mut(i), self.home_offset(b))?;
                     pre_read.push((i, version));
                 }
             }
@@ -661,7 +673,7 @@ impl Engine {
                 }
                 let gi = guard_of(&guards, b);
                 let sh = &guards[gi].1;
-                let dst = &mut buf[i * self.bs..(i + 1) * self.bs];
+                let dst = buf.block_mut(i);
                 match sh.source(b, self.bs) {
                     Source::Journaled(r) => dst.copy_from_slice(r.bytes(self.bs)),
                     Source::Pending(p, off) => dst.copy_from_slice(&p[off..off + self.bs]),
@@ -690,47 +702,18 @@ impl Engine {
                 drop(stripe);
                 continue;
             }
-            // Phase 3: apply the ops in order.
-            for op in ops {
-                match op {
-                    Op::Write { offset, data } => {
-                        let mut pos = 0usize;
-                        let mut off = *offset;
-                        while pos < data.len() {
-                            let b = off / bs;
-                            let inb = (off % bs) as usize;
-                            let take = (self.bs - inb).min(data.len() - pos);
-                            let i = index(b);
-                            buf[i * self.bs + inb..i * self.bs + inb + take]
-                                .copy_from_slice(&data[pos..pos + take]);
-                            pos += take;
-                            off += take as u64;
-                        }
-                    }
-                    Op::Zero { offset, len } => {
-                        let end = offset + len;
-                        let mut off = *offset;
-                        while off < end {
-                            let b = off / bs;
-                            let inb = (off % bs) as usize;
-                            let take = ((bs - inb as u64).min(end - off)) as usize;
-                            let i = index(b);
-                            buf[i * self.bs + inb..i * self.bs + inb + take].fill(0);
-                            off += take as u64;
-                        }
-                    }
-                }
-            }
+            // Phase 3: the request's bytes over the bases of partial blocks.
+            apply_ops(&mut buf, ops, &lbas, self.bs, |i| partial[i]);
             // Phase 4: publish.
-            let buf = Arc::new(buf);
+            let (chunks, per) = buf.share();
             let tid = stripe.tid;
             for (i, &b) in lbas.iter().enumerate() {
                 let gi = guard_of(&guards, b);
                 let sh = &mut guards[gi].1;
                 let ver = sh.bump();
                 let data = BlockRef {
-                    buf: buf.clone(),
-                    offset: i * self.bs,
+                    buf: chunks[i / per].clone(),
+                    offset: (i % per) * self.bs,
                 };
                 sh.map.entry(b).or_default().newest = Some(Version {
                     ver,
@@ -752,22 +735,43 @@ impl Engine {
 
     /// Moves at least `need` journal blocks of credit to a stripe, waiting
     /// for checkpoints if the journal is full.
+    ///
+    /// Writers that find the journal full are served in arrival order (a
+    /// ticket queue): a large write keeps its place, and writes that arrive
+    /// later may take free space only if what they take leaves enough for
+    /// every queued writer (`space_wanted`) — so they cannot starve it, and
+    /// the queue forms only when the journal is really full (no convoy).
     fn reserve(&self, stripe_idx: usize, need: u64) -> Result<()> {
         let mut st = self.state();
+        let mut ticket: Option<u64> = None;
         loop {
-            if st.error.is_some() {
-                return Err(Self::aborted_error(&st));
-            }
-            if st.shutdown {
-                return Err(VolumeError::Closed);
-            }
+            let failed = if st.error.is_some() {
+                Some(Self::aborted_error(&st))
+            } else if st.shutdown {
+                Some(VolumeError::Closed)
+            } else {
+                None
+            };
             let free = st.capacity.saturating_sub(st.used + st.outstanding);
-            if free >= need {
+            let may_take = match ticket {
+                None => free >= need + st.space_wanted,
+                Some(t) => t == st.space_queue_head && free >= need,
+            };
+            if ticket.is_some() && (failed.is_some() || may_take) {
+                // Leaving the queue (served or failed): the next one's turn.
+                st.space_queue_head += 1;
+                st.space_wanted -= need;
+                self.space.notify_all();
+            }
+            if let Some(e) = failed {
+                return Err(e);
+            }
+            if may_take {
                 // A small stock so the next writes of this stripe need not
                 // come here; bounded so stripes cannot hoard the journal.
                 let extra = (st.capacity / (8 * STRIPES as u64))
                     .min(64)
-                    .min(free - need);
+                    .min(free - need - st.space_wanted.min(free - need));
                 let grant = need + extra;
                 st.outstanding += grant;
                 st.credits_since_cut += grant;
@@ -778,18 +782,25 @@ impl Engine {
                 self.stripe(stripe_idx).credits += grant;
                 return Ok(());
             }
+            if ticket.is_none() {
+                ticket = Some(st.space_queue_tail);
+                st.space_queue_tail += 1;
+                st.space_wanted += need;
+                self.stats.lock().log_space_waits += 1;
+            }
             // Out of space: get the checkpoint going urgently, and commit
             // the running transaction (leading the commit ourselves if none
-            // is in progress) so its blocks can be checkpointed too.
+            // is in progress) so its blocks can be checkpointed too and the
+            // stripes' unspent credits come back.
             st.space_waiters += 1;
-            self.stats.lock().log_space_waits += 1;
             st.checkpoint_request = true;
             self.checkpoint_kick.notify_one();
             if self.can_lead(&st) {
                 st = self.commit_once(st, false);
             }
             let free = st.capacity.saturating_sub(st.used + st.outstanding);
-            if free < need && st.error.is_none() {
+            let my_turn = ticket == Some(st.space_queue_head);
+            if (free < need || !my_turn) && st.error.is_none() && !st.shutdown {
                 self.space.wait_for(st.inner(), Duration::from_millis(100));
             }
             st.space_waiters -= 1;
@@ -1382,8 +1393,17 @@ impl Engine {
                         .checkpoint_kick
                         .wait_for(st.inner(), self.opts.checkpoint_interval)
                         .timed_out();
-                    if timed_out && !self.committed.lock().is_empty() {
-                        break;
+                    if timed_out {
+                        if !self.committed.lock().is_empty() {
+                            break;
+                        }
+                        // Idle for a whole interval: give the write
+                        // buffers kept for reuse back (outside the lock).
+                        if self.pool.stats().kept_bytes > 0 {
+                            drop(st);
+                            self.pool.trim();
+                            st = self.state();
+                        }
                     }
                 }
                 urgent = st.space_waiters > 0
@@ -1673,6 +1693,39 @@ fn resolve(
 
 /// True if the pieces `(block, lo, hi)` of one block, sorted by `lo`,
 /// cover `[0, bs)`.
+/// Applies `ops` (in order) to the blocks `i` of `buf` for which `want(i)`;
+/// `lbas` are the request's distinct blocks, ascending.
+fn apply_ops(
+    buf: &mut WriteBuf,
+    ops: &[Op<'_>],
+    lbas: &[Lba],
+    bs: usize,
+    want: impl Fn(usize) -> bool,
+) {
+    let bs64 = bs as u64;
+    for op in ops {
+        let (s, e) = op.range();
+        let mut off = s;
+        while off < e {
+            let b = off / bs64;
+            let inb = (off % bs64) as usize;
+            let take = (bs - inb).min((e - off) as usize);
+            let i = lbas.binary_search(&b).expect("block of the request");
+            if want(i) {
+                let dst = &mut buf.block_mut(i)[inb..inb + take];
+                match op {
+                    Op::Write { data, .. } => {
+                        let pos = (off - s) as usize;
+                        dst.copy_from_slice(&data[pos..pos + take]);
+                    }
+                    Op::Zero { .. } => dst.fill(0),
+                }
+            }
+            off += take as u64;
+        }
+    }
+}
+
 fn covers_block(pieces: &[(Lba, usize, usize)], bs: usize) -> bool {
     let mut reach = 0;
     for &(_, lo, hi) in pieces {

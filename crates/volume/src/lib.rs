@@ -14,6 +14,7 @@
 //!   flushed.
 #![deny(unsafe_code)]
 
+mod bufpool;
 mod engine;
 mod error;
 pub mod inspect;

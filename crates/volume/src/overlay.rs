@@ -25,6 +25,8 @@ use std::sync::Arc;
 
 use crossbeam_utils::CachePadded;
 use jbdev_device::AlignedBuf;
+
+use crate::bufpool::SharedBuf;
 use parking_lot::Mutex;
 
 use crate::lockorder::{Rank, Ranked};
@@ -44,7 +46,7 @@ pub const SHARDS: usize = 256;
 /// One block of data inside a shared buffer.
 #[derive(Clone)]
 pub struct BlockRef {
-    pub buf: Arc<AlignedBuf>,
+    pub buf: SharedBuf,
     pub offset: usize,
 }
 

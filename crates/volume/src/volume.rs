@@ -11,6 +11,7 @@ use jbdev_journal::recovery::{self, ScanEnd};
 use jbdev_journal::JournalRegion;
 use parking_lot::Mutex;
 
+use crate::bufpool::SharedBuf;
 use crate::engine::{Engine, Op};
 use crate::overlay::{BlockRef, Overlay, Source, Version};
 use crate::superblock::{JournalLocation, VolumeSuperblock};
@@ -77,6 +78,11 @@ pub struct Stats {
     pub device_flushes: u64,
     /// Times a writer found the journal full and waited for space.
     pub log_space_waits: u64,
+    /// Journaled-write buffers freshly allocated from the heap / reused
+    /// from the buffer pool, and the bytes the pool keeps for reuse now.
+    pub write_buffers_allocated: u64,
+    pub write_buffers_reused: u64,
+    pub write_buffer_pool_bytes: u64,
 }
 
 /// What `open` found and did; shown by `jbdev info` and `jbdev check`.
@@ -751,6 +757,7 @@ impl Volume {
         let s = e.stats.lock();
         let secs = s.started.elapsed().as_secs_f64().max(1e-9);
         let lag_txns = e.committed_len() as u64;
+        let pool = e.pool.stats();
         Stats {
             commits: s.commits,
             commits_per_sec: s.commits as f64 / secs,
@@ -777,6 +784,9 @@ impl Volume {
             commits_pipelined: s.chained_commits,
             device_flushes: e.device_flushes(),
             log_space_waits: s.log_space_waits,
+            write_buffers_allocated: pool.allocated,
+            write_buffers_reused: pool.reused,
+            write_buffer_pool_bytes: pool.kept_bytes,
         }
     }
 
@@ -847,7 +857,7 @@ fn load_plan_into_overlay(
         let mut buf = AlignedBuf::zeroed(bs);
         recovery::read_replay_block(&engine.region, e, &mut buf)?;
         let data = BlockRef {
-            buf: Arc::new(buf),
+            buf: SharedBuf::from_aligned(&engine.pool, buf),
             offset: 0,
         };
         let mut sh = engine.overlay.lock(Overlay::shard_of(e.home));
