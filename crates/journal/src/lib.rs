@@ -5,6 +5,8 @@
 //! * [`writer`] — lays out one transaction as revoke, descriptor, data and
 //!   commit blocks.
 //! * [`recovery`] — scan, revoke and replay passes.
+//! * [`space`] — the log ring's ledger: placement, sequence, space
+//!   accounting and its wait queue, how far the tail may move.
 //!
 //! The commit thread, group commit and checkpointing live in the volume
 //! crate, which owns the in-memory state they act on.
@@ -14,6 +16,7 @@ pub mod error;
 pub mod format;
 pub mod recovery;
 pub mod region;
+pub mod space;
 pub mod writer;
 
 pub use error::{JournalError, Result};

@@ -51,6 +51,7 @@ use std::time::{Duration, Instant, SystemTime};
 use crossbeam_utils::CachePadded;
 use jbdev_device::{AlignedBuf, BlockDevice, FlushCoalescer, IoPriority, WriteReq};
 use jbdev_journal::format::{DescriptorBlock, JournalSuperblock, RevokeBlock};
+use jbdev_journal::space::{LogSpace, Placement, Ticket};
 use jbdev_journal::writer::{self, LogBlock};
 use jbdev_journal::JournalRegion;
 use parking_lot::{Condvar, Mutex, RwLock};
@@ -165,9 +166,6 @@ struct JState {
     in_flight: u32,
     /// Transactions whose I/O finished, waiting to be published in order.
     finished: BTreeMap<Tid, Finished>,
-    /// Log start and disk sequence of each in-flight non-empty transaction,
-    /// oldest first: the tail may never move past the oldest of them.
-    in_flight_starts: VecDeque<(Tid, u32, u32)>,
     /// The newest cut found nothing to commit (drain is complete).
     last_cut_empty: bool,
     /// Highest transaction somebody asked to be committed.
@@ -176,21 +174,11 @@ struct JState {
     last_batch_waiters: u32,
     avg_commit_ns: u64,
     credits_since_cut: u64,
-    /// Disk sequence of the next transaction written (no gaps on disk).
-    next_sequence: u32,
-    /// Log accounting, in journal blocks.
-    capacity: u64,
-    used: u64,
-    outstanding: u64,
+    /// The log ring's ledger: placement and sequence of the next
+    /// transaction, used / granted / free blocks, the space queue, how far
+    /// the tail may move.
+    log: LogSpace,
     space_waiters: u32,
-    /// Ticket queue of writers waiting for log space: the one holding
-    /// `space_queue_head` is served next; `space_queue_tail` is the next
-    /// ticket handed out (equal: nobody waits).
-    space_queue_head: u64,
-    space_queue_tail: u64,
-    /// Credits the queued writers wait for, in all.
-    space_wanted: u64,
-    head: u32,
     checkpointed_tid: Tid,
     error: Option<String>,
     shutdown: bool,
@@ -323,22 +311,14 @@ impl Engine {
             cutting: false,
             in_flight: 0,
             finished: BTreeMap::new(),
-            in_flight_starts: VecDeque::new(),
             last_cut_empty: false,
             want_commit: 0,
             sync_waiters: 0,
             last_batch_waiters: 0,
             avg_commit_ns: 0,
             credits_since_cut: 0,
-            next_sequence: jsb.sequence,
-            capacity,
-            used: 0,
-            outstanding: 0,
+            log: LogSpace::new(first, jsb.max_len, jsb.sequence),
             space_waiters: 0,
-            space_queue_head: 0,
-            space_queue_tail: 0,
-            space_wanted: 0,
-            head: first,
             checkpointed_tid: 0,
             error: None,
             shutdown: false,
@@ -743,7 +723,10 @@ impl Engine {
     /// the queue forms only when the journal is really full (no convoy).
     fn reserve(&self, stripe_idx: usize, need: u64) -> Result<()> {
         let mut st = self.state();
-        let mut ticket: Option<u64> = None;
+        let mut ticket: Option<Ticket> = None;
+        // A small stock so the next writes of this stripe need not come
+        // here; bounded so stripes cannot hoard the journal.
+        let max_extra = (st.log.capacity() / (8 * STRIPES as u64)).min(64);
         loop {
             let failed = if st.error.is_some() {
                 Some(Self::aborted_error(&st))
@@ -752,28 +735,18 @@ impl Engine {
             } else {
                 None
             };
-            let free = st.capacity.saturating_sub(st.used + st.outstanding);
-            let may_take = match ticket {
-                None => free >= need + st.space_wanted,
-                Some(t) => t == st.space_queue_head && free >= need,
-            };
-            if ticket.is_some() && (failed.is_some() || may_take) {
-                // Leaving the queue (served or failed): the next one's turn.
-                st.space_queue_head += 1;
-                st.space_wanted -= need;
-                self.space.notify_all();
-            }
             if let Some(e) = failed {
+                if ticket.is_some() {
+                    st.log.abandon(need);
+                    self.space.notify_all();
+                }
                 return Err(e);
             }
-            if may_take {
-                // A small stock so the next writes of this stripe need not
-                // come here; bounded so stripes cannot hoard the journal.
-                let extra = (st.capacity / (8 * STRIPES as u64))
-                    .min(64)
-                    .min(free - need - st.space_wanted.min(free - need));
-                let grant = need + extra;
-                st.outstanding += grant;
+            if let Some(grant) = st.log.try_grant(ticket, need, max_extra) {
+                if ticket.is_some() {
+                    // The next in the queue may be served now.
+                    self.space.notify_all();
+                }
                 st.credits_since_cut += grant;
                 if st.credits_since_cut >= self.max_txn_blocks / 2 {
                     self.kick.notify_one();
@@ -783,9 +756,7 @@ impl Engine {
                 return Ok(());
             }
             if ticket.is_none() {
-                ticket = Some(st.space_queue_tail);
-                st.space_queue_tail += 1;
-                st.space_wanted += need;
+                ticket = Some(st.log.enqueue(need));
                 self.stats.lock().log_space_waits += 1;
             }
             // Out of space: get the checkpoint going urgently, and commit
@@ -798,9 +769,8 @@ impl Engine {
             if self.can_lead(&st) {
                 st = self.commit_once(st, false);
             }
-            let free = st.capacity.saturating_sub(st.used + st.outstanding);
-            let my_turn = ticket == Some(st.space_queue_head);
-            if (free < need || !my_turn) && st.error.is_none() && !st.shutdown {
+            let ready = ticket.is_some_and(|t| st.log.is_head(t)) && st.log.free() >= need;
+            if !ready && st.error.is_none() && !st.shutdown {
                 self.space.wait_for(st.inner(), Duration::from_millis(100));
             }
             st.space_waiters -= 1;
@@ -1137,7 +1107,7 @@ impl Engine {
         let waiters = st.sync_waiters;
         let started = Instant::now();
         let (blocks, revokes, charged, unspent) = self.cut(tid);
-        st.outstanding -= unspent;
+        st.log.give_back(unspent);
         st.running_tid = tid + 1;
         st.running_created = started;
         st.running_first_sync = None;
@@ -1149,15 +1119,12 @@ impl Engine {
         let planned = (!empty).then(|| {
             let (newest, revoke_list) = resolve(blocks, revokes);
             let k = writer::transaction_blocks(self.bs, newest.len(), revoke_list.len());
+            let at = st.log.lay_out(tid, k);
             let layout = Layout {
-                sequence: st.next_sequence,
-                head: st.head,
+                sequence: at.sequence,
+                head: at.head,
                 chained: st.in_flight > 1,
             };
-            st.next_sequence = st.next_sequence.wrapping_add(1);
-            st.head = writer::advance(st.head, k, self.first, self.region.len_blocks());
-            st.in_flight_starts
-                .push_back((tid, layout.head, layout.sequence));
             (newest, revoke_list, layout)
         });
         if waiters > 0 {
@@ -1171,7 +1138,7 @@ impl Engine {
         let outcome = match planned {
             None => {
                 // No block was written: the cut's credits return at once.
-                st.outstanding -= charged;
+                st.log.give_back(charged);
                 Finished::Empty
             }
             Some((newest, revoke_list, layout)) => {
@@ -1217,11 +1184,8 @@ impl Engine {
                     } else {
                         (st.avg_commit_ns * 3 + ns) / 4
                     };
-                    let front = st.in_flight_starts.pop_front();
-                    debug_assert_eq!(front.map(|f| f.0), Some(tid));
                     st.committed_tid = tid;
-                    st.used += txn.log_blocks;
-                    st.outstanding -= txn.charged;
+                    st.log.publish(tid, txn.log_blocks, txn.charged);
                     {
                         let mut s = self.stats.lock();
                         s.commits += 1;
@@ -1232,7 +1196,7 @@ impl Engine {
                             .record((elapsed.as_micros() as u64).max(1));
                     }
                     self.committed.lock().push_back(txn);
-                    if st.used * 4 >= st.capacity {
+                    if st.log.fill_at_least(1, 4) {
                         self.checkpoint_kick.notify_one();
                     }
                 }
@@ -1382,7 +1346,7 @@ impl Engine {
                         return;
                     }
                     let have = !self.committed.lock().is_empty();
-                    let fill_high = st.used * 4 >= st.capacity;
+                    let fill_high = st.log.fill_at_least(1, 4);
                     if have && (st.checkpoint_request || fill_high || st.checkpoint_shutdown) {
                         break;
                     }
@@ -1406,9 +1370,8 @@ impl Engine {
                         }
                     }
                 }
-                urgent = st.space_waiters > 0
-                    || st.used * 4 >= st.capacity * 3
-                    || st.checkpoint_shutdown;
+                urgent =
+                    st.space_waiters > 0 || st.log.fill_at_least(3, 4) || st.checkpoint_shutdown;
                 st.checkpoint_request = false;
             }
             let batch: Vec<CommittedTxn> = {
@@ -1540,11 +1503,11 @@ impl Engine {
             // IMPORTANT: never past a transaction still in flight: it may be
             // acknowledged after this superblock update, and recovery must
             // then still find it.
-            match (q.front(), st.in_flight_starts.front()) {
-                (Some(t), _) => (t.start_pos, t.sequence),
-                (None, Some(&(_, start, seq))) => (start, seq),
-                (None, None) => (st.head, st.next_sequence),
-            }
+            let at = st.log.tail(q.front().map(|t| Placement {
+                sequence: t.sequence,
+                head: t.start_pos,
+            }));
+            (at.head, at.sequence)
         };
         // IMPORTANT: never move the tail after an abort: recovery replays
         // whatever the journal still holds.
@@ -1561,7 +1524,7 @@ impl Engine {
         let freed: u64 = batch.iter().map(|t| t.log_blocks).sum();
         {
             let mut st = self.state();
-            st.used -= freed;
+            st.log.checkpointed(freed);
             st.checkpointed_tid = last.tid;
             self.space.notify_all();
         }
@@ -1606,7 +1569,7 @@ impl Engine {
         if let Some(e) = &st.error {
             return Err(VolumeError::Aborted(e.clone()));
         }
-        let next = st.next_sequence;
+        let next = st.log.next_sequence();
         drop(st);
         self.home_flusher.flush(self.home.as_ref())?;
         let mut jsb = self.jsb.lock();
@@ -1620,7 +1583,12 @@ impl Engine {
     /// Snapshot of the journal state for stats.
     pub fn journal_state(&self) -> (u64, u64, Tid, Tid) {
         let st = self.state();
-        (st.used, st.capacity, st.committed_tid, st.checkpointed_tid)
+        (
+            st.log.used(),
+            st.log.capacity(),
+            st.committed_tid,
+            st.checkpointed_tid,
+        )
     }
 
     /// Device cache flushes issued (home, plus the journal's when external).
