@@ -171,7 +171,20 @@ struct JState {
     /// Highest transaction somebody asked to be committed.
     want_commit: Tid,
     sync_waiters: u32,
+    /// Sync waiters that joined the running transaction (reset at the cut).
+    /// Not `sync_waiters`: that also counts the writers a just-published
+    /// commit released but which have not run yet to leave — on a loaded
+    /// machine, most of them — and a batch counted with them looked
+    /// complete before the released writers could rejoin.
+    running_waiters: u32,
     last_batch_waiters: u32,
+    /// Most sync waiters present at once since the last cut, and its value
+    /// at the last cut: how many writers are syncing in all, including the
+    /// ones a commit in flight will release (they were waiting on it).
+    sync_peak: u32,
+    sync_population: u32,
+    /// When the last transaction was published (its writers released).
+    last_published: Instant,
     avg_commit_ns: u64,
     credits_since_cut: u64,
     /// The log ring's ledger: placement and sequence of the next
@@ -314,7 +327,11 @@ impl Engine {
             last_cut_empty: false,
             want_commit: 0,
             sync_waiters: 0,
+            running_waiters: 0,
             last_batch_waiters: 0,
+            sync_peak: 0,
+            sync_population: 0,
+            last_published: Instant::now(),
             avg_commit_ns: 0,
             credits_since_cut: 0,
             log: LogSpace::new(first, jsb.max_len, jsb.sequence),
@@ -807,13 +824,17 @@ impl Engine {
         if st.want_commit < tid {
             st.want_commit = tid;
         }
+        st.sync_peak = st.sync_peak.max(st.sync_waiters);
+        if tid == st.running_tid {
+            st.running_waiters += 1;
+        }
         if tid == st.running_tid && st.running_first_sync.is_none() {
             st.running_first_sync = Some(Instant::now());
         }
         // Wake a batching leader only when its batch is complete (its exit
         // condition); a wake-up per arrival costs a context switch each, which
         // on a small machine eats the time batching was meant to save.
-        if st.sync_waiters >= Self::batch_target(&st) {
+        if st.running_waiters >= Self::batch_target(&st) {
             self.joined.notify_one();
         }
         while st.committed_tid < tid && st.error.is_none() {
@@ -1008,10 +1029,19 @@ impl Engine {
     }
 
     /// How many sync waiters make a batch complete for the adaptive
-    /// policy: three quarters of what the previous commit served (waiting
-    /// for the last stragglers costs more than they add), at least two.
+    /// policy: three quarters of the writers syncing in all (waiting for the
+    /// last stragglers costs more than they add), at least two.
+    ///
+    /// "In all" is the most waiters present at once since the previous cut,
+    /// not the previous batch: with one commit in flight, the writers split
+    /// into the cohort it will release and the cohort waiting for the next
+    /// one, and a target of 3/4 of the previous batch is met by the waiting
+    /// cohort alone — the two halves then alternate forever, each commit
+    /// carrying half the writers (measured on the slow backing: 16.5 blocks
+    /// per commit at 32 writers). Counting both makes the leader wait,
+    /// within the window, for the released cohort to come back.
     fn batch_target(st: &JState) -> u32 {
-        (st.last_batch_waiters * 3).div_ceil(4).max(2)
+        (st.sync_population * 3).div_ceil(4).max(2)
     }
 
     fn batch_deadline(&self, st: &JState) -> Option<Instant> {
@@ -1022,7 +1052,15 @@ impl Engine {
             BatchPolicy::Fixed(_) => None,
             BatchPolicy::Adaptive if multi => {
                 let wait = Duration::from_nanos(st.avg_commit_ns).min(self.opts.max_batch);
-                let since = st.running_first_sync.unwrap_or_else(Instant::now);
+                // From the later of the first sync request and the previous
+                // commit's end: the writers that commit released can only
+                // rejoin after it, so a window that started before it
+                // (the waiting cohort joined long ago) would never wait
+                // for them.
+                let since = st
+                    .running_first_sync
+                    .unwrap_or_else(Instant::now)
+                    .max(st.last_published);
                 Some(since + wait)
             }
             BatchPolicy::Adaptive => None,
@@ -1087,7 +1125,7 @@ impl Engine {
             if let Some(deadline) = self.batch_deadline(&st) {
                 let adaptive = self.opts.batch_policy == BatchPolicy::Adaptive;
                 while Instant::now() < deadline
-                    && !(adaptive && st.sync_waiters >= Self::batch_target(&st))
+                    && !(adaptive && st.running_waiters >= Self::batch_target(&st))
                     && !st.shutdown
                     && st.error.is_none()
                 {
@@ -1104,7 +1142,10 @@ impl Engine {
         }
         // Phase 2.
         let tid = st.running_tid;
-        let waiters = st.sync_waiters;
+        let waiters = st.running_waiters;
+        st.running_waiters = 0;
+        st.sync_population = st.sync_peak;
+        st.sync_peak = st.sync_waiters;
         let started = Instant::now();
         let (blocks, revokes, charged, unspent) = self.cut(tid);
         st.log.give_back(unspent);
@@ -1185,6 +1226,7 @@ impl Engine {
                         (st.avg_commit_ns * 3 + ns) / 4
                     };
                     st.committed_tid = tid;
+                    st.last_published = Instant::now();
                     st.log.publish(tid, txn.log_blocks, txn.charged);
                     {
                         let mut s = self.stats.lock();
