@@ -1255,8 +1255,16 @@ impl Engine {
         if st.want_commit >= st.running_tid && self.can_lead(st) {
             self.done[Self::slot(st.running_tid)].notify_one();
         }
-        self.kick.notify_one();
-        self.space.notify_all();
+        // The commit thread only has work here if a size trigger or the
+        // drain was held back by the commit in flight (its age trigger is a
+        // timed wait). Waking it after every commit cost a context switch
+        // per commit: 14% of the CPU of a lone syncing writer.
+        if st.credits_since_cut >= self.max_txn_blocks / 2 || st.shutdown {
+            self.kick.notify_one();
+        }
+        if st.space_waiters > 0 {
+            self.space.notify_all();
+        }
     }
 
     /// Waits until transaction `tid` is published (durable and
