@@ -8,9 +8,12 @@
 //!   by every I/O becomes the scaling wall at millions of IOPS);
 //! * [`pread::PreadDevice`] — portable `preadv`/`pwritev`, used when io_uring
 //!   is unavailable;
-//! * [`mem::MemDevice`] — an in-memory device for tests;
-//! * [`fault::FaultDevice`] — an in-memory device that remembers which writes
+//! * `mem::MemDevice` — an in-memory device for tests;
+//! * `fault::FaultDevice` — an in-memory device that remembers which writes
 //!   no completed flush covers and can produce the image a power cut leaves.
+//!
+//! The two test doubles are built only for tests (feature `testing`, which
+//! the dev-dependencies of the crates above turn on).
 //!
 //! `unsafe` code of the whole project lives in this crate (and the C ABI)
 //! only: the workspace denies it everywhere else.
@@ -18,8 +21,10 @@
 
 pub mod aligned;
 pub mod error;
+#[cfg(any(test, feature = "testing"))]
 pub mod fault;
 pub mod flush;
+#[cfg(any(test, feature = "testing"))]
 pub mod mem;
 pub mod open;
 pub mod pread;
