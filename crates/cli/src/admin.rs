@@ -5,10 +5,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 use indicatif::{ProgressBar, ProgressStyle};
 use jbdev_volume::inspect::{inspect, Inspection};
-use jbdev_volume::journal::format::{
-    self, CommitBlock, DescriptorBlock, RevokeBlock, BLOCKTYPE_COMMIT, BLOCKTYPE_DESCRIPTOR,
-    BLOCKTYPE_REVOKE,
-};
+use jbdev_volume::journal::format::{self, LogRecord};
 use jbdev_volume::journal::next_pos;
 use jbdev_volume::journal::recovery::{self, ScanEnd};
 use jbdev_volume::superblock::JournalLocation;
@@ -486,7 +483,7 @@ fn dump_log(ins: &Inspection, jsb: &format::JournalSuperblock, all: bool) -> any
     while walked < usable {
         let block = ins.read_journal_block(pos)?;
         walked += 1;
-        let Some(h) = format::read_header(&block) else {
+        let Some(view) = format::decode_log_block(&block, seed) else {
             if !all {
                 println!("{pos:>8}: no journal header: end of log");
                 return Ok(());
@@ -494,6 +491,7 @@ fn dump_log(ins: &Inspection, jsb: &format::JournalSuperblock, all: bool) -> any
             pos = next_pos(pos, first, len);
             continue;
         };
+        let h = view.header;
         if let Some(e) = expect {
             if h.sequence != e {
                 println!(
@@ -505,57 +503,47 @@ fn dump_log(ins: &Inspection, jsb: &format::JournalSuperblock, all: bool) -> any
         }
         let here = pos;
         pos = next_pos(pos, first, len);
-        match h.block_type {
-            BLOCKTYPE_DESCRIPTOR => match DescriptorBlock::decode(&block, seed) {
-                Ok(d) => {
+        match view.record {
+            Ok(LogRecord::Descriptor(d)) => {
+                println!(
+                    "{here:>8}: descriptor  transaction {} with {} tag(s)",
+                    h.sequence,
+                    d.tags.len()
+                );
+                for t in &d.tags {
+                    let data = ins.read_journal_block(pos)?;
+                    let ok = format::data_block_checksum(seed, h.sequence, &data) == t.checksum;
                     println!(
-                        "{here:>8}: descriptor  transaction {} with {} tag(s)",
-                        h.sequence,
-                        d.tags.len()
+                        "{pos:>8}:   data -> home block {} flags {:#x} checksum {:#010x} {}",
+                        t.home_block,
+                        t.flags,
+                        t.checksum,
+                        if ok { "ok" } else { "MISMATCH" }
                     );
-                    for t in &d.tags {
-                        let data = ins.read_journal_block(pos)?;
-                        let ok = format::data_block_checksum(seed, h.sequence, &data) == t.checksum;
-                        println!(
-                            "{pos:>8}:   data -> home block {} flags {:#x} checksum {:#010x} {}",
-                            t.home_block,
-                            t.flags,
-                            t.checksum,
-                            if ok { "ok" } else { "MISMATCH" }
-                        );
-                        pos = next_pos(pos, first, len);
-                        walked += 1;
-                    }
+                    pos = next_pos(pos, first, len);
+                    walked += 1;
                 }
-                Err(e) => println!(
-                    "{here:>8}: descriptor  transaction {}: BAD: {e}",
-                    h.sequence
-                ),
-            },
-            BLOCKTYPE_REVOKE => match RevokeBlock::decode(&block, seed) {
-                Ok(r) => println!(
-                    "{here:>8}: revoke      transaction {}: {:?}",
-                    h.sequence, r.blocks
-                ),
-                Err(e) => println!(
-                    "{here:>8}: revoke      transaction {}: BAD: {e}",
-                    h.sequence
-                ),
-            },
-            BLOCKTYPE_COMMIT => {
-                match CommitBlock::decode(&block, seed) {
-                    Ok(c) => println!(
-                        "{here:>8}: commit      transaction {} at {}.{:09}",
-                        h.sequence, c.commit_sec, c.commit_nsec
-                    ),
-                    Err(e) => println!(
-                        "{here:>8}: commit      transaction {}: BAD: {e}",
-                        h.sequence
-                    ),
-                }
+            }
+            Ok(LogRecord::Revoke(r)) => println!(
+                "{here:>8}: revoke      transaction {}: {:?}",
+                h.sequence, r.blocks
+            ),
+            Ok(LogRecord::Commit(c)) => {
+                println!(
+                    "{here:>8}: commit      transaction {} at {}.{:09}",
+                    h.sequence, c.commit_sec, c.commit_nsec
+                );
                 expect = expect.map(|e| e.wrapping_add(1));
             }
-            other => println!("{here:>8}: block type {other} (transaction {})", h.sequence),
+            Err(reason) => {
+                println!(
+                    "{here:>8}: BAD block of transaction {} ({reason})",
+                    h.sequence
+                );
+                if h.block_type == format::BLOCKTYPE_COMMIT {
+                    expect = expect.map(|e| e.wrapping_add(1));
+                }
+            }
         }
     }
     Ok(())

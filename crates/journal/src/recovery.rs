@@ -51,10 +51,7 @@ use std::collections::HashMap;
 
 use jbdev_device::AlignedBuf;
 
-use crate::format::{
-    self, CommitBlock, DescriptorBlock, JournalSuperblock, RevokeBlock, BLOCKTYPE_COMMIT,
-    BLOCKTYPE_DESCRIPTOR, BLOCKTYPE_REVOKE, TAG_FLAG_ESCAPE,
-};
+use crate::format::{self, JournalSuperblock, LogRecord, TAG_FLAG_ESCAPE};
 use crate::writer::{self, DataDigest};
 use crate::{next_pos, JournalError, JournalRegion, Result};
 
@@ -299,8 +296,8 @@ fn walk_log(
             if let Some(b) = read(pos, &mut buf, out)? {
                 break Some(b);
             }
-            let header = match format::read_header(&buf) {
-                Some(h) if h.sequence == sequence => h,
+            let view = match format::decode_log_block(&buf, seed) {
+                Some(v) if v.header.sequence == sequence => v,
                 _ => {
                     break Some(Bad {
                         pos,
@@ -325,12 +322,12 @@ fn walk_log(
                     unreadable: false,
                 })
             };
-            match header.block_type {
-                BLOCKTYPE_DESCRIPTOR => {
-                    let d = match DescriptorBlock::decode(&buf, seed) {
-                        Ok(d) => d,
-                        Err(e) => break bad(format!("descriptor: {e}")),
-                    };
+            let record = match view.record {
+                Ok(r) => r,
+                Err(reason) => break bad(reason),
+            };
+            match record {
+                LogRecord::Descriptor(d) => {
                     let mut failed = None;
                     for tag in &d.tags {
                         if let Some(b) = read(pos, &mut buf, out)? {
@@ -362,29 +359,24 @@ fn walk_log(
                         break failed;
                     }
                 }
-                BLOCKTYPE_REVOKE => match RevokeBlock::decode(&buf, seed) {
-                    Ok(r) => txn.revokes.extend(r.blocks),
-                    Err(e) => break bad(format!("revoke block: {e}")),
-                },
-                BLOCKTYPE_COMMIT => match CommitBlock::decode(&buf, seed) {
-                    // IMPORTANT: tag checksums (crc32c) cannot tell a torn
-                    // data block made of crc32c-framed records from the
-                    // real one; the digest can (see `writer`).
-                    Ok(_) if writer::commit_digest(&buf).is_some_and(|d| d != digest.finish()) => {
-                        break bad("the data blocks do not match the commit block's digest \
-                             (a data block is torn or stale)"
-                            .into())
-                    }
-                    Ok(c) => {
-                        txn.commit_sec = c.commit_sec;
-                        txn.end_pos = pos;
-                        out.txns.push(txn);
-                        sequence = sequence.wrapping_add(1);
-                        break None;
-                    }
-                    Err(e) => break bad(format!("commit block: {e}")),
-                },
-                other => break bad(format!("unknown block type {other}")),
+                LogRecord::Revoke(r) => txn.revokes.extend(r.blocks),
+                // IMPORTANT: tag checksums (crc32c) cannot tell a torn data
+                // block made of crc32c-framed records from the real one; the
+                // digest can (see `writer`).
+                LogRecord::Commit(_)
+                    if writer::commit_digest(&buf).is_some_and(|d| d != digest.finish()) =>
+                {
+                    break bad("the data blocks do not match the commit block's digest \
+                         (a data block is torn or stale)"
+                        .into())
+                }
+                LogRecord::Commit(c) => {
+                    txn.commit_sec = c.commit_sec;
+                    txn.end_pos = pos;
+                    out.txns.push(txn);
+                    sequence = sequence.wrapping_add(1);
+                    break None;
+                }
             }
         };
         if let Some(failure) = failure {
@@ -438,19 +430,11 @@ fn survey_log(
                 }
             }
             let block = &buf[i as usize * bs..(i as usize + 1) * bs];
-            let Some(h) = format::read_header(block) else {
+            let Some(view) = format::decode_log_block(block, seed) else {
                 continue;
             };
-            if !is_after(h.sequence, floor) {
-                continue;
-            }
-            let valid = match h.block_type {
-                BLOCKTYPE_DESCRIPTOR => DescriptorBlock::decode(block, seed).is_ok(),
-                BLOCKTYPE_REVOKE => RevokeBlock::decode(block, seed).is_ok(),
-                BLOCKTYPE_COMMIT => CommitBlock::decode(block, seed).is_ok(),
-                _ => false,
-            };
-            if !valid {
+            let h = view.header;
+            if !is_after(h.sequence, floor) || view.record.is_err() {
                 continue;
             }
             if out.max_sequence.is_none_or(|m| is_after(h.sequence, m)) {
@@ -460,7 +444,7 @@ fn survey_log(
             // blocks of later transactions may be written while S still is;
             // only a later COMMIT block proves S was durable (a commit block
             // is written only once its predecessor is published).
-            let proves = sb.pipeline_depth <= 1 || h.block_type == BLOCKTYPE_COMMIT;
+            let proves = sb.pipeline_depth <= 1 || matches!(view.record, Ok(LogRecord::Commit(_)));
             if out.later_at.is_none() && is_after(h.sequence, failed_sequence) && proves {
                 out.later_at = Some((pos + i, h.sequence));
             }
