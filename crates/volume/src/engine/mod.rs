@@ -1,0 +1,563 @@
+//! The journaling engine: joining transactions, group commit, checkpointing.
+//!
+//! # Parts
+//! * this module — the engine's state (`Engine`, the journal state `JState`
+//!   under the state lock, stripes), construction, errors and shutdown;
+//! * [`write`] — journaled writes (one copy into a pooled buffer, credits
+//!   from the log ledger `jbdev_journal::space::LogSpace`, publish);
+//! * [`read`] — consistent reads over the overlay and home;
+//! * [`commit`] — leader/follower group commit, batching, cut, commit I/O,
+//!   in-order publish;
+//! * [`direct`] — direct home writes with revokes;
+//! * [`checkpoint`] — the checkpoint thread and the tail.
+//!
+//! # Joining a transaction
+//! Writers never touch one global lock or counter per write: a cache line
+//! every write touches caps throughput however many cores there are.
+//! Each thread is bound to one of [`STRIPES`] stripes; a stripe holds the
+//! blocks its threads added to the running transaction and a small stock of
+//! journal-space credits. A write locks its stripe, then the overlay shards
+//! of its blocks (ascending), validates read-modify-write bases, inserts the
+//! new versions and appends them to the stripe. Only when its stripe runs out
+//! of credits does a writer take the journal state lock.
+//!
+//! The commit thread closes ("cuts") the running transaction by locking all
+//! stripes at once, so every write — which holds one stripe lock while it
+//! inserts — lies entirely before or after the cut, and versions of a block
+//! are ordered the same way as the transactions holding them.
+//!
+//! # Group commit (the batching wait is tuned to the device)
+//! A FUA write or a flush registers as a sync waiter for the transaction it
+//! needs and wakes the commit thread. While commit N is in flight, new
+//! arrivals join N+1 (natural batching). When the commit thread is idle and
+//! a sync request arrives, the batching policy decides how long to wait for
+//! more joiners:
+//! * `none` — not at all;
+//! * `fixed:<us>` — that long whenever more than one writer is syncing;
+//! * `adaptive` — not at all when only one writer is syncing (judged by the
+//!   outstanding sync requests and by how many waiters the previous commit
+//!   had); otherwise until the transaction (aged from the later of its first
+//!   sync request and the previous commit's end) is as old as the average
+//!   commit time (a running average, each new sample weighted 1/4), capped
+//!   at `max_batch` — or until three quarters of the writers syncing in all
+//!   have joined this transaction (see `Engine::batch_target`).
+//!
+//! # Writeout priority (urgent only when somebody waits)
+//! Commit blocks go out at background priority unless someone waits for the
+//! commit; the priority is re-read between chunks, so a commit that somebody
+//! starts waiting for finishes urgently. Checkpoint writes are background and
+//! paced in chunks, and urgent only while journal space runs low.
+//!
+//! # Durability
+//! A transaction is committed once all its journal blocks completed and a
+//! flush issued after them returned. The commit thread never waits for
+//! journal space: every write pays for its journal blocks in advance
+//! (credits), so a commit always fits.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::io::IoSlice;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant, SystemTime};
+
+use crossbeam_utils::CachePadded;
+use jbdev_device::{AlignedBuf, BlockDevice, FlushCoalescer, IoPriority, WriteReq};
+use jbdev_journal::format::{DescriptorBlock, JournalSuperblock, RevokeBlock};
+use jbdev_journal::space::{LogSpace, Placement, Ticket};
+use jbdev_journal::writer::{self, LogBlock};
+use jbdev_journal::JournalRegion;
+use parking_lot::{Condvar, Mutex, RwLock};
+use smallvec::SmallVec;
+
+use crate::bufpool::{BufPool, WriteBuf};
+use crate::lockorder::{Rank, Ranked};
+
+use crate::overlay::{BlockRef, Lba, Overlay, Pending, Source, Tid, Version};
+use crate::{BatchPolicy, CommitMode, OpenOptions, Result, VolumeError};
+
+mod checkpoint;
+mod commit;
+mod direct;
+mod read;
+mod write;
+
+/// Shard guards a request holds, in ascending shard order.
+type ShardGuards<'a> = SmallVec<[(usize, Ranked<'a, crate::overlay::Shard>); 8]>;
+
+/// Runs `(first block index, count)` of a read that come from home.
+type HomeRuns = SmallVec<[(usize, usize); 4]>;
+
+/// Number of transaction-join stripes (power of two).
+pub const STRIPES: usize = 32;
+
+/// Blocks validated and written per checkpoint chunk (the home lock is
+/// held for one chunk at a time, so direct writes wait at most that long).
+const CHECKPOINT_CHUNK_BLOCKS: usize = 512;
+/// Blocks per checkpoint round: the tail advances (and space is freed)
+/// after every round instead of after the whole backlog.
+const CHECKPOINT_ROUND_BLOCKS: usize = 4096;
+/// Condition variables for commit waiters (see `Engine::done`).
+const DONE_SLOTS: usize = 32;
+/// Most commits in flight (also the journal's refusal limit).
+const MAX_PIPELINE_DEPTH: u32 = jbdev_journal::recovery::MAX_PIPELINE_DEPTH;
+/// Lock-free attempts of a read (or of a read-modify-write's home read)
+/// before it reads home under the shard locks, which always succeeds.
+const READ_OPTIMISTIC_TRIES: u32 = 3;
+
+thread_local! {
+    static STRIPE_INDEX: usize = {
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        // A one-time registration per thread, not a per-I/O counter.
+        (NEXT.fetch_add(1, Ordering::Relaxed) as usize) % STRIPES
+    };
+}
+
+fn my_stripe() -> usize {
+    STRIPE_INDEX.with(|i| *i)
+}
+
+/// Blocks a thread's writes added to the running transaction.
+#[derive(Default)]
+struct Stripe {
+    tid: Tid,
+    blocks: Vec<(Lba, u64, BlockRef)>,
+    revokes: Vec<(Lba, u64)>,
+    /// Journal blocks reserved and not yet used.
+    credits: u64,
+    /// Credits spent in the running transaction.
+    charged: u64,
+    /// Data blocks this stripe added to the running transaction (for its
+    /// share of descriptor blocks).
+    data_blocks: u64,
+}
+
+/// What a cut takes from the stripes: blocks (with versions), revokes
+/// (with versions), the credits they paid, and the unspent credits the
+/// stripes held (returned to the pool, so no stripe keeps journal space
+/// across transactions — a stripe whose threads went quiet would otherwise
+/// strand it).
+type Cut = (Vec<(Lba, u64, BlockRef)>, Vec<(Lba, u64)>, u64, u64);
+
+/// A committed transaction waiting for checkpoint.
+pub struct CommittedTxn {
+    pub tid: Tid,
+    pub sequence: u32,
+    pub start_pos: u32,
+    pub log_blocks: u64,
+    /// Journal credits the transaction paid (released when published).
+    pub charged: u64,
+    pub blocks: Vec<(Lba, u64, BlockRef)>,
+    pub revokes: Vec<Lba>,
+}
+
+/// How a cut transaction's I/O ended.
+enum Finished {
+    /// Nothing to write (an empty cut still takes its turn in order).
+    Empty,
+    Written(CommittedTxn, Duration),
+    /// The journal was aborted with the error when the I/O failed.
+    Failed,
+}
+
+/// The log layout of a cut transaction, fixed under the state lock so that
+/// transactions in flight at once never overlap in the log.
+struct Layout {
+    sequence: u32,
+    head: u32,
+    /// An older transaction was in flight at the cut: write the body now
+    /// but the commit block only once that one is published.
+    chained: bool,
+}
+
+/// State shared by writers, the commit thread and the checkpoint thread.
+struct JState {
+    running_tid: Tid,
+    running_created: Instant,
+    /// When the first sync request for the running transaction arrived.
+    running_first_sync: Option<Instant>,
+    committed_tid: Tid,
+    /// A leader is between deciding to commit the running transaction and
+    /// cutting it (its batching wait): nobody else may start one.
+    cutting: bool,
+    /// Transactions cut and not yet published (their I/O runs, or they wait
+    /// for an older one to be published first). At most `pipeline_depth`.
+    in_flight: u32,
+    /// Transactions whose I/O finished, waiting to be published in order.
+    finished: BTreeMap<Tid, Finished>,
+    /// The newest cut found nothing to commit (drain is complete).
+    last_cut_empty: bool,
+    /// Highest transaction somebody asked to be committed.
+    want_commit: Tid,
+    sync_waiters: u32,
+    /// Sync waiters that joined the running transaction (reset at the cut).
+    /// Not `sync_waiters`: that also counts the writers a just-published
+    /// commit released but which have not run yet to leave — on a loaded
+    /// machine, most of them — and a batch counted with them looked
+    /// complete before the released writers could rejoin.
+    running_waiters: u32,
+    last_batch_waiters: u32,
+    /// Most sync waiters present at once since the last cut, and its value
+    /// at the last cut: how many writers are syncing in all, including the
+    /// ones a commit in flight will release (they were waiting on it).
+    sync_peak: u32,
+    sync_population: u32,
+    /// When the last transaction was published (its writers released).
+    last_published: Instant,
+    avg_commit_ns: u64,
+    credits_since_cut: u64,
+    /// The log ring's ledger: placement and sequence of the next
+    /// transaction, used / granted / free blocks, the space queue, how far
+    /// the tail may move.
+    log: LogSpace,
+    space_waiters: u32,
+    checkpointed_tid: Tid,
+    error: Option<String>,
+    shutdown: bool,
+    checkpoint_shutdown: bool,
+    checkpoint_request: bool,
+}
+
+/// Metrics owned by the background threads.
+pub struct StatsInner {
+    pub started: Instant,
+    pub commits: u64,
+    pub data_blocks: u64,
+    pub log_blocks: u64,
+    pub commit_latency_us: hdrhistogram::Histogram<u64>,
+    pub checkpoints: u64,
+    pub checkpoint_blocks: u64,
+    pub direct_writes: u64,
+    /// Commits whose body overlapped an older commit in flight.
+    pub chained_commits: u64,
+    pub log_space_waits: u64,
+}
+
+/// One write operation of a journaled request, in bytes.
+pub enum Op<'a> {
+    Write { offset: u64, data: &'a [u8] },
+    Zero { offset: u64, len: u64 },
+}
+
+impl Op<'_> {
+    fn range(&self) -> (u64, u64) {
+        match self {
+            Op::Write { offset, data } => (*offset, *offset + data.len() as u64),
+            Op::Zero { offset, len } => (*offset, *offset + *len),
+        }
+    }
+}
+
+/// The engine. Shared by the `Volume` handle and the background threads.
+pub struct Engine {
+    pub bs: usize,
+    pub size_bytes: u64,
+    pub home: Arc<dyn BlockDevice>,
+    pub home_flusher: Arc<FlushCoalescer>,
+    pub data_offset: u64,
+    pub region: JournalRegion,
+    pub jsb: Mutex<JournalSuperblock>,
+    pub overlay: Overlay,
+    /// Buffers of journaled writes (one copy per write, reused).
+    pub pool: BufPool,
+    stripes: Box<[CachePadded<Mutex<Stripe>>]>,
+    st: Mutex<JState>,
+    kick: Condvar,
+    /// A batching leader waits here for more sync waiters to join.
+    joined: Condvar,
+    /// Waiters for transaction `t` sleep on `done[t % DONE_SLOTS]`: only the
+    /// in-flight transactions and the running one can have waiters (at most
+    /// `pipeline_depth + 1 <= DONE_SLOTS`), so a commit wakes only its own.
+    done: [Condvar; DONE_SLOTS],
+    pipeline_depth: u32,
+    space: Condvar,
+    checkpoint_kick: Condvar,
+    committed: Mutex<VecDeque<CommittedTxn>>,
+    /// Excludes checkpoint writes (exclusive) from direct home writes
+    /// (shared), so the two never have writes to one block in flight at once.
+    home_lock: RwLock<()>,
+    /// Direct home writes completed / covered by a finished home flush.
+    /// Touched only by direct writes and flushes, never by journaled I/O.
+    home_written_gen: AtomicU64,
+    home_flushed_gen: AtomicU64,
+    /// Read on every write; written once, when the journal aborts.
+    aborted: AtomicBool,
+    /// Why the journal aborted. A `OnceLock`, not a field of `st`, so that a
+    /// writer can report it while holding a stripe or shard lock.
+    abort_reason: OnceLock<String>,
+    pending_id: AtomicU64,
+    pub opts: OpenOptions,
+    pub max_txn_blocks: u64,
+    pub read_only: bool,
+    pub stats: Mutex<StatsInner>,
+    first: u32,
+}
+
+/// Most journal credits a journaled request of `n` blocks can pay: the
+/// journal's own count of a transaction of `n` data blocks (blocks, their
+/// descriptor blocks, a commit block) — one formula for both.
+pub fn credits_for_blocks(n: u64, bs: usize) -> u64 {
+    writer::transaction_blocks(bs, n as usize, 0) as u64
+}
+
+/// Credits a request of `n` blocks pays in a stripe that already added
+/// `stripe.data_blocks` to the running transaction: the blocks, the
+/// descriptor blocks the stripe's total newly needs, and — for the stripe's
+/// first charge in the transaction — a commit block. Summed over stripes
+/// this covers the transaction (`ceil(a/c) + ceil(b/c) >= ceil((a+b)/c)`),
+/// while a stream of 4 KiB writes pays about one credit each instead of three.
+fn stripe_charge(stripe: &Stripe, n: u64, bs: usize) -> u64 {
+    let cap = DescriptorBlock::capacity(bs) as u64;
+    let b = stripe.data_blocks;
+    n + (b + n).div_ceil(cap) - b.div_ceil(cap) + u64::from(stripe.charged == 0)
+}
+
+impl Engine {
+    /// Builds the engine after recovery. `next_sequence` is the first disk
+    /// sequence to write; the log is empty and starts at `first`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        home: Arc<dyn BlockDevice>,
+        home_flusher: Arc<FlushCoalescer>,
+        data_offset: u64,
+        size_bytes: u64,
+        region: JournalRegion,
+        jsb: JournalSuperblock,
+        opts: OpenOptions,
+        read_only: bool,
+    ) -> Self {
+        let bs = jsb.block_size as usize;
+        // Usable log blocks, minus one so the log never fills completely
+        // (a completely full circle would be indistinguishable from a wrap).
+        let capacity = u64::from(jsb.max_len - jsb.first).saturating_sub(1);
+        // jbd2 caps a transaction at a quarter of the journal so several can
+        // be in the log at once; tiny (test) journals allow half.
+        let max_txn_blocks = (capacity / 4).max((capacity / 2).min(16)).max(3);
+        let first = jsb.first;
+        let tid0: Tid = 1;
+        let st = JState {
+            running_tid: tid0,
+            running_created: Instant::now(),
+            running_first_sync: None,
+            committed_tid: tid0 - 1,
+            cutting: false,
+            in_flight: 0,
+            finished: BTreeMap::new(),
+            last_cut_empty: false,
+            want_commit: 0,
+            sync_waiters: 0,
+            running_waiters: 0,
+            last_batch_waiters: 0,
+            sync_peak: 0,
+            sync_population: 0,
+            last_published: Instant::now(),
+            avg_commit_ns: 0,
+            credits_since_cut: 0,
+            log: LogSpace::new(first, jsb.max_len, jsb.sequence),
+            space_waiters: 0,
+            checkpointed_tid: 0,
+            error: None,
+            shutdown: false,
+            checkpoint_shutdown: false,
+            checkpoint_request: false,
+        };
+        let stripes = (0..STRIPES)
+            .map(|_| {
+                CachePadded::new(Mutex::new(Stripe {
+                    tid: tid0,
+                    ..Default::default()
+                }))
+            })
+            .collect();
+        Self {
+            bs,
+            size_bytes,
+            home,
+            home_flusher,
+            data_offset,
+            region,
+            jsb: Mutex::new(jsb),
+            overlay: Overlay::new(),
+            // Keeps up to a journal's worth (bounded at 64 MiB): the
+            // buffers one checkpoint round frees are what the next writes
+            // take.
+            pool: BufPool::new(bs, 64 << 20),
+            stripes,
+            st: Mutex::new(st),
+            kick: Condvar::new(),
+            joined: Condvar::new(),
+            done: std::array::from_fn(|_| Condvar::new()),
+            pipeline_depth: opts.pipeline_depth.clamp(1, MAX_PIPELINE_DEPTH),
+            space: Condvar::new(),
+            checkpoint_kick: Condvar::new(),
+            committed: Mutex::new(VecDeque::new()),
+            home_lock: RwLock::new(()),
+            home_written_gen: AtomicU64::new(0),
+            home_flushed_gen: AtomicU64::new(0),
+            aborted: AtomicBool::new(false),
+            abort_reason: OnceLock::new(),
+            pending_id: AtomicU64::new(1),
+            opts,
+            max_txn_blocks,
+            read_only,
+            stats: Mutex::new(StatsInner {
+                started: Instant::now(),
+                commits: 0,
+                data_blocks: 0,
+                log_blocks: 0,
+                commit_latency_us: hdrhistogram::Histogram::new_with_bounds(1, 60_000_000, 3)
+                    .expect("static histogram bounds"),
+                checkpoints: 0,
+                checkpoint_blocks: 0,
+                direct_writes: 0,
+                chained_commits: 0,
+                log_space_waits: 0,
+            }),
+            first,
+        }
+    }
+
+    /// Largest number of data blocks one journaled request may hold.
+    pub fn max_atomic_blocks(&self) -> u64 {
+        let mut n = self.max_txn_blocks;
+        while n > 0 && credits_for_blocks(n, self.bs) > self.max_txn_blocks {
+            n -= 1;
+        }
+        n
+    }
+
+    /// The journal state lock (rank 1 in [`crate::lockorder`]).
+    fn state(&self) -> Ranked<'_, JState> {
+        Ranked::lock(&self.st, Rank::State)
+    }
+
+    /// A stripe lock (rank 2).
+    fn stripe(&self, i: usize) -> Ranked<'_, Stripe> {
+        Ranked::lock(&self.stripes[i], Rank::Stripe)
+    }
+
+    fn home_offset(&self, lba: Lba) -> u64 {
+        self.data_offset + lba * self.bs as u64
+    }
+
+    // ----- errors ---------------------------------------------------------
+
+    pub fn check_writable(&self) -> Result<()> {
+        if self.read_only {
+            return Err(VolumeError::ReadOnly);
+        }
+        if self.aborted.load(Ordering::Acquire) {
+            return Err(self.aborted_now());
+        }
+        Ok(())
+    }
+
+    /// The error every request gets after an abort. Lock-free.
+    fn aborted_now(&self) -> VolumeError {
+        VolumeError::Aborted(self.abort_reason.get().cloned().unwrap_or_default())
+    }
+
+    /// IMPORTANT: the last check before acknowledging anything. After an
+    /// abort nothing is acknowledged, even a request whose own I/O finished:
+    /// the caller then treats it as "may or may not have happened", which is
+    /// always true of a failed request.
+    fn ack(&self) -> Result<()> {
+        if self.aborted.load(Ordering::Acquire) {
+            return Err(self.aborted_now());
+        }
+        Ok(())
+    }
+
+    /// Aborts the journal: every later write fails until the volume is reopened.
+    pub fn abort(&self, why: String) {
+        let mut st = self.state();
+        self.record_abort(&mut st, why);
+    }
+
+    /// [`Engine::abort`] for a caller that holds the state lock: records
+    /// the first reason, raises the flag and wakes every waiter.
+    fn record_abort(&self, st: &mut JState, why: String) {
+        tracing::error!("journal aborted: {why}");
+        let _ = self.abort_reason.set(why.clone());
+        if st.error.is_none() {
+            st.error = Some(why);
+        }
+        self.aborted.store(true, Ordering::Release);
+        self.done.iter().for_each(|c| {
+            c.notify_all();
+        });
+        // A batching leader sleeps here: it must not go on to commit and
+        // acknowledge after the abort.
+        self.joined.notify_all();
+        self.space.notify_all();
+        self.kick.notify_all();
+        self.checkpoint_kick.notify_all();
+    }
+
+    fn aborted_error(st: &JState) -> VolumeError {
+        VolumeError::Aborted(st.error.clone().unwrap_or_default())
+    }
+
+    // ----- shutdown -------------------------------------------------------
+
+    /// Tells the commit thread to commit what is left and exit.
+    pub fn stop_commit(&self) {
+        let mut st = self.state();
+        st.shutdown = true;
+        self.kick.notify_all();
+    }
+
+    /// Tells the checkpoint thread to checkpoint everything and exit.
+    pub fn stop_checkpoint(&self) {
+        let mut st = self.state();
+        st.checkpoint_shutdown = true;
+        self.checkpoint_kick.notify_all();
+    }
+
+    /// After both threads exited cleanly: mark the journal clean.
+    pub fn mark_clean(&self) -> Result<()> {
+        let st = self.state();
+        if let Some(e) = &st.error {
+            return Err(VolumeError::Aborted(e.clone()));
+        }
+        let next = st.log.next_sequence();
+        drop(st);
+        self.home_flusher.flush(self.home.as_ref())?;
+        let mut jsb = self.jsb.lock();
+        jsb.start = 0;
+        jsb.sequence = next;
+        self.region.update_superblock(&jsb)?;
+        self.region.flush()?;
+        Ok(())
+    }
+
+    /// Snapshot of the journal state for stats.
+    pub fn journal_state(&self) -> (u64, u64, Tid, Tid) {
+        let st = self.state();
+        (
+            st.log.used(),
+            st.log.capacity(),
+            st.committed_tid,
+            st.checkpointed_tid,
+        )
+    }
+
+    /// Device cache flushes issued (home, plus the journal's when external).
+    pub fn device_flushes(&self) -> u64 {
+        let home = self.home_flusher.flushes_issued();
+        let journal = self.region.flusher();
+        if Arc::ptr_eq(journal, &self.home_flusher) {
+            home
+        } else {
+            home + journal.flushes_issued()
+        }
+    }
+
+    /// Transactions committed and waiting for checkpoint.
+    pub fn committed_len(&self) -> usize {
+        self.committed.lock().len()
+    }
+
+    pub fn avg_commit(&self) -> Duration {
+        Duration::from_nanos(self.state().avg_commit_ns)
+    }
+}

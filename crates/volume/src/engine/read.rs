@@ -1,0 +1,96 @@
+//! Reads: consistent views of journaled and home blocks.
+
+use super::*;
+
+impl Engine {
+    // ----- reads ----------------------------------------------------------
+
+    /// Reads whole blocks `[lba, lba + n)` into `out` (n * bs bytes).
+    ///
+    /// The view is consistent: every journaled write overlapping the range
+    /// is seen whole or not at all. Blocks are resolved under all the
+    /// range's shard locks at once (a journaled write publishes all its
+    /// blocks under its shard locks). Blocks whose newest copy is home are
+    /// read after the locks are dropped, then the shard versions are checked
+    /// again: any publish, checkpoint completion or direct write in the
+    /// range bumps them, and the read is retried — otherwise a checkpoint
+    /// could put one block of a write home before we read it and another
+    /// after. After [`READ_OPTIMISTIC_TRIES`] tries the home reads are done
+    /// under the shard locks, so a read always finishes.
+    pub fn read_blocks(&self, lba: Lba, out: &mut [u8]) -> Result<()> {
+        let n = out.len() / self.bs;
+        let shard_ids = Overlay::shards_for_range(lba, lba + n as u64);
+        let mut home_runs: HomeRuns = SmallVec::new();
+        for attempt in 0.. {
+            let locked = attempt >= READ_OPTIMISTIC_TRIES;
+            home_runs.clear();
+            let guards: ShardGuards<'_> = shard_ids
+                .iter()
+                .map(|&s| (s, self.overlay.lock(s)))
+                .collect();
+            self.resolve_blocks(lba, out, &guards, &mut home_runs);
+            if home_runs.is_empty() {
+                return Ok(());
+            }
+            if locked {
+                self.read_home_runs(lba, out, &home_runs)?;
+                return Ok(());
+            }
+            let versions: SmallVec<[u64; 8]> = guards.iter().map(|(_, g)| g.version).collect();
+            drop(guards);
+            self.read_home_runs(lba, out, &home_runs)?;
+            let unchanged = shard_ids
+                .iter()
+                .zip(&versions)
+                .all(|(&s, &v)| self.overlay.lock(s).version == v);
+            if unchanged {
+                return Ok(());
+            }
+        }
+        unreachable!("the locked attempt always returns")
+    }
+
+    /// Copies every block of `[lba, ..)` that has a newer copy than home
+    /// into `out`; lists the runs that must come from home.
+    pub(super) fn resolve_blocks(
+        &self,
+        lba: Lba,
+        out: &mut [u8],
+        guards: &[(usize, Ranked<'_, crate::overlay::Shard>)],
+        home_runs: &mut HomeRuns,
+    ) {
+        let bs = self.bs;
+        for i in 0..out.len() / bs {
+            let b = lba + i as u64;
+            let gi = guards
+                .binary_search_by_key(&Overlay::shard_of(b), |(s, _)| *s)
+                .expect("shard locked");
+            let dst = &mut out[i * bs..(i + 1) * bs];
+            match guards[gi].1.source(b, bs) {
+                Source::Journaled(r) => dst.copy_from_slice(r.bytes(bs)),
+                Source::Pending(buf, off) => dst.copy_from_slice(&buf[off..off + bs]),
+                Source::Zero => dst.fill(0),
+                Source::Home => match home_runs.last_mut() {
+                    Some((s, len)) if *s + *len == i => *len += 1,
+                    _ => home_runs.push((i, 1)),
+                },
+            }
+        }
+    }
+
+    pub(super) fn read_home_runs(
+        &self,
+        lba: Lba,
+        out: &mut [u8],
+        runs: &[(usize, usize)],
+    ) -> Result<()> {
+        let bs = self.bs;
+        for &(s, len) in runs {
+            self.home.read_at(
+                &mut out[s * bs..(s + len) * bs],
+                self.home_offset(lba + s as u64),
+            )?;
+        }
+        Ok(())
+    }
+}

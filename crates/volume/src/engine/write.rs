@@ -1,0 +1,281 @@
+//! Journaled writes: one copy into a pooled buffer, credits from the log
+//! ledger, publish into the overlay and the running transaction.
+
+use super::*;
+
+impl Engine {
+    // ----- journaled writes -----------------------------------------------
+
+    /// Applies `ops` atomically through the journal; with `fua`, returns only
+    /// once they are durable. Ops are applied in order (later ones win).
+    pub fn journaled(&self, ops: &[Op<'_>], fua: bool) -> Result<()> {
+        self.check_writable()?;
+        let bs = self.bs as u64;
+        // Blocks touched, with the byte coverage of each piece, sorted by
+        // block then start: small requests stay in inline storage (no heap
+        // allocation per write for the bookkeeping).
+        let mut touched: SmallVec<[(Lba, usize, usize); 8]> = SmallVec::new();
+        for op in ops {
+            let (s, e) = op.range();
+            if s == e {
+                continue;
+            }
+            for b in s / bs..e.div_ceil(bs) {
+                let bstart = b * bs;
+                let lo = s.max(bstart) - bstart;
+                let hi = e.min(bstart + bs) - bstart;
+                touched.push((b, lo as usize, hi as usize));
+            }
+        }
+        if touched.is_empty() {
+            if fua {
+                return self.flush();
+            }
+            return Ok(());
+        }
+        touched.sort_unstable();
+        // Distinct blocks (ascending), and whether each is only partly written.
+        let mut lbas: SmallVec<[Lba; 8]> = SmallVec::new();
+        let mut partial: SmallVec<[bool; 8]> = SmallVec::new();
+        for group in touched.chunk_by(|a, b| a.0 == b.0) {
+            lbas.push(group[0].0);
+            partial.push(!covers_block(group, self.bs));
+        }
+        let n = lbas.len() as u64;
+        if credits_for_blocks(n, self.bs) > self.max_txn_blocks {
+            return Err(VolumeError::TooLarge {
+                len: n * bs,
+                max: self.max_atomic_blocks() * bs,
+            });
+        }
+        let shard_ids = Overlay::shards_for_blocks(lbas.iter().copied());
+        let stripe_idx = my_stripe();
+        let mut conflicts = 0u32;
+        // One copy per write: the data goes once into a pooled buffer. The
+        // buffer is taken before the loop, so a write that waits for log
+        // space keeps it (and its copied data) across retries. Blocks the
+        // request covers whole are filled now, outside any lock; partial
+        // blocks get their base under the shard locks, then the request's
+        // bytes on top.
+        let mut buf = self.pool.take(lbas.len());
+        apply_ops(&mut buf, ops, &lbas, self.bs, |i| !partial[i]);
+        loop {
+            // Phase 1, no locks held across I/O: read home content of partial
+            // blocks that have no newer copy, remembering the shard version.
+            let mut pre_read: SmallVec<[(usize, u64); 4]> = SmallVec::new();
+            for (i, &b) in lbas.iter().enumerate() {
+                if !partial[i] {
+                    continue;
+                }
+                let (is_home, version) = {
+                    let sh = self.overlay.lock_block(b);
+                    (matches!(sh.source(b, self.bs), Source::Home), sh.version)
+                };
+                if is_home {
+                    self.home.read_at(buf.block_mut(i), self.home_offset(b))?;
+                    pre_read.push((i, version));
+                }
+            }
+            // Credits.
+            {
+                let (have, need) = {
+                    let s = self.stripe(stripe_idx);
+                    (s.credits, stripe_charge(&s, n, self.bs))
+                };
+                if have < need {
+                    self.reserve(stripe_idx, need - have)?;
+                    continue;
+                }
+            }
+            let mut stripe = self.stripe(stripe_idx);
+            let charge = stripe_charge(&stripe, n, self.bs);
+            if stripe.credits < charge {
+                continue;
+            }
+            self.check_writable()?;
+            let mut guards: ShardGuards<'_> = shard_ids
+                .iter()
+                .map(|&s| (s, self.overlay.lock(s)))
+                .collect();
+            let guard_of = |g: &ShardGuards<'_>, b: Lba| {
+                g.binary_search_by_key(&Overlay::shard_of(b), |(s, _)| *s)
+                    .expect("shard locked")
+            };
+            // Phase 2: validate and fill in the bases of partial blocks.
+            let mut conflict = false;
+            for (i, &b) in lbas.iter().enumerate() {
+                if !partial[i] {
+                    continue;
+                }
+                let gi = guard_of(&guards, b);
+                let sh = &guards[gi].1;
+                let dst = buf.block_mut(i);
+                match sh.source(b, self.bs) {
+                    Source::Journaled(r) => dst.copy_from_slice(r.bytes(self.bs)),
+                    Source::Pending(p, off) => dst.copy_from_slice(&p[off..off + self.bs]),
+                    Source::Zero => dst.fill(0),
+                    Source::Home => {
+                        let pre = pre_read.iter().find(|(pi, _)| *pi == i);
+                        match pre {
+                            Some(&(_, v)) if v == sh.version => {}
+                            // Writers elsewhere in the shard keep changing
+                            // its version: read home under the lock, where
+                            // nothing can change it (progress guaranteed).
+                            _ if conflicts >= READ_OPTIMISTIC_TRIES => {
+                                self.home.read_at(dst, self.home_offset(b))?;
+                            }
+                            _ => {
+                                conflict = true;
+                                break;
+                            }
+                        }
+                    }
+                }
+            }
+            if conflict {
+                conflicts += 1;
+                drop(guards);
+                drop(stripe);
+                continue;
+            }
+            // Phase 3: the request's bytes over the bases of partial blocks.
+            apply_ops(&mut buf, ops, &lbas, self.bs, |i| partial[i]);
+            // Phase 4: publish.
+            let (chunks, per) = buf.share();
+            let tid = stripe.tid;
+            for (i, &b) in lbas.iter().enumerate() {
+                let gi = guard_of(&guards, b);
+                let sh = &mut guards[gi].1;
+                let ver = sh.bump();
+                let data = BlockRef {
+                    buf: chunks[i / per].clone(),
+                    offset: (i % per) * self.bs,
+                };
+                sh.map.entry(b).or_default().newest = Some(Version {
+                    ver,
+                    data: data.clone(),
+                });
+                stripe.blocks.push((b, ver, data));
+            }
+            stripe.credits -= charge;
+            stripe.charged += charge;
+            stripe.data_blocks += n;
+            drop(guards);
+            drop(stripe);
+            if fua {
+                self.wait_commit(tid)?;
+            }
+            return self.ack();
+        }
+    }
+
+    /// Moves at least `need` journal blocks of credit to a stripe, waiting
+    /// for checkpoints if the journal is full.
+    ///
+    /// Writers that find the journal full are served in arrival order (a
+    /// ticket queue): a large write keeps its place, and writes that arrive
+    /// later may take free space only if what they take leaves enough for
+    /// every queued writer (`space_wanted`) — so they cannot starve it, and
+    /// the queue forms only when the journal is really full (no convoy).
+    pub(super) fn reserve(&self, stripe_idx: usize, need: u64) -> Result<()> {
+        let mut st = self.state();
+        let mut ticket: Option<Ticket> = None;
+        // A small stock so the next writes of this stripe need not come
+        // here; bounded so stripes cannot hoard the journal.
+        let max_extra = (st.log.capacity() / (8 * STRIPES as u64)).min(64);
+        loop {
+            let failed = if st.error.is_some() {
+                Some(Self::aborted_error(&st))
+            } else if st.shutdown {
+                Some(VolumeError::Closed)
+            } else {
+                None
+            };
+            if let Some(e) = failed {
+                if ticket.is_some() {
+                    st.log.abandon(need);
+                    self.space.notify_all();
+                }
+                return Err(e);
+            }
+            if let Some(grant) = st.log.try_grant(ticket, need, max_extra) {
+                if ticket.is_some() {
+                    // The next in the queue may be served now.
+                    self.space.notify_all();
+                }
+                st.credits_since_cut += grant;
+                if st.credits_since_cut >= self.max_txn_blocks / 2 {
+                    self.kick.notify_one();
+                }
+                drop(st);
+                self.stripe(stripe_idx).credits += grant;
+                return Ok(());
+            }
+            if ticket.is_none() {
+                ticket = Some(st.log.enqueue(need));
+                self.stats.lock().log_space_waits += 1;
+            }
+            // Out of space: get the checkpoint going urgently, and commit
+            // the running transaction (leading the commit ourselves if none
+            // is in progress) so its blocks can be checkpointed too and the
+            // stripes' unspent credits come back.
+            st.space_waiters += 1;
+            st.checkpoint_request = true;
+            self.checkpoint_kick.notify_one();
+            if self.can_lead(&st) {
+                st = self.commit_once(st, false);
+            }
+            let ready = ticket.is_some_and(|t| st.log.is_head(t)) && st.log.free() >= need;
+            if !ready && st.error.is_none() && !st.shutdown {
+                self.space.wait_for(st.inner(), Duration::from_millis(100));
+            }
+            st.space_waiters -= 1;
+        }
+    }
+}
+
+/// True if the pieces `(block, lo, hi)` of one block, sorted by `lo`,
+/// cover `[0, bs)`.
+/// Applies `ops` (in order) to the blocks `i` of `buf` for which `want(i)`;
+/// `lbas` are the request's distinct blocks, ascending.
+pub(super) fn apply_ops(
+    buf: &mut WriteBuf,
+    ops: &[Op<'_>],
+    lbas: &[Lba],
+    bs: usize,
+    want: impl Fn(usize) -> bool,
+) {
+    let bs64 = bs as u64;
+    for op in ops {
+        let (s, e) = op.range();
+        let mut off = s;
+        while off < e {
+            let b = off / bs64;
+            let inb = (off % bs64) as usize;
+            let take = (bs - inb).min((e - off) as usize);
+            let i = lbas.binary_search(&b).expect("block of the request");
+            if want(i) {
+                let dst = &mut buf.block_mut(i)[inb..inb + take];
+                match op {
+                    Op::Write { data, .. } => {
+                        let pos = (off - s) as usize;
+                        dst.copy_from_slice(&data[pos..pos + take]);
+                    }
+                    Op::Zero { .. } => dst.fill(0),
+                }
+            }
+            off += take as u64;
+        }
+    }
+}
+
+pub(super) fn covers_block(pieces: &[(Lba, usize, usize)], bs: usize) -> bool {
+    let mut reach = 0;
+    for &(_, lo, hi) in pieces {
+        if lo > reach {
+            return false;
+        }
+        reach = reach.max(hi);
+    }
+    reach >= bs
+}
