@@ -3,7 +3,7 @@
 //! # Parts
 //! * this module — the engine's state (`Engine`, the journal state `JState`
 //!   under the state lock, stripes), construction, errors and shutdown;
-//! * [`write`] — journaled writes (one copy into a pooled buffer, credits
+//! * [`mod@write`] — journaled writes (one copy into a pooled buffer, credits
 //!   from the log ledger `jbdev_journal::space::LogSpace`, publish);
 //! * [`read`] — consistent reads over the overlay and home;
 //! * [`commit`] — leader/follower group commit, batching, cut, commit I/O,
