@@ -48,8 +48,10 @@ pub mod pool;
 pub mod proto;
 pub mod server;
 pub mod stream;
+pub mod tls;
 
 pub use backend::{Backend, BackendError, Extent, MemBackend, VolumeBackend};
 pub use export::{Export, ExportSet};
 pub use server::{Server, ServerConfig, ShutdownHandle};
 pub use stream::{Listener, Stream};
+pub use tls::{TlsConfig, TlsMode};
