@@ -103,6 +103,10 @@ impl Default for ServerConfig {
     }
 }
 
+/// How long the payload buffer pool must go unused before the buffers it
+/// keeps for reuse are freed (an idle server holds none).
+pub const BUFFER_IDLE_RELEASE: Duration = Duration::from_secs(2);
+
 struct ConnRegistry {
     live: Mutex<Vec<(u64, Arc<dyn StreamControl>)>>,
     empty: Condvar,
@@ -218,6 +222,7 @@ impl Server {
                 .conns
                 .empty
                 .wait_for(&mut live, Duration::from_millis(200));
+            parking_lot::MutexGuard::unlocked(&mut live, || self.release_idle_buffers());
         }
         drop(live);
         self.wait_connections();
@@ -245,9 +250,19 @@ impl Server {
                 .conns
                 .empty
                 .wait_for(&mut live, Duration::from_millis(100));
+            parking_lot::MutexGuard::unlocked(&mut live, || self.release_idle_buffers());
         }
         drop(live);
         self.wait_connections();
+    }
+
+    /// Gives the payload buffers kept for reuse back to the system once no
+    /// request has needed one for [`BUFFER_IDLE_RELEASE`].
+    fn release_idle_buffers(&self) {
+        let freed = self.inner.buffers.release_when_idle(BUFFER_IDLE_RELEASE);
+        if freed > 0 {
+            tracing::debug!("idle: released {freed} bytes of kept payload buffers");
+        }
     }
 
     /// With `exit_with_parent`, a thread that shuts the server down when the
