@@ -569,3 +569,108 @@ fn bad_tls_flags_are_refused_before_serving() {
         assert!(!err.contains("listening on"), "{args:?} served: {err}");
     }
 }
+
+/// A TLS client (Python's ssl, after a hand-made STARTTLS) that asks for
+/// 64 MiB of reads and never reads the replies.
+const DEAF_TLS_CLIENT: &str = r#"
+import socket, ssl, struct, sys, time
+port, cafile, hold = int(sys.argv[1]), sys.argv[2], float(sys.argv[3])
+IHAVEOPT = 0x49484156454F5054
+s = socket.create_connection(("127.0.0.1", port), timeout=30)
+s.recv(18)
+s.sendall(struct.pack(">I", 3))
+s.sendall(struct.pack(">QII", IHAVEOPT, 5, 0))
+h = b""
+while len(h) < 20:
+    h += s.recv(20 - len(h))
+assert struct.unpack(">QIII", h)[2] == 1, h
+t = ssl.create_default_context(cafile=cafile).wrap_socket(s, server_hostname="localhost")
+t.sendall(struct.pack(">QII", IHAVEOPT, 7, 6) + struct.pack(">IH", 0, 0))
+buf = b""
+while True:
+    while len(buf) < 20:
+        buf += t.recv(4096)
+    _, _, typ, ln = struct.unpack(">QIII", buf[:20])
+    while len(buf) < 20 + ln:
+        buf += t.recv(4096)
+    buf = buf[20 + ln:]
+    if typ == 1:
+        break
+assert typ == 1, hex(typ)
+for i in range(64):
+    t.sendall(struct.pack(">IHHQQI", 0x25609513, 0, 0, i, i << 20, 1 << 20))
+print("DEAF-READY", flush=True)
+time.sleep(hold)
+"#;
+
+/// The send timeout and progress floor hold through TLS: the replies go
+/// out through the TLS writer's socket write, which a client that does not
+/// read blocks; the server drops it and keeps serving others.
+#[test]
+fn a_tls_client_that_does_not_read_its_replies_is_dropped() {
+    if !have_openssl("tls_deaf") || !have_tool("python3", "tls_deaf") {
+        return;
+    }
+    let dir = TempDir::new("tls-deaf");
+    let certs = make_certs(&dir);
+    let img = dir.path("a.img");
+    format_volume(&img, "64M");
+    let srv = ServerProc::start(
+        &[
+            img.to_str().unwrap(),
+            "--tls-certificates",
+            certs.server.to_str().unwrap(),
+            "--send-timeout",
+            "3",
+        ],
+        None,
+    );
+    let script = dir.path("deaf.py");
+    std::fs::write(&script, DEAF_TLS_CLIENT).unwrap();
+    let ca = certs.server.join("ca-cert.pem");
+    let mut deaf = Command::new("timeout")
+        .args(["-k", "5", "120", "python3"])
+        .arg(&script)
+        .arg(tcp_port(&srv))
+        .arg(&ca)
+        .arg("100")
+        .env("PATH", tool_path())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("spawn python3");
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(deaf.stdout.take().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    assert_eq!(
+        line.trim(),
+        "DEAF-READY",
+        "the deaf client did not get going"
+    );
+    // Bounded wait for the server's verdict (the client holds on for 100 s).
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let dropped = loop {
+        if srv
+            .log_text()
+            .contains("dropping client: reply write failed")
+        {
+            break true;
+        }
+        if std::time::Instant::now() > deadline {
+            break false;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let _ = deaf.kill();
+    let _ = deaf.wait();
+    assert!(dropped, "deaf TLS client not dropped:\n{}", srv.log_text());
+    let cli = certs.client.to_str().unwrap();
+    nbdinfo_ok(&format!(
+        "nbds://127.0.0.1:{}/?tls-certificates={cli}",
+        tcp_port(&srv)
+    ));
+    assert!(srv.stop(), "server did not shut down cleanly");
+}
