@@ -674,3 +674,50 @@ fn a_tls_client_that_does_not_read_its_replies_is_dropped() {
     ));
     assert!(srv.stop(), "server did not shut down cleanly");
 }
+
+/// The handshake deadline holds while a client trickles a TLS record one
+/// byte at a time (each byte arriving well within the socket's timeout).
+#[test]
+fn a_trickled_tls_handshake_is_dropped_at_the_handshake_deadline() {
+    if !have_openssl("tls_trickle") {
+        return;
+    }
+    let dir = TempDir::new("tls-trickle");
+    let certs = make_certs(&dir);
+    let img = dir.path("a.img");
+    format_volume(&img, "16M");
+    let srv = ServerProc::start(
+        &[
+            img.to_str().unwrap(),
+            "--tls-certificates",
+            certs.server.to_str().unwrap(),
+            "--handshake-timeout",
+            "3",
+        ],
+        None,
+    );
+    let mut s = raw_connect(&srv);
+    send_option(&mut s, OPT_STARTTLS, &[]);
+    assert_eq!(read_reply(&mut s), (OPT_STARTTLS, REP_ACK));
+    // A handshake record header announcing 16 KiB, then its body a byte per
+    // 300 ms: at most 100 bytes (30 s) are sent, far from a whole record.
+    let mut w = s.try_clone().unwrap();
+    let trickler = std::thread::spawn(move || {
+        if w.write_all(&[0x16, 0x03, 0x01, 0x40, 0x00]).is_err() {
+            return;
+        }
+        for _ in 0..100 {
+            std::thread::sleep(Duration::from_millis(300));
+            if w.write_all(&[0x01]).is_err() {
+                return;
+            }
+        }
+    });
+    assert!(
+        closed_by_server(&mut s),
+        "a trickled TLS handshake outlived the handshake deadline"
+    );
+    let _ = s.shutdown(std::net::Shutdown::Both);
+    trickler.join().unwrap();
+    assert!(srv.stop(), "server did not shut down cleanly");
+}

@@ -499,10 +499,16 @@ pub struct TlsReader {
 }
 
 impl Read for TlsReader {
+    /// Blocks on the socket at most once per call: if the ciphertext read
+    /// does not complete a record, the call ends `Interrupted`, which every
+    /// caller retries after checking its own deadline (the handshake's, a
+    /// payload's), so a client trickling a record byte by byte cannot hold
+    /// a read past it.
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         if buf.is_empty() {
             return Ok(0);
         }
+        let mut waited = false;
         loop {
             let mut engine = self.shared.engine.lock();
             match engine.read_plain(buf) {
@@ -529,6 +535,10 @@ impl Read for TlsReader {
                 }
             }
             drop(engine);
+            if waited {
+                return Err(io::ErrorKind::Interrupted.into());
+            }
+            waited = true;
             // No lock held while waiting for the client.
             let n = self.sock_in.read(&mut self.raw)?;
             if n == 0 {
