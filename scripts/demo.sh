@@ -18,6 +18,17 @@ cd "$(dirname "$0")/.."
 img="${1:-demo.img}"
 out=demo-results
 scratch="$out/bench-scratch.img"
+# The server's TLS-PSK support links OpenSSL: its headers and pkg-config
+# must be there to build.
+if ! pkg-config --exists openssl 2>/dev/null; then
+    if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null; then
+        apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libssl-dev pkg-config
+    else
+        echo "demo.sh: building jbdev needs OpenSSL's headers: apt-get install libssl-dev pkg-config" >&2
+        exit 1
+    fi
+fi
 cargo build --release -p jbdev
 jbdev="${CARGO_TARGET_DIR:-target}/release/jbdev"
 mkdir -p "$out"

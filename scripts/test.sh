@@ -7,7 +7,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-PACKAGES=(fio qemu-utils libnbd-bin python3-libnbd nbdkit e2fsprogs gcc g++ pkg-config valgrind util-linux curl)
+# libssl-dev and pkg-config build the server's TLS-PSK support (the openssl
+# crate); openssl makes the TLS tests' certificates, gnutls-bin has psktool.
+PACKAGES=(fio qemu-utils libnbd-bin python3-libnbd nbdkit e2fsprogs gcc g++ pkg-config libssl-dev openssl gnutls-bin valgrind util-linux curl)
 missing=()
 for p in "${PACKAGES[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

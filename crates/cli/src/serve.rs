@@ -7,6 +7,11 @@
 //! sockets instead (and exits with its parent); `-s` serves one client on
 //! stdin/stdout. SIGINT/SIGTERM finish in-flight requests, then flush and
 //! close every volume (leaving the journal clean).
+//!
+//! TLS, in nbdkit's and qemu-nbd's words: `--tls=off|on|require`,
+//! `--tls-certificates DIR` (X.509), `--tls-psk FILE` (pre-shared keys),
+//! `--tls-verify-peer` (clients need a certificate signed by
+//! `DIR/ca-cert.pem`). Credentials without `--tls` mean `require`.
 
 use std::collections::HashMap;
 use std::net::{SocketAddr, TcpListener};
@@ -16,7 +21,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
-use jbdev_nbd::{Export, ExportSet, Listener, Server, ServerConfig, Stream};
+use jbdev_nbd::{Export, ExportSet, Listener, Server, ServerConfig, Stream, TlsConfig, TlsMode};
 use jbdev_volume::{OpenOptions, Volume};
 
 #[derive(clap::Args)]
@@ -81,10 +86,65 @@ pub struct ServeArgs {
     /// listens on 127.0.0.1).
     #[arg(long, value_name = "ADDR:PORT", value_parser = crate::metrics::parse_metrics_addr)]
     pub metrics: Option<SocketAddr>,
+    /// TLS: off, on (clients choose) or require (nothing, not even the
+    /// list of exports, before STARTTLS). Default: require when
+    /// credentials are given, otherwise off.
+    #[arg(long, value_name = "off|on|require", require_equals = false)]
+    pub tls: Option<TlsMode>,
+    /// X.509 credentials: DIR/server-cert.pem, DIR/server-key.pem and, for
+    /// --tls-verify-peer, DIR/ca-cert.pem (nbdkit's layout).
+    #[arg(long, value_name = "DIR", conflicts_with = "tls_psk")]
+    pub tls_certificates: Option<PathBuf>,
+    /// Pre-shared keys: `identity:hexkey` lines, as written by psktool.
+    #[arg(long, value_name = "FILE")]
+    pub tls_psk: Option<PathBuf>,
+    /// Require a client certificate signed by DIR/ca-cert.pem (with
+    /// --tls-certificates).
+    #[arg(long, requires = "tls_certificates")]
+    pub tls_verify_peer: bool,
+}
+
+/// The TLS configuration the flags ask for (`None`: no TLS).
+fn tls_config(a: &ServeArgs) -> anyhow::Result<Option<Arc<TlsConfig>>> {
+    let have_creds = a.tls_certificates.is_some() || a.tls_psk.is_some();
+    let mode = a.tls.unwrap_or(if have_creds {
+        TlsMode::Require
+    } else {
+        TlsMode::Off
+    });
+    let cfg = match (mode, &a.tls_certificates, &a.tls_psk) {
+        (TlsMode::Off, None, None) => return Ok(None),
+        (TlsMode::Off, _, _) => {
+            bail!("--tls=off with TLS credentials: drop the credentials or use --tls=on|require")
+        }
+        (_, None, None) => {
+            bail!(
+                "--tls={} needs --tls-certificates DIR or --tls-psk FILE",
+                mode_name(mode)
+            )
+        }
+        (_, Some(dir), _) => TlsConfig::from_certificates(dir, a.tls_verify_peer, mode)
+            .context("cannot load the TLS certificates")?,
+        (_, None, Some(file)) => {
+            TlsConfig::from_psk_file(file, mode).context("cannot load the TLS PSK file")?
+        }
+    };
+    tracing::info!("TLS {} with {}", mode_name(mode), cfg.describe());
+    Ok(Some(Arc::new(cfg)))
+}
+
+fn mode_name(m: TlsMode) -> &'static str {
+    match m {
+        TlsMode::Off => "off",
+        TlsMode::On => "on",
+        TlsMode::Require => "require",
+    }
 }
 
 pub fn run(a: ServeArgs) -> anyhow::Result<()> {
     reexec_with_malloc_tuning();
+    // Credentials are checked before any volume is opened.
+    let tls = tls_config(&a)?;
     let mut named: Vec<ExportSpec> = Vec::new();
     if let Some(p) = &a.path {
         named.push(ExportSpec {
@@ -158,6 +218,7 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
         exit_when_idle: a.once,
         handshake_timeout: Duration::from_secs(a.handshake_timeout.max(1)),
         send_timeout: Duration::from_secs(a.send_timeout.max(1)),
+        tls,
         ..ServerConfig::default()
     };
     let server = Server::new(exports, cfg);

@@ -732,7 +732,9 @@ impl Reader<'_> {
                     got += n;
                     deadline.get_or_insert_with(|| Instant::now() + self.limits.payload_timeout);
                 }
-                Err(e) if is_timeout(&e) => {
+                // Interrupted: a signal, or a TLS read that did not complete
+                // a record yet; either way check the deadline and go on.
+                Err(e) if is_timeout(&e) || e.kind() == io::ErrorKind::Interrupted => {
                     if got == 0 && (self.stopping)() {
                         return Ok(false);
                     }
@@ -743,7 +745,6 @@ impl Reader<'_> {
                         ));
                     }
                 }
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => return Err(e),
             }
         }

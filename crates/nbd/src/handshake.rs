@@ -6,6 +6,15 @@
 //! `ERR_TOO_BIG` (or dropped past [`MAX_OPTION_DISCARD_BYTES`]), and a client
 //! that sends more than `max_options` options is dropped, so haggling cannot
 //! exhaust memory or a thread forever.
+//!
+//! TLS (`NBD_OPT_STARTTLS`) follows the spec's modes: [`TlsMode::Off`] is
+//! NOTLS (STARTTLS gets `ERR_POLICY`), [`TlsMode::Require`] is FORCEDTLS
+//! (every option but STARTTLS and ABORT gets `ERR_TLS_REQD` before TLS,
+//! `EXPORT_NAME` ends the session) and [`TlsMode::On`] is SELECTIVETLS with
+//! no TLS-only export. After the STARTTLS ACK the transport is upgraded
+//! and everything negotiated before it is forgotten (structured replies,
+//! extended headers, meta contexts), as the spec's servers do: options
+//! sent in the clear could have been altered.
 
 use std::io::{self, Read, Write};
 use std::sync::Arc;
@@ -13,6 +22,15 @@ use std::sync::Arc;
 use crate::codec::{self, ClientOption, HeaderMode, InfoRequest, MetaQuery, OptionHeader};
 use crate::export::{Export, ExportSet};
 use crate::proto::*;
+use crate::tls::TlsMode;
+
+/// The connection as the handshake sees it: bytes both ways, and the
+/// upgrade to TLS once STARTTLS has been acknowledged.
+pub trait Transport: Read + Write {
+    /// Wraps the stream in a TLS server session; every later byte is
+    /// encrypted. The TLS handshake itself runs as the next option is read.
+    fn start_tls(&mut self) -> io::Result<()>;
+}
 
 /// Option data we buffer and parse; larger options are refused.
 pub const MAX_OPTION_DATA_BYTES: u32 = 64 << 10;
@@ -26,6 +44,8 @@ pub struct Session {
     /// `base:allocation` was selected for this export.
     pub base_allocation: bool,
     pub header_mode: HeaderMode,
+    /// The connection upgraded to TLS.
+    pub tls: bool,
 }
 
 /// How the handshake ended.
@@ -44,18 +64,34 @@ struct State {
     extended: bool,
     /// Export name the last SET_META_CONTEXT selected `base:allocation` for.
     meta_export: Option<String>,
+    /// STARTTLS succeeded.
+    tls: bool,
+}
+
+impl State {
+    fn new(no_zeroes: bool, tls: bool) -> Self {
+        Self {
+            no_zeroes,
+            structured: false,
+            extended: false,
+            meta_export: None,
+            tls,
+        }
+    }
 }
 
 /// Knobs of the handshake.
 #[derive(Clone, Debug)]
 pub struct HandshakeLimits {
     pub max_options: u32,
+    /// Whether STARTTLS is offered or required (the transport must be able
+    /// to upgrade unless this is `Off`).
+    pub tls: TlsMode,
 }
 
 /// Runs the handshake. `Err` is an I/O error (connection gone).
-pub fn negotiate(
-    reader: &mut dyn Read,
-    writer: &mut dyn Write,
+pub fn negotiate<T: Transport>(
+    io: &mut T,
     exports: &ExportSet,
     limits: &HandshakeLimits,
     shutting_down: &dyn Fn() -> bool,
@@ -64,27 +100,22 @@ pub fn negotiate(
     hello.extend_from_slice(&INIT_PASSWD.to_be_bytes());
     hello.extend_from_slice(&IHAVEOPT.to_be_bytes());
     hello.extend_from_slice(&(FLAG_FIXED_NEWSTYLE | FLAG_NO_ZEROES).to_be_bytes());
-    writer.write_all(&hello)?;
-    writer.flush()?;
+    io.write_all(&hello)?;
+    io.flush()?;
 
     let mut cf = [0u8; 4];
-    reader.read_exact(&mut cf)?;
+    io.read_exact(&mut cf)?;
     let client_flags = u32::from_be_bytes(cf);
     if client_flags & !(FLAG_C_FIXED_NEWSTYLE | FLAG_C_NO_ZEROES) != 0 {
         tracing::info!("dropping client with unknown handshake flags 0x{client_flags:x}");
         return Ok(Outcome::Closed);
     }
-    let mut st = State {
-        no_zeroes: client_flags & FLAG_C_NO_ZEROES != 0,
-        structured: false,
-        extended: false,
-        meta_export: None,
-    };
+    let mut st = State::new(client_flags & FLAG_C_NO_ZEROES != 0, false);
 
     let mut data = Vec::new();
     for _ in 0..limits.max_options {
         let mut hb = [0u8; OPTION_HEADER_BYTES];
-        reader.read_exact(&mut hb)?;
+        io.read_exact(&mut hb)?;
         let head = match OptionHeader::decode(&hb) {
             Ok(h) => h,
             Err(e) => {
@@ -101,27 +132,33 @@ pub fn negotiate(
                 );
                 return Ok(Outcome::Closed);
             }
-            discard(reader, head.length.into())?;
-            send_error(
-                writer,
-                head.option,
-                REP_ERR_TOO_BIG,
-                "option data too large",
-            )?;
+            discard(io, head.length.into())?;
+            send_error(io, head.option, REP_ERR_TOO_BIG, "option data too large")?;
             continue;
         }
         data.clear();
         data.resize(head.length as usize, 0);
-        reader.read_exact(&mut data)?;
+        io.read_exact(&mut data)?;
 
         if shutting_down() && head.option != OPT_ABORT {
-            send_error(
-                writer,
-                head.option,
-                REP_ERR_SHUTDOWN,
-                "server is shutting down",
-            )?;
+            send_error(io, head.option, REP_ERR_SHUTDOWN, "server is shutting down")?;
             continue;
+        }
+        if limits.tls == TlsMode::Require && !st.tls {
+            match head.option {
+                OPT_STARTTLS | OPT_ABORT => {}
+                OPT_EXPORT_NAME => {
+                    // Cannot be answered with an error: the spec says hang up.
+                    tracing::info!(
+                        "dropping client: EXPORT_NAME before STARTTLS (TLS is required)"
+                    );
+                    return Ok(Outcome::Closed);
+                }
+                o => {
+                    send_error(io, o, REP_ERR_TLS_REQD, "TLS is required")?;
+                    continue;
+                }
+            }
         }
         let opt = match codec::parse_option(head.option, &data) {
             Ok(o) => o,
@@ -129,7 +166,7 @@ pub fn negotiate(
                 if matches!(head.option, OPT_SET_META_CONTEXT) {
                     st.meta_export = None; // a failed SET still replaces the set
                 }
-                send_error(writer, head.option, e.reply_type(), &e.to_string())?;
+                send_error(io, head.option, e.reply_type(), &e.to_string())?;
                 continue;
             }
         };
@@ -146,13 +183,13 @@ pub fn negotiate(
                 if !st.no_zeroes {
                     out.extend_from_slice(&[0u8; 124]);
                 }
-                writer.write_all(&out)?;
-                writer.flush()?;
+                io.write_all(&out)?;
+                io.flush()?;
                 return Ok(Outcome::Transmission(session(export, &st, name.as_deref())));
             }
             ClientOption::Abort => {
                 // The client may already have hung up; that is fine.
-                let _ = send(writer, &codec::encode_option_reply(OPT_ABORT, REP_ACK, &[]));
+                let _ = send(io, &codec::encode_option_reply(OPT_ABORT, REP_ACK, &[]));
                 return Ok(Outcome::Closed);
             }
             ClientOption::List => {
@@ -163,22 +200,26 @@ pub fn negotiate(
                     // Only what the operator set (`--export NAME=PATH,description=...`):
                     // never a path or anything else about the host.
                     d.extend_from_slice(e.description.as_bytes());
-                    send(
-                        writer,
-                        &codec::encode_option_reply(OPT_LIST, REP_SERVER, &d),
-                    )?;
+                    send(io, &codec::encode_option_reply(OPT_LIST, REP_SERVER, &d))?;
                 }
-                send(writer, &codec::encode_option_reply(OPT_LIST, REP_ACK, &[]))?;
+                send(io, &codec::encode_option_reply(OPT_LIST, REP_ACK, &[]))?;
             }
             ClientOption::StartTls => {
-                // TLS is not configured: refuse by policy (NOTLS mode). With
-                // TLS, this is where the stream would be wrapped and `st`
-                // reset; see the crate docs.
-                send_error(writer, OPT_STARTTLS, REP_ERR_POLICY, "TLS is not enabled")?;
+                if limits.tls == TlsMode::Off {
+                    send_error(io, OPT_STARTTLS, REP_ERR_POLICY, "TLS is not enabled")?;
+                } else if st.tls {
+                    send_error(io, OPT_STARTTLS, REP_ERR_INVALID, "TLS is already on")?;
+                } else {
+                    send(io, &codec::encode_option_reply(OPT_STARTTLS, REP_ACK, &[]))?;
+                    // No downgrade after the ACK: a failure ends the session.
+                    io.start_tls()?;
+                    // Forget what was negotiated in the clear.
+                    st = State::new(st.no_zeroes, true);
+                }
             }
             ClientOption::Info(req) | ClientOption::Go(req) => {
                 let go = head.option == OPT_GO;
-                if let Some(export) = answer_info(writer, head.option, &req, exports, &st)? {
+                if let Some(export) = answer_info(io, head.option, &req, exports, &st)? {
                     if go {
                         return Ok(Outcome::Transmission(session(
                             export,
@@ -191,7 +232,7 @@ pub fn negotiate(
             ClientOption::ExtendedHeaders => {
                 if st.extended {
                     send_error(
-                        writer,
+                        io,
                         head.option,
                         REP_ERR_INVALID,
                         "extended headers already negotiated",
@@ -200,15 +241,12 @@ pub fn negotiate(
                     // Supersedes structured replies if those came first.
                     st.extended = true;
                     st.structured = true;
-                    send(
-                        writer,
-                        &codec::encode_option_reply(head.option, REP_ACK, &[]),
-                    )?;
+                    send(io, &codec::encode_option_reply(head.option, REP_ACK, &[]))?;
                 }
             }
             ClientOption::StructuredReply if st.extended => {
                 send_error(
-                    writer,
+                    io,
                     head.option,
                     REP_ERR_EXT_HEADER_REQD,
                     "extended headers already negotiated",
@@ -217,27 +255,24 @@ pub fn negotiate(
             ClientOption::StructuredReply => {
                 if st.structured {
                     send_error(
-                        writer,
+                        io,
                         head.option,
                         REP_ERR_INVALID,
                         "structured replies already negotiated",
                     )?;
                 } else {
                     st.structured = true;
-                    send(
-                        writer,
-                        &codec::encode_option_reply(head.option, REP_ACK, &[]),
-                    )?;
+                    send(io, &codec::encode_option_reply(head.option, REP_ACK, &[]))?;
                 }
             }
             ClientOption::ListMetaContext(q) => {
-                answer_meta(writer, head.option, &q, exports, &mut st, false)?;
+                answer_meta(io, head.option, &q, exports, &mut st, false)?;
             }
             ClientOption::SetMetaContext(q) => {
-                answer_meta(writer, head.option, &q, exports, &mut st, true)?;
+                answer_meta(io, head.option, &q, exports, &mut st, true)?;
             }
             ClientOption::Unknown(o) => {
-                send_error(writer, o, REP_ERR_UNSUP, "option not supported")?;
+                send_error(io, o, REP_ERR_UNSUP, "option not supported")?;
             }
         }
     }
@@ -265,6 +300,7 @@ fn session(export: Arc<Export>, st: &State, name: Option<&str>) -> Session {
         } else {
             HeaderMode::Compact
         },
+        tls: st.tls,
     }
 }
 

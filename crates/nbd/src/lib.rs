@@ -29,12 +29,11 @@
 //! a 64 MiB request maximum (see [`server`] and [`conn`]). Extended headers
 //! (64-bit lengths) are negotiated per connection ([`codec::HeaderMode`]).
 //!
-//! Growth point. *TLS*: STARTTLS is answered `ERR_POLICY` today; the
-//! handshake reads and writes through `dyn Read`/`dyn Write` and the
-//! transmission phase through a [`stream::Stream`]'s halves, so TLS means a
-//! `Stream` whose halves are backed by one TLS session (rustls for X.509,
-//! openssl for PSK) driven by one I/O thread, swapped in when STARTTLS is
-//! acknowledged, with negotiation state reset as the spec requires.
+//! TLS ([`tls`]): STARTTLS in the spec's modes (off, on, require), X.509
+//! through rustls and PSK through OpenSSL. The handshake upgrades its
+//! transport when STARTTLS is acknowledged ([`handshake::Transport`]); the
+//! transmission phase then reads and writes through TLS halves that share
+//! one session, driven by the connection's own reader and writer threads.
 #![deny(unsafe_code)]
 
 pub mod backend;
@@ -48,8 +47,10 @@ pub mod pool;
 pub mod proto;
 pub mod server;
 pub mod stream;
+pub mod tls;
 
 pub use backend::{Backend, BackendError, Extent, MemBackend, VolumeBackend};
 pub use export::{Export, ExportSet};
 pub use server::{Server, ServerConfig, ShutdownHandle};
 pub use stream::{Listener, Stream};
+pub use tls::{TlsConfig, TlsMode};

@@ -22,7 +22,7 @@
 //! already read has been answered, and returns; the caller then flushes and
 //! closes the volumes.
 
-use std::io::{self, BufRead, BufReader, Read};
+use std::io::{self, BufRead, BufReader, Read, Write};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
@@ -33,6 +33,7 @@ use crate::buffers::BufferPool;
 use crate::conn::{self, ConnLimits, ConnResources};
 use crate::handshake::{self, HandshakeLimits, Outcome};
 use crate::pool::WorkerPool;
+use crate::tls::{TlsConfig, TlsMode};
 
 pub use crate::export::{Export, ExportSet};
 pub use crate::stream::{activated_listeners, Listener, Stream, StreamControl};
@@ -66,6 +67,8 @@ pub struct ServerConfig {
     pub exit_with_parent: bool,
     /// Shut down once the last connection ends (after at least one).
     pub exit_when_idle: bool,
+    /// TLS mode and credentials; `None` is no TLS (STARTTLS refused).
+    pub tls: Option<Arc<TlsConfig>>,
 }
 
 /// Default worker count: 16 per core, at least 32 and at most 128. A
@@ -95,9 +98,14 @@ impl Default for ServerConfig {
             shutdown_grace: Duration::from_secs(30),
             exit_with_parent: false,
             exit_when_idle: false,
+            tls: None,
         }
     }
 }
+
+/// How long the payload buffer pool must go unused before the buffers it
+/// keeps for reuse are freed (an idle server holds none).
+pub const BUFFER_IDLE_RELEASE: Duration = Duration::from_secs(2);
 
 struct ConnRegistry {
     live: Mutex<Vec<(u64, Arc<dyn StreamControl>)>>,
@@ -214,6 +222,7 @@ impl Server {
                 .conns
                 .empty
                 .wait_for(&mut live, Duration::from_millis(200));
+            parking_lot::MutexGuard::unlocked(&mut live, || self.release_idle_buffers());
         }
         drop(live);
         self.wait_connections();
@@ -241,9 +250,19 @@ impl Server {
                 .conns
                 .empty
                 .wait_for(&mut live, Duration::from_millis(100));
+            parking_lot::MutexGuard::unlocked(&mut live, || self.release_idle_buffers());
         }
         drop(live);
         self.wait_connections();
+    }
+
+    /// Gives the payload buffers kept for reuse back to the system once no
+    /// request has needed one for [`BUFFER_IDLE_RELEASE`].
+    fn release_idle_buffers(&self) {
+        let freed = self.inner.buffers.release_when_idle(BUFFER_IDLE_RELEASE);
+        if freed > 0 {
+            tracing::debug!("idle: released {freed} bytes of kept payload buffers");
+        }
     }
 
     /// With `exit_with_parent`, a thread that shuts the server down when the
@@ -434,14 +453,18 @@ fn unregister(inner: &Inner, id: u64) {
     }
 }
 
-/// Bounds the whole handshake: every read gets only the time left.
-struct DeadlineReader<'a> {
-    inner: &'a mut (dyn BufRead + Send),
+/// The connection during the handshake: reads bounded by one deadline for
+/// the whole negotiation (every read gets only the time left, whatever the
+/// client trickles), and the STARTTLS upgrade.
+struct HandshakeIo<'a> {
+    reader: BufReader<Box<dyn Read + Send>>,
+    writer: Box<dyn Write + Send>,
     control: &'a dyn StreamControl,
     deadline: Instant,
+    tls: Option<&'a TlsConfig>,
 }
 
-impl Read for DeadlineReader<'_> {
+impl Read for HandshakeIo<'_> {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         let left = self.deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
@@ -452,7 +475,7 @@ impl Read for DeadlineReader<'_> {
         }
         self.control
             .set_read_timeout(Some(left.max(Duration::from_millis(1))));
-        match self.inner.read(buf) {
+        match self.reader.read(buf) {
             Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock) => Err(io::Error::new(
                 io::ErrorKind::TimedOut,
                 "handshake not completed in time",
@@ -462,44 +485,76 @@ impl Read for DeadlineReader<'_> {
     }
 }
 
+impl Write for HandshakeIo<'_> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.writer.write(buf)
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        self.writer.flush()
+    }
+}
+
+impl handshake::Transport for HandshakeIo<'_> {
+    fn start_tls(&mut self) -> io::Result<()> {
+        let Some(tls) = self.tls else {
+            return Err(io::Error::other("TLS is not configured"));
+        };
+        let old = std::mem::replace(
+            &mut self.reader,
+            BufReader::with_capacity(0, Box::new(io::empty())),
+        );
+        // Bytes read ahead after STARTTLS are the start of the TLS handshake.
+        let ahead = old.buffer().to_vec();
+        let raw_out = std::mem::replace(&mut self.writer, Box::new(io::sink()));
+        let (r, w) = tls.wrap(old.into_inner(), raw_out, &ahead)?;
+        self.reader = BufReader::with_capacity(READ_BUFFER_BYTES, Box::new(r));
+        self.writer = Box::new(w);
+        Ok(())
+    }
+}
+
 /// Capacity of a connection's read buffer: several request headers and
 /// small payloads per `read`, while idle connections stay cheap.
 const READ_BUFFER_BYTES: usize = 64 << 10;
 
 fn run_connection(inner: &Arc<Inner>, id: u64, stream: Stream) {
     tracing::debug!("connection {id} from {}", stream.peer);
+    let peer = stream.peer.clone();
     let Stream {
         reader,
-        mut writer,
+        writer,
         control,
         ..
     } = stream;
-    // One buffered reader for both phases: bytes read ahead during the
-    // handshake belong to the first requests.
-    let mut reader: Box<dyn BufRead + Send> =
-        Box::new(BufReader::with_capacity(READ_BUFFER_BYTES, reader));
     let cfg = &inner.cfg;
     control.set_write_timeout(Some(cfg.handshake_timeout.min(cfg.send_timeout)));
+    let tls = cfg.tls.as_deref().filter(|t| t.mode != TlsMode::Off);
     let limits = HandshakeLimits {
         max_options: cfg.max_options,
+        tls: tls.map_or(TlsMode::Off, |t| t.mode),
     };
     let stopping = || inner.stopping.load(Ordering::Acquire);
-    let outcome = {
-        let mut timed = DeadlineReader {
-            inner: &mut *reader,
-            control: &*control,
-            deadline: Instant::now() + cfg.handshake_timeout,
-        };
-        handshake::negotiate(&mut timed, &mut writer, &inner.exports, &limits, &stopping)
+    // One buffered reader for both phases: bytes read ahead during the
+    // handshake belong to the first requests.
+    let mut io = HandshakeIo {
+        reader: BufReader::with_capacity(READ_BUFFER_BYTES, reader),
+        writer,
+        control: &*control,
+        deadline: Instant::now() + cfg.handshake_timeout,
+        tls,
     };
+    let outcome = handshake::negotiate(&mut io, &inner.exports, &limits, &stopping);
+    let HandshakeIo { reader, writer, .. } = io;
+    let reader: Box<dyn BufRead + Send> = Box::new(reader);
     match outcome {
         Ok(Outcome::Transmission(session)) => {
             control.set_write_timeout(Some(cfg.send_timeout));
             tracing::debug!(
-                "connection {id}: export {:?}, structured replies {}, {:?} headers",
+                "connection {id}: export {:?}, structured replies {}, {:?} headers, TLS {}",
                 session.export.name,
                 session.structured_replies,
-                session.header_mode
+                session.header_mode,
+                session.tls
             );
             let limits = ConnLimits {
                 max_inflight_requests: cfg.max_inflight_requests_per_conn,
@@ -523,7 +578,12 @@ fn run_connection(inner: &Arc<Inner>, id: u64, stream: Stream) {
         }
         Ok(Outcome::Closed) => control.shutdown(),
         Err(e) => {
-            tracing::debug!("connection {id}: handshake ended: {e}");
+            if e.kind() == io::ErrorKind::InvalidData {
+                // A failed TLS handshake: wrong key, untrusted certificate.
+                tracing::info!("connection {id} from {peer}: {e}");
+            } else {
+                tracing::debug!("connection {id}: handshake ended: {e}");
+            }
             control.shutdown();
         }
     }

@@ -60,11 +60,9 @@ impl StreamControl for NoControl {
     fn set_write_timeout(&self, _t: Option<Duration>) {}
 }
 
-/// A connected byte stream split into halves. TLS would plug in here: a TLS
-/// session is one object that both reads and writes, so a TLS `Stream` would
-/// be driven by one I/O thread owning the session and expose channel-backed
-/// `reader`/`writer` halves; the handshake and transmission code see only
-/// `Read`/`Write` and need no change.
+/// A connected byte stream split into halves. After STARTTLS the halves are
+/// wrapped in [`crate::tls`]'s, which share one session; `control` still
+/// acts on the socket (timeouts, shutdown).
 pub struct Stream {
     pub reader: Box<dyn Read + Send>,
     pub writer: Box<dyn Write + Send>,

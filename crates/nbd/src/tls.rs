@@ -1,0 +1,645 @@
+//! TLS for NBD connections (STARTTLS): X.509 certificates through rustls,
+//! pre-shared keys (TLS-PSK) through OpenSSL (rustls has no PSK).
+//!
+//! Credentials use the layouts of nbdkit and qemu-nbd: a certificates
+//! directory holds `server-cert.pem`, `server-key.pem` and, to verify
+//! client certificates, `ca-cert.pem`; a PSK file holds `identity:hexkey`
+//! lines as written by `psktool`.
+//!
+//! # How a session is driven
+//!
+//! A connection is read by one thread and written by another (see
+//! [`crate::conn`]), but a TLS session is one object. Both engines are used
+//! *sans I/O*: the session never touches the socket. It sits behind one
+//! mutex together with nothing else, and the two threads do their own
+//! socket I/O outside it:
+//! * the reader reads ciphertext from the socket with no lock held (so a
+//!   reader blocked on an idle client never blocks replies), then, under
+//!   the lock, feeds it to the session and takes the plaintext out;
+//! * the writer encrypts at most [`WRITE_CHUNK_BYTES`] of plaintext under
+//!   the lock, takes the records, and writes them to the socket after
+//!   releasing it.
+//!
+//! Records must reach the socket in the order the session made them (the
+//! reader can make some too: handshake messages, alerts, key updates), so
+//! the socket's write half has its own mutex, taken *before* the session's
+//! is released (order: session, then socket). No extra thread, no
+//! non-blocking sockets: the socket keeps its read timeout (idle polling,
+//! handshake deadline) and its send timeout (clients that do not read)
+//! exactly as without TLS. Memory per connection: the session's buffers
+//! (about one record each way), one 16 KiB ciphertext read buffer and, while
+//! a reply is written, one chunk of records.
+
+use std::collections::HashMap;
+use std::io::{self, IoSlice, Read, Write};
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+use std::sync::Arc;
+
+use parking_lot::{Mutex, MutexGuard};
+
+/// Whether and how clients may or must use TLS.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum TlsMode {
+    /// No TLS: STARTTLS is refused (`ERR_POLICY`).
+    #[default]
+    Off,
+    /// Clients choose: STARTTLS is accepted, plain clients are served too.
+    On,
+    /// Every option but STARTTLS and ABORT gets `ERR_TLS_REQD` until TLS is
+    /// up, so nothing (not even the list of exports) is visible without it.
+    Require,
+}
+
+impl FromStr for TlsMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "off" => Ok(Self::Off),
+            "on" => Ok(Self::On),
+            "require" => Ok(Self::Require),
+            _ => Err(format!("{s:?}: want off, on or require")),
+        }
+    }
+}
+
+/// An error in TLS credentials (files missing or malformed).
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct TlsSetupError(String);
+
+fn setup_err(what: impl Into<String>) -> TlsSetupError {
+    TlsSetupError(what.into())
+}
+
+/// Longest PSK identity accepted from a key file.
+const MAX_PSK_IDENTITY_BYTES: usize = 256;
+/// Longest key accepted from a key file (OpenSSL's limit is 512 bytes).
+const MAX_PSK_KEY_BYTES: usize = 256;
+/// Largest PSK file read.
+const MAX_PSK_FILE_BYTES: u64 = 1 << 20;
+
+/// TLS settings of a server: the mode and the credentials.
+pub struct TlsConfig {
+    pub mode: TlsMode,
+    creds: Creds,
+}
+
+enum Creds {
+    X509(Arc<rustls::ServerConfig>),
+    Psk(openssl::ssl::SslContext),
+}
+
+impl std::fmt::Debug for TlsConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TlsConfig")
+            .field("mode", &self.mode)
+            .field("credentials", &self.describe())
+            .finish()
+    }
+}
+
+impl TlsConfig {
+    /// X.509: `DIR/server-cert.pem` (the chain, leaf first),
+    /// `DIR/server-key.pem`; with `verify_peer`, clients must present a
+    /// certificate signed by a CA in `DIR/ca-cert.pem`.
+    pub fn from_certificates(
+        dir: &Path,
+        verify_peer: bool,
+        mode: TlsMode,
+    ) -> Result<Self, TlsSetupError> {
+        use rustls_pki_types::pem::PemObject;
+        use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+
+        let file = |name: &str| -> PathBuf { dir.join(name) };
+        let certs = |p: &Path| -> Result<Vec<CertificateDer<'static>>, TlsSetupError> {
+            let certs = CertificateDer::pem_file_iter(p)
+                .and_then(|it| it.collect::<Result<Vec<_>, _>>())
+                .map_err(|e| setup_err(format!("cannot read certificates {}: {e}", p.display())))?;
+            if certs.is_empty() {
+                return Err(setup_err(format!("no certificate in {}", p.display())));
+            }
+            Ok(certs)
+        };
+        let chain = certs(&file("server-cert.pem"))?;
+        let key_path = file("server-key.pem");
+        let key = PrivateKeyDer::from_pem_file(&key_path).map_err(|e| {
+            setup_err(format!(
+                "cannot read the private key {}: {e}",
+                key_path.display()
+            ))
+        })?;
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
+            .with_safe_default_protocol_versions()
+            .map_err(|e| setup_err(format!("TLS setup: {e}")))?;
+        let builder = if verify_peer {
+            let mut roots = rustls::RootCertStore::empty();
+            for c in certs(&file("ca-cert.pem"))? {
+                roots
+                    .add(c)
+                    .map_err(|e| setup_err(format!("ca-cert.pem: {e}")))?;
+            }
+            let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+                Arc::new(roots),
+                provider,
+            )
+            .build()
+            .map_err(|e| setup_err(format!("client verification: {e}")))?;
+            builder.with_client_cert_verifier(verifier)
+        } else {
+            builder.with_no_client_auth()
+        };
+        let cfg = builder
+            .with_single_cert(chain, key)
+            .map_err(|e| setup_err(format!("server certificate and key: {e}")))?;
+        Ok(Self {
+            mode,
+            creds: Creds::X509(Arc::new(cfg)),
+        })
+    }
+
+    /// TLS-PSK with the keys of `path`: `identity:hexkey` lines (psktool's
+    /// format); empty lines and `#` comments are skipped.
+    pub fn from_psk_file(path: &Path, mode: TlsMode) -> Result<Self, TlsSetupError> {
+        use openssl::ssl::{SslContext, SslMethod, SslOptions, SslVersion};
+
+        let text = read_bounded(path)?;
+        let keys =
+            parse_psk_file(&text).map_err(|e| setup_err(format!("{}: {e}", path.display())))?;
+        let mut b = SslContext::builder(SslMethod::tls_server())
+            .map_err(|e| setup_err(format!("TLS setup: {e}")))?;
+        b.set_min_proto_version(Some(SslVersion::TLS1_2))
+            .map_err(|e| setup_err(format!("TLS setup: {e}")))?;
+        // TLS 1.2 suites that authenticate by PSK (TLS 1.3 uses the same
+        // callback with its own suites).
+        b.set_cipher_list("ECDHE-PSK:DHE-PSK:PSK:!aNULL:!eNULL:!NULL:!3DES:!RC4")
+            .map_err(|e| setup_err(format!("TLS setup: {e}")))?;
+        // No session tickets: resumption buys nothing for long connections.
+        b.set_options(SslOptions::NO_TICKET);
+        b.set_num_tickets(0)
+            .map_err(|e| setup_err(format!("TLS setup: {e}")))?;
+        b.set_psk_server_callback(move |_ssl, identity, out| {
+            let key = identity.and_then(|id| keys.get(id));
+            match key.and_then(|k| out.get_mut(..k.len()).map(|o| (o, k))) {
+                Some((o, k)) => {
+                    o.copy_from_slice(k);
+                    Ok(k.len())
+                }
+                None => {
+                    tracing::info!("TLS-PSK: client offered an unknown identity");
+                    Ok(0) // the handshake fails
+                }
+            }
+        });
+        Ok(Self {
+            mode,
+            creds: Creds::Psk(b.build()),
+        })
+    }
+
+    pub fn describe(&self) -> &'static str {
+        match self.creds {
+            Creds::X509(_) => "X.509 certificates",
+            Creds::Psk(_) => "PSK",
+        }
+    }
+
+    /// Wraps a connection's raw halves in a new server session. `ahead`:
+    /// bytes already read from the socket after the STARTTLS option (they
+    /// belong to the TLS handshake).
+    pub(crate) fn wrap(
+        &self,
+        raw_in: Box<dyn Read + Send>,
+        raw_out: Box<dyn Write + Send>,
+        ahead: &[u8],
+    ) -> io::Result<(TlsReader, TlsWriter)> {
+        let engine: Box<dyn Engine> = match &self.creds {
+            Creds::X509(cfg) => {
+                let mut c = rustls::ServerConnection::new(cfg.clone())
+                    .map_err(|e| io::Error::other(format!("TLS: {e}")))?;
+                // Our writer bounds what it hands over per call.
+                c.set_buffer_limit(None);
+                Box::new(RustlsEngine(c))
+            }
+            Creds::Psk(ctx) => {
+                let ssl = openssl::ssl::Ssl::new(ctx)
+                    .map_err(|e| io::Error::other(format!("TLS: {e}")))?;
+                let s = openssl::ssl::SslStream::new(ssl, MemIo::default())
+                    .map_err(|e| io::Error::other(format!("TLS: {e}")))?;
+                Box::new(OpensslEngine {
+                    s,
+                    handshaken: false,
+                })
+            }
+        };
+        let shared = Arc::new(Shared {
+            engine: Mutex::new(engine),
+            sock_out: Mutex::new(raw_out),
+        });
+        let mut raw = vec![0u8; RAW_READ_BYTES.max(ahead.len())];
+        let end = ahead.len();
+        if let Some(dst) = raw.get_mut(..end) {
+            dst.copy_from_slice(ahead);
+        }
+        Ok((
+            TlsReader {
+                shared: shared.clone(),
+                sock_in: raw_in,
+                raw,
+                start: 0,
+                end,
+            },
+            TlsWriter {
+                shared,
+                broken: false,
+            },
+        ))
+    }
+}
+
+fn read_bounded(path: &Path) -> Result<String, TlsSetupError> {
+    let f = std::fs::File::open(path)
+        .map_err(|e| setup_err(format!("cannot open {}: {e}", path.display())))?;
+    let mut text = String::new();
+    f.take(MAX_PSK_FILE_BYTES + 1)
+        .read_to_string(&mut text)
+        .map_err(|e| setup_err(format!("cannot read {}: {e}", path.display())))?;
+    if text.len() as u64 > MAX_PSK_FILE_BYTES {
+        return Err(setup_err(format!(
+            "{} is larger than {MAX_PSK_FILE_BYTES} bytes",
+            path.display()
+        )));
+    }
+    Ok(text)
+}
+
+/// Parses psktool's `identity:hexkey` lines. Errors name the line, never
+/// the key.
+pub fn parse_psk_file(text: &str) -> Result<HashMap<Vec<u8>, Vec<u8>>, String> {
+    let mut keys = HashMap::new();
+    for (i, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let n = i + 1;
+        let Some((id, hex)) = line.rsplit_once(':') else {
+            return Err(format!("line {n}: want identity:hexkey"));
+        };
+        if id.is_empty() || id.len() > MAX_PSK_IDENTITY_BYTES {
+            return Err(format!(
+                "line {n}: the identity must be 1 to {MAX_PSK_IDENTITY_BYTES} bytes"
+            ));
+        }
+        let key = decode_hex(hex).ok_or_else(|| format!("line {n}: the key is not hex"))?;
+        if key.is_empty() || key.len() > MAX_PSK_KEY_BYTES {
+            return Err(format!(
+                "line {n}: the key must be 1 to {MAX_PSK_KEY_BYTES} bytes"
+            ));
+        }
+        if keys.insert(id.as_bytes().to_vec(), key).is_some() {
+            return Err(format!("line {n}: identity {id:?} appears twice"));
+        }
+    }
+    if keys.is_empty() {
+        return Err("no keys".into());
+    }
+    Ok(keys)
+}
+
+fn decode_hex(s: &str) -> Option<Vec<u8>> {
+    if !s.len().is_multiple_of(2) {
+        return None;
+    }
+    s.as_bytes()
+        .chunks(2)
+        .map(|p| {
+            let hi = (*p.first()? as char).to_digit(16)?;
+            let lo = (*p.get(1)? as char).to_digit(16)?;
+            Some((hi * 16 + lo) as u8)
+        })
+        .collect()
+}
+
+// ------------------------------------------------------------- engines
+
+/// A TLS server session used without I/O of its own.
+trait Engine: Send {
+    /// Takes ciphertext from the peer; returns how much was consumed. An
+    /// error is fatal (a failed handshake, a bad record); alerts for the
+    /// peer may then be waiting in [`Engine::take_outgoing`].
+    fn feed(&mut self, data: &[u8]) -> io::Result<usize>;
+    /// Decrypted bytes: `WouldBlock` when none are buffered, `Ok(0)` once
+    /// the peer closed the session.
+    fn read_plain(&mut self, buf: &mut [u8]) -> io::Result<usize>;
+    /// Encrypts `data` (or a prefix of it).
+    fn write_plain(&mut self, data: &[u8]) -> io::Result<usize>;
+    /// Appends the records waiting to be sent to `out`.
+    fn take_outgoing(&mut self, out: &mut Vec<u8>) -> io::Result<()>;
+    /// Queues a close_notify alert.
+    fn close(&mut self);
+}
+
+fn tls_error(e: impl std::fmt::Display) -> io::Error {
+    // InvalidData: the connection's end is logged at info level.
+    io::Error::new(io::ErrorKind::InvalidData, format!("TLS: {e}"))
+}
+
+struct RustlsEngine(rustls::ServerConnection);
+
+impl Engine for RustlsEngine {
+    fn feed(&mut self, mut data: &[u8]) -> io::Result<usize> {
+        let n = self.0.read_tls(&mut data)?;
+        self.0.process_new_packets().map_err(tls_error)?;
+        Ok(n)
+    }
+    fn read_plain(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        self.0.reader().read(buf)
+    }
+    fn write_plain(&mut self, data: &[u8]) -> io::Result<usize> {
+        self.0.writer().write(data)
+    }
+    fn take_outgoing(&mut self, out: &mut Vec<u8>) -> io::Result<()> {
+        while self.0.wants_write() {
+            self.0.write_tls(out)?;
+        }
+        Ok(())
+    }
+    fn close(&mut self) {
+        self.0.send_close_notify();
+    }
+}
+
+/// The memory "socket" under OpenSSL: ciphertext in and out.
+#[derive(Default)]
+struct MemIo {
+    incoming: Vec<u8>,
+    pos: usize,
+    outgoing: Vec<u8>,
+}
+
+impl Read for MemIo {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let avail = self.incoming.get(self.pos..).unwrap_or_default();
+        if avail.is_empty() {
+            return Err(io::ErrorKind::WouldBlock.into());
+        }
+        let n = avail.len().min(buf.len());
+        if let (Some(dst), Some(src)) = (buf.get_mut(..n), avail.get(..n)) {
+            dst.copy_from_slice(src);
+        }
+        self.pos += n;
+        if self.pos == self.incoming.len() {
+            self.incoming.clear();
+            self.pos = 0;
+        }
+        Ok(n)
+    }
+}
+
+impl Write for MemIo {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.outgoing.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+struct OpensslEngine {
+    s: openssl::ssl::SslStream<MemIo>,
+    handshaken: bool,
+}
+
+impl Engine for OpensslEngine {
+    fn feed(&mut self, data: &[u8]) -> io::Result<usize> {
+        self.s.get_mut().incoming.extend_from_slice(data);
+        if !self.handshaken {
+            match self.s.accept() {
+                Ok(()) => self.handshaken = true,
+                Err(e) if e.code() == openssl::ssl::ErrorCode::WANT_READ => {}
+                Err(e) => return Err(tls_error(format!("handshake failed: {e}"))),
+            }
+        }
+        Ok(data.len())
+    }
+    fn read_plain(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        use openssl::ssl::ErrorCode;
+        if !self.handshaken {
+            return Err(io::ErrorKind::WouldBlock.into());
+        }
+        match self.s.ssl_read(buf) {
+            Ok(n) => Ok(n),
+            Err(e) if e.code() == ErrorCode::ZERO_RETURN => Ok(0),
+            Err(e) if e.code() == ErrorCode::WANT_READ => Err(io::ErrorKind::WouldBlock.into()),
+            Err(e) => Err(tls_error(e)),
+        }
+    }
+    fn write_plain(&mut self, data: &[u8]) -> io::Result<usize> {
+        if !self.handshaken {
+            return Err(io::Error::new(
+                io::ErrorKind::NotConnected,
+                "TLS handshake not finished",
+            ));
+        }
+        self.s.ssl_write(data).map_err(tls_error)
+    }
+    fn take_outgoing(&mut self, out: &mut Vec<u8>) -> io::Result<()> {
+        out.append(&mut self.s.get_mut().outgoing);
+        Ok(())
+    }
+    fn close(&mut self) {
+        if self.handshaken {
+            let _ = self.s.shutdown();
+        }
+    }
+}
+
+// -------------------------------------------------------------- halves
+
+/// Ciphertext read from the socket at once.
+const RAW_READ_BYTES: usize = 16 << 10;
+/// Plaintext encrypted per write call (records are written before the
+/// next chunk is taken, so this bounds the writer's buffer).
+pub const WRITE_CHUNK_BYTES: usize = 64 << 10;
+
+struct Shared {
+    engine: Mutex<Box<dyn Engine>>,
+    /// The socket's write half. Taken while `engine` is still held, so
+    /// records reach the wire in the order the session made them.
+    sock_out: Mutex<Box<dyn Write + Send>>,
+}
+
+impl Shared {
+    /// Sends what the session has queued, releasing the session's lock
+    /// before the socket write.
+    fn send_pending(&self, mut engine: MutexGuard<'_, Box<dyn Engine>>) -> io::Result<()> {
+        let mut out = Vec::new();
+        engine.take_outgoing(&mut out)?;
+        if out.is_empty() {
+            return Ok(());
+        }
+        let mut sock = self.sock_out.lock();
+        drop(engine);
+        sock.write_all(&out)?;
+        sock.flush()
+    }
+}
+
+/// The reading half of a TLS connection.
+pub struct TlsReader {
+    shared: Arc<Shared>,
+    sock_in: Box<dyn Read + Send>,
+    /// Ciphertext read but not yet taken by the session: `raw[start..end]`.
+    raw: Vec<u8>,
+    start: usize,
+    end: usize,
+}
+
+impl Read for TlsReader {
+    /// Blocks on the socket at most once per call: if the ciphertext read
+    /// does not complete a record, the call ends `Interrupted`, which every
+    /// caller retries after checking its own deadline (the handshake's, a
+    /// payload's), so a client trickling a record byte by byte cannot hold
+    /// a read past it.
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        if buf.is_empty() {
+            return Ok(0);
+        }
+        let mut waited = false;
+        loop {
+            let mut engine = self.shared.engine.lock();
+            match engine.read_plain(buf) {
+                Ok(n) => {
+                    self.shared.send_pending(engine)?;
+                    return Ok(n);
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                Err(e) => return Err(e),
+            }
+            if let Some(pending) = self.raw.get(self.start..self.end).filter(|p| !p.is_empty()) {
+                match engine.feed(pending) {
+                    Ok(0) => return Err(tls_error("the session accepts no more input")),
+                    Ok(n) => {
+                        self.start += n;
+                        self.shared.send_pending(engine)?;
+                        continue;
+                    }
+                    Err(e) => {
+                        // Tell the peer why (an alert), best effort.
+                        let _ = self.shared.send_pending(engine);
+                        return Err(e);
+                    }
+                }
+            }
+            drop(engine);
+            if waited {
+                return Err(io::ErrorKind::Interrupted.into());
+            }
+            waited = true;
+            // No lock held while waiting for the client.
+            let n = self.sock_in.read(&mut self.raw)?;
+            if n == 0 {
+                return Ok(0);
+            }
+            self.start = 0;
+            self.end = n;
+        }
+    }
+}
+
+/// The writing half of a TLS connection. Dropping it sends close_notify
+/// (best effort) unless a write failed.
+pub struct TlsWriter {
+    shared: Arc<Shared>,
+    broken: bool,
+}
+
+impl TlsWriter {
+    fn encrypt_and_send(&mut self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
+        let mut engine = self.shared.engine.lock();
+        let mut taken = 0;
+        'bufs: for b in bufs {
+            let mut rest: &[u8] = b;
+            while !rest.is_empty() {
+                let room = WRITE_CHUNK_BYTES - taken;
+                if room == 0 {
+                    break 'bufs;
+                }
+                let part = rest.get(..rest.len().min(room)).unwrap_or(rest);
+                let n = engine.write_plain(part)?;
+                if n == 0 {
+                    break 'bufs;
+                }
+                taken += n;
+                rest = rest.get(n..).unwrap_or_default();
+            }
+        }
+        self.shared.send_pending(engine)?;
+        Ok(taken)
+    }
+}
+
+impl Write for TlsWriter {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.write_vectored(&[IoSlice::new(buf)])
+    }
+    fn write_vectored(&mut self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
+        let res = self.encrypt_and_send(bufs);
+        if res.is_err() {
+            self.broken = true;
+        }
+        res
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(()) // every write already went to the socket
+    }
+}
+
+impl Drop for TlsWriter {
+    fn drop(&mut self) {
+        if self.broken {
+            return;
+        }
+        let mut engine = self.shared.engine.lock();
+        engine.close();
+        let _ = self.shared.send_pending(engine);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn psk_files_parse_and_bad_lines_are_refused() {
+        let k = parse_psk_file("# comment\nalice:00ff10\n\nbob:0102\n").unwrap();
+        assert_eq!(k.get(&b"alice"[..]), Some(&vec![0x00, 0xff, 0x10]));
+        assert_eq!(k.get(&b"bob"[..]), Some(&vec![1, 2]));
+        for bad in [
+            "",
+            "alice",
+            "alice:0g",
+            "alice:123",
+            ":00",
+            "alice:",
+            "a:00\na:01",
+        ] {
+            let e = parse_psk_file(bad).unwrap_err();
+            assert!(!e.contains("00ff"), "{e}");
+        }
+        // An identity may contain ':'; the key is after the last one.
+        let k = parse_psk_file("a:b:0a").unwrap();
+        assert_eq!(k.get(&b"a:b"[..]), Some(&vec![10]));
+    }
+
+    #[test]
+    fn modes_parse() {
+        assert_eq!("off".parse::<TlsMode>(), Ok(TlsMode::Off));
+        assert_eq!("on".parse::<TlsMode>(), Ok(TlsMode::On));
+        assert_eq!("require".parse::<TlsMode>(), Ok(TlsMode::Require));
+        assert!("yes".parse::<TlsMode>().is_err());
+    }
+}
