@@ -63,7 +63,7 @@ stop() {
 # Starts a daemon in the foreground mode (-f) in the background and records its PID.
 spawn() {
     local name=$1; shift
-    "$@" -f -c "$conf" >>"$dir/log/$name.out" 2>&1 &
+    "$@" -f -c "$conf" </dev/null >>"$dir/log/$name.out" 2>&1 &
     echo "$name $!" >>"$dir/pids"
 }
 
@@ -124,7 +124,7 @@ mgr initial modules =
 [osd]
 osd data = $dir/osd/\$name
 osd objectstore = memstore
-memstore device bytes = ${JBDEV_CEPH_OSD_BYTES:-4294967296}
+memstore device bytes = ${JBDEV_CEPH_OSD_BYTES:-8589934592}
 osd max object name len = 256
 osd max object namespace len = 64
 [client]
