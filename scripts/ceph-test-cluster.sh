@@ -109,25 +109,31 @@ mon allow pool delete = true
 mon warn on pool no redundancy = false
 paxos propose interval = 0.1
 mon osd reporter subtree level = osd
+osd pool default pg autoscale mode = off
+mon data avail warn = 5
+mon data avail crit = 1
 run dir = $dir/run
-admin socket = $dir/run/\$name.asok
 log file = $dir/log/\$name.log
 pid file = $dir/run/\$name.pid
 ms bind ipv4 = true
 ms bind ipv6 = false
 [mon]
+admin socket = $dir/run/\$name.asok
 mon data = $dir/mon/\$name
 mon initial members = a
 [mgr]
+admin socket = $dir/run/\$name.asok
 mgr data = $dir/mgr/\$name
 mgr initial modules =
 [osd]
+admin socket = $dir/run/\$name.asok
 osd data = $dir/osd/\$name
 osd objectstore = memstore
 memstore device bytes = ${JBDEV_CEPH_OSD_BYTES:-8589934592}
 osd max object name len = 256
 osd max object namespace len = 64
 [client]
+admin socket =
 rbd cache = false
 EOF
     monmaptool --create --clobber --fsid "$fsid" --addv a "[v2:127.0.0.1:$port]" "$dir/monmap" >/dev/null

@@ -81,6 +81,10 @@ pub struct ServeArgs {
     /// listens on 127.0.0.1).
     #[arg(long, value_name = "ADDR:PORT", value_parser = crate::metrics::parse_metrics_addr)]
     pub metrics: Option<SocketAddr>,
+    /// RBD volumes: break the exclusive lock of a holder that is dead (never
+    /// done without this flag; librbd blocklists the old holder).
+    #[arg(long)]
+    pub break_lock: bool,
 }
 
 pub fn run(a: ServeArgs) -> anyhow::Result<()> {
@@ -107,6 +111,7 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
         read_only: a.read_only,
         backend: a.backend,
         read_cache: !a.no_read_cache,
+        break_lock: a.break_lock,
         ..OpenOptions::default()
     };
     let mut exports = Vec::new();
@@ -119,8 +124,12 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
         description,
     } in &named
     {
-        let key = std::fs::canonicalize(path)
-            .with_context(|| format!("cannot open volume {}", path.display()))?;
+        let key = if jbdev_device::is_rbd_target(path) {
+            path.clone()
+        } else {
+            std::fs::canonicalize(path)
+                .with_context(|| format!("cannot open volume {}", path.display()))?
+        };
         let vol = match by_path.get(&key) {
             Some(v) => v.clone(),
             None => {
