@@ -633,7 +633,9 @@ pub fn lock_holders(target: &RbdTarget) -> Result<Vec<String>> {
         return Err(rbd_err("opening pool", &name, r));
     }
     let io = Ioctx(io);
-    let image = open_image(&io, &cstring("image name", &target.image)?, true, &name)?;
+    // Read-write handle, but no lock is taken and nothing written: librbd
+    // reports lock owners only to a handle that could take the lock.
+    let image = open_image(&io, &cstring("image name", &target.image)?, false, &name)?;
     let owners = lock_owners(&image, &name);
     drop(image);
     drop(io);
