@@ -4,12 +4,19 @@
 # then the workspace tests, then a short fuzz run of every decoder.
 #   scripts/test.sh                 # everything (about 10-15 minutes)
 #   FUZZ_SECONDS=0 scripts/test.sh  # skip the fuzz smoke run
+#   JBDEV_RBD_TESTS=0 scripts/test.sh  # skip the Ceph RBD tests (issue 14)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # libssl-dev and pkg-config build the server's TLS-PSK support (the openssl
 # crate); openssl makes the TLS tests' certificates, gnutls-bin has psktool.
 PACKAGES=(fio qemu-utils libnbd-bin python3-libnbd nbdkit e2fsprogs gcc g++ pkg-config libssl-dev openssl gnutls-bin valgrind util-linux curl)
+# The RBD backend's tests run a throwaway single-node Ceph cluster
+# (scripts/ceph-test-cluster.sh; Debian 12: Ceph 16.2, ~30 s to install).
+RBD=${JBDEV_RBD_TESTS:-1}
+if [ "$RBD" = 1 ]; then
+    PACKAGES+=(ceph-mon ceph-osd ceph-mgr ceph-common librbd-dev librados-dev)
+fi
 missing=()
 for p in "${PACKAGES[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -48,6 +55,22 @@ else
 fi
 echo "== cargo test"
 cargo test --workspace --no-fail-fast
+if [ "$RBD" = 1 ]; then
+    echo "== cargo clippy and tests with --features rbd (throwaway Ceph cluster)"
+    rbd_crates=(-p jbdev-device -p jbdev-volume -p jbdev-bench -p jbdev)
+    cargo clippy "${rbd_crates[@]}" --features rbd --all-targets -- -D warnings
+    export JBDEV_CEPH_DIR="${JBDEV_CEPH_DIR:-$(mktemp -d /tmp/jbdev-ceph-XXXXXX)}"
+    trap 'scripts/ceph-test-cluster.sh stop "$JBDEV_CEPH_DIR"' EXIT
+    scripts/ceph-test-cluster.sh start "$JBDEV_CEPH_DIR"
+    # A cluster that cannot start fails here, never passes as a skip.
+    export JBDEV_REQUIRE_CEPH=1
+    cargo test --no-fail-fast --features rbd -p jbdev-device --test rbd
+    cargo test --no-fail-fast --features rbd -p jbdev-device --lib rbd
+    cargo test --no-fail-fast --features rbd -p jbdev-volume --test model rbd
+    cargo test --no-fail-fast --features rbd -p jbdev --test nbd_crash --test nbd_interop --test cli_admin rbd
+    scripts/ceph-test-cluster.sh stop "$JBDEV_CEPH_DIR"
+    trap - EXIT
+fi
 if [ "${FUZZ_SECONDS:-5}" != "0" ]; then
     echo "== fuzz smoke (${FUZZ_SECONDS:-5}s per target)"
     FUZZ_SECONDS="${FUZZ_SECONDS:-5}" scripts/fuzz-smoke.sh

@@ -139,6 +139,14 @@ pub struct SyncWritersArgs {
     /// Bytes per write.
     #[arg(long, default_value = "4K", value_parser = parse_size)]
     pub block_size: u64,
+    /// Benchmark on Ceph RBD instead (build with `--features rbd`):
+    /// `rbd:POOL/IMAGE[:conf=PATH][:id=USER]` — plain librbd write + flush
+    /// per write against jbdev with a local journal (in --backing-dir) and
+    /// with its journal on RBD, each on its own image of --backing-size
+    /// (IMAGE, IMAGE-jl, IMAGE-jr, IMAGE-jr-journal; created if missing).
+    /// THEIR CONTENT IS DESTROYED.
+    #[arg(long, value_name = "rbd:POOL/IMAGE")]
+    pub target: Option<String>,
 }
 
 #[derive(clap::Args, Clone, Debug)]

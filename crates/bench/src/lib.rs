@@ -23,6 +23,8 @@ pub mod load;
 pub mod mixed;
 pub mod plot;
 pub mod progress;
+#[cfg(feature = "rbd")]
+pub mod rbd;
 pub mod readlat;
 pub mod report;
 pub mod slow;

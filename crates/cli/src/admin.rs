@@ -15,7 +15,8 @@ use jbdev_bench::cli::parse_size;
 
 #[derive(clap::Args)]
 pub struct FormatArgs {
-    /// Image file (created if missing) or block device.
+    /// Image file (created if missing), block device, or RBD image
+    /// `rbd:POOL/IMAGE[:conf=PATH][:id=USER]` (created if missing).
     pub path: PathBuf,
     /// Size users see, e.g. 1G. Default: all of a block device (minus the
     /// superblock and an internal journal).
@@ -24,12 +25,17 @@ pub struct FormatArgs {
     /// Journal size, e.g. 64M (default: 64M or a quarter of the volume, whichever is smaller).
     #[arg(long, value_parser = parse_size)]
     pub journal_size: Option<u64>,
-    /// Put the journal in this separate file or device.
+    /// Put the journal in this separate file or device, or in a second RBD
+    /// image (`rbd:POOL/IMAGE`: the journal then survives the loss of this node).
     #[arg(long)]
     pub journal: Option<PathBuf>,
     /// Block size in bytes (1024..65536, a power of two).
     #[arg(long, default_value_t = 4096)]
     pub block_size: u32,
+    /// RBD: break the exclusive lock of a holder that is dead (never done
+    /// without this flag; librbd blocklists the old holder).
+    #[arg(long)]
+    pub break_lock: bool,
 }
 
 fn spinner(msg: String) -> ProgressBar {
@@ -46,6 +52,31 @@ pub fn format(a: FormatArgs) -> anyhow::Result<()> {
     let bs = u64::from(a.block_size);
     let size = match a.size {
         Some(s) => s,
+        None if jbdev_device::is_rbd_target(&a.path) => {
+            // An existing image: all of it, like a block device.
+            let dev = jbdev_device::open_device(
+                &a.path,
+                &jbdev_device::OpenOptions {
+                    read_only: true,
+                    exclusive: false,
+                    ..Default::default()
+                },
+            )
+            .with_context(|| {
+                format!(
+                    "{}: give --size to create the image, or create it first",
+                    a.path.display()
+                )
+            })?;
+            let total = dev.device.size_bytes();
+            let journal = if a.journal.is_some() {
+                0
+            } else {
+                a.journal_size
+                    .unwrap_or_else(|| jbdev_volume::default_journal_bytes(total))
+            };
+            (total.saturating_sub(bs + journal)) / bs * bs
+        }
         None => {
             let meta = std::fs::metadata(&a.path).with_context(|| {
                 format!(
@@ -87,7 +118,11 @@ pub fn format(a: FormatArgs) -> anyhow::Result<()> {
         f.journal = JournalPlacement::External(j.clone());
     }
     let pb = spinner(format!("formatting {}", a.path.display()));
-    let res = Volume::create(&a.path, &f, &OpenOptions::default());
+    let oopts = OpenOptions {
+        break_lock: a.break_lock,
+        ..OpenOptions::default()
+    };
+    let res = Volume::create(&a.path, &f, &oopts);
     pb.finish_and_clear();
     let v = res.with_context(|| format!("formatting {}", a.path.display()))?;
     let journal = match &v.superblock().journal {
@@ -96,8 +131,12 @@ pub fn format(a: FormatArgs) -> anyhow::Result<()> {
         }
         JournalLocation::External { len_bytes, .. } => {
             format!(
-                "external journal of {len_bytes} bytes in {}",
-                a.journal.as_ref().expect("external").display()
+                "external journal of {len_bytes} bytes in {} ({})",
+                a.journal
+                    .as_ref()
+                    .map(|p| p.display().to_string())
+                    .unwrap_or_default(),
+                placement_of(a.journal.as_deref())
             )
         }
     };
@@ -109,6 +148,17 @@ pub fn format(a: FormatArgs) -> anyhow::Result<()> {
     );
     v.close()?;
     Ok(())
+}
+
+/// What a journal placement promises (docs/ARCHITECTURE.md, "Journal placement").
+fn placement_of(journal: Option<&std::path::Path>) -> &'static str {
+    match journal {
+        Some(p) if jbdev_device::is_rbd_target(p) => {
+            "on RBD: nothing acknowledged depends on this node"
+        }
+        Some(_) => "local: acknowledged writes not yet checkpointed live only on this node",
+        None => "internal: in the home device, wherever it lives",
+    }
 }
 
 fn uuid_str(u: &[u8; 16]) -> String {
@@ -162,6 +212,19 @@ pub fn info(a: InfoArgs) -> anyhow::Result<()> {
             *len_bytes,
         ),
     };
+    let home_kind = if jbdev_device::is_rbd_target(&a.path) {
+        "rbd"
+    } else {
+        "local"
+    };
+    let placement = match &sb.journal {
+        JournalLocation::Internal { .. } if home_kind == "rbd" => {
+            "internal, on RBD: nothing acknowledged depends on this node"
+        }
+        JournalLocation::Internal { .. } => "internal: in the home device",
+        JournalLocation::External { .. } => placement_of(journal_path.as_deref()),
+    };
+    let rbd_holder = rbd_lock_holder(&a.path);
     let jsb = journal_superblock.as_ref();
     if a.json {
         let j = serde_json::json!({
@@ -170,7 +233,9 @@ pub fn info(a: InfoArgs) -> anyhow::Result<()> {
             "block_size": sb.block_size,
             "size_bytes": sb.size_bytes,
             "data_offset_bytes": sb.data_offset_bytes,
-            "journal": { "placement": jkind, "len_bytes": jlen,
+            "home": home_kind,
+            "rbd_lock_holder": rbd_holder,
+            "journal": { "placement": jkind, "promise": placement, "len_bytes": jlen,
                 "clean": jsb.map(|j| j.is_clean()).ok(),
                 "sequence": jsb.map(|j| j.sequence).ok(),
                 "start": jsb.map(|j| j.start).ok(),
@@ -199,10 +264,15 @@ pub fn info(a: InfoArgs) -> anyhow::Result<()> {
         sb.block_size
     );
     println!("data offset     {} bytes", sb.data_offset_bytes);
+    println!("home            {home_kind}");
+    if let Some(h) = &rbd_holder {
+        println!("rbd lock        held by {h}");
+    }
     println!(
         "journal         {jkind}, {jlen} bytes ({} blocks)",
         jlen / u64::from(sb.block_size)
     );
+    println!("placement       {placement}");
     match jsb {
         Ok(j) => {
             println!(
@@ -222,6 +292,19 @@ pub fn info(a: InfoArgs) -> anyhow::Result<()> {
         Err(e) => println!("journal state   UNREADABLE: {e}"),
     }
     Ok(())
+}
+
+/// Who holds an RBD home's exclusive lock (None for files, or nobody).
+#[cfg(feature = "rbd")]
+fn rbd_lock_holder(path: &std::path::Path) -> Option<String> {
+    let t = jbdev_device::rbd::RbdTarget::parse(path.to_str()?).ok()?;
+    let owners = jbdev_device::rbd::lock_holders(&t).ok()?;
+    (!owners.is_empty()).then(|| owners.join(", "))
+}
+
+#[cfg(not(feature = "rbd"))]
+fn rbd_lock_holder(_path: &std::path::Path) -> Option<String> {
+    None
 }
 
 /// Reading a volume that another process holds open (exclusively): no lock,

@@ -11,6 +11,11 @@ pub struct BenchArgs {
 /// Runs the chosen scenario(s); tables go to stdout, plots and JSON to the
 /// paths given.
 pub fn run(a: BenchArgs) -> anyhow::Result<()> {
+    if let jbdev_bench::cli::BenchCommand::SyncWriters(s) = &a.scenario {
+        if let Some(target) = &s.target {
+            return rbd_sync_writers(target, s);
+        }
+    }
     let report = jbdev_bench::run(&a.scenario)?;
     let missed = report
         .scenarios
@@ -23,4 +28,15 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
         eprintln!("jbdev bench: {missed} target(s) missed; see the table above");
     }
     Ok(())
+}
+
+#[cfg(feature = "rbd")]
+fn rbd_sync_writers(target: &str, s: &jbdev_bench::cli::SyncWritersArgs) -> anyhow::Result<()> {
+    jbdev_bench::rbd::sync_writers(target, s)?;
+    Ok(())
+}
+
+#[cfg(not(feature = "rbd"))]
+fn rbd_sync_writers(target: &str, _s: &jbdev_bench::cli::SyncWritersArgs) -> anyhow::Result<()> {
+    anyhow::bail!("--target {target}: this jbdev was built without rbd support (rebuild with `--features rbd`)")
 }

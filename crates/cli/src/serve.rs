@@ -102,6 +102,10 @@ pub struct ServeArgs {
     /// --tls-certificates).
     #[arg(long, requires = "tls_certificates")]
     pub tls_verify_peer: bool,
+    /// RBD volumes: break the exclusive lock of a holder that is dead (never
+    /// done without this flag; librbd blocklists the old holder).
+    #[arg(long)]
+    pub break_lock: bool,
 }
 
 /// The TLS configuration the flags ask for (`None`: no TLS).
@@ -167,6 +171,7 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
         read_only: a.read_only,
         backend: a.backend,
         read_cache: !a.no_read_cache,
+        break_lock: a.break_lock,
         ..OpenOptions::default()
     };
     let mut exports = Vec::new();
@@ -179,8 +184,12 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
         description,
     } in &named
     {
-        let key = std::fs::canonicalize(path)
-            .with_context(|| format!("cannot open volume {}", path.display()))?;
+        let key = if jbdev_device::is_rbd_target(path) {
+            path.clone()
+        } else {
+            std::fs::canonicalize(path)
+                .with_context(|| format!("cannot open volume {}", path.display()))?
+        };
         let vol = match by_path.get(&key) {
             Some(v) => v.clone(),
             None => {

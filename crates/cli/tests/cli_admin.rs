@@ -190,3 +190,83 @@ fn a_volume_is_not_opened_twice() {
     let o = jbdev(&["info", p]);
     assert!(o.status.success() && !text(&o).contains("OPEN ELSEWHERE"));
 }
+
+/// Without the `rbd` feature an RBD target is a clear error, not a file.
+#[cfg(not(feature = "rbd"))]
+#[test]
+fn rbd_targets_without_the_feature_are_a_clear_error() {
+    for args in [
+        &["info", "rbd:rbd/vol"][..],
+        &["format", "rbd:rbd/vol", "--size", "16M"][..],
+    ] {
+        let o = jbdev(args);
+        assert_clean_error(&o, "rbd target without the feature");
+        assert!(
+            text(&o).contains("built without rbd support"),
+            "{}",
+            text(&o)
+        );
+    }
+}
+
+/// format, info, check and journal dump on RBD targets, each journal
+/// placement shown with what it promises (throwaway test cluster).
+#[cfg(feature = "rbd")]
+#[test]
+fn rbd_format_info_check_dump_with_each_placement() {
+    use jbdev_device::rbd::test_cluster;
+    let conf = match test_cluster::ensure() {
+        Ok(c) => c,
+        Err(why) => {
+            println!("SKIP: {why}");
+            return;
+        }
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let local = dir.path().join("journal");
+    let rbd_j = test_cluster::target(&conf, &test_cluster::unique_image("admin-j"));
+    for (journal, promise) in [
+        (
+            None,
+            "internal, on RBD: nothing acknowledged depends on this node",
+        ),
+        (
+            Some(local.to_str().unwrap()),
+            "local: acknowledged writes not yet checkpointed live only on this node",
+        ),
+        (
+            Some(rbd_j.as_str()),
+            "on RBD: nothing acknowledged depends on this node",
+        ),
+    ] {
+        let home = test_cluster::target(&conf, &test_cluster::unique_image("admin"));
+        let mut args = vec!["format", &home, "--size", "16M", "--journal-size", "1M"];
+        if let Some(j) = journal {
+            args.extend(["--journal", j]);
+        }
+        let o = jbdev(&args);
+        assert!(o.status.success(), "{}", text(&o));
+        let o = jbdev(&["info", &home]);
+        let t = text(&o);
+        assert!(
+            o.status.success() && t.contains("home            rbd"),
+            "{t}"
+        );
+        assert!(t.contains(promise), "{t}");
+        let o = jbdev(&["info", "--json", &home]);
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("info --json is JSON");
+        assert_eq!(v["size_bytes"], 16 << 20);
+        assert_eq!(v["journal"]["promise"], promise);
+        let o = jbdev(&["check", &home]);
+        assert!(text(&o).contains("check: ok"), "{}", text(&o));
+        let o = jbdev(&["journal", "dump", &home]);
+        assert!(
+            o.status.success() && text(&o).contains("clean"),
+            "{}",
+            text(&o)
+        );
+    }
+    let o = jbdev(&["info", "rbd:rbd/no/such"]);
+    assert_clean_error(&o, "a namespace target");
+    assert!(text(&o).contains("namespaces"), "{}", text(&o));
+}

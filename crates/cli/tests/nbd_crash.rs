@@ -116,10 +116,17 @@ fn kill_9_loses_nothing_acknowledged_durable() {
     let img = dir.path("a.img");
     format_volume(&img, "64M");
     let img_s = img.to_str().unwrap().to_string();
+    crash_rounds(&|_restart| ServerProc::start(&[&img_s], None));
+}
+
+/// [`ROUNDS`] times: FUA/plain/flush load from [`THREADS`] clients on the
+/// server `start(false)` starts, kill -9 mid-stream, restart with
+/// `start(true)` and check every block against the model.
+fn crash_rounds(start: &dyn Fn(bool) -> ServerProc) {
     let model = Arc::new(Mutex::new(Model::default()));
     let mut checked_blocks = 0u64;
     for round in 0..ROUNDS {
-        let srv = ServerProc::start(&[&img_s], None);
+        let srv = start(round > 0);
         let addr = Address::Tcp(srv.tcp.clone().unwrap());
         {
             let mut m = model.lock().unwrap();
@@ -149,7 +156,7 @@ fn kill_9_loses_nothing_acknowledged_durable() {
 
         // Restart at once, as a supervisor would (recovery runs on open;
         // the dead process's lock is waited for), and check every block.
-        let srv = ServerProc::start(&[&img_s], None);
+        let srv = start(true);
         let mut c = Client::connect(&Address::Tcp(srv.tcp.clone().unwrap()), "").unwrap();
         let m = model.lock().unwrap();
         assert!(
@@ -231,4 +238,68 @@ fn restart_right_after_kill_9_always_opens() {
     eprintln!("{RESTARTS} restarts after kill -9, {waited} waited for a dead holder's lock");
     let log = srv.log_text();
     assert!(srv.stop(), "server did not stop cleanly:\n{log}");
+}
+
+/// kill -9 of `jbdev serve` on an RBD-homed volume under FUA load, with the
+/// journal in a local file and on a second RBD image. The dead server still
+/// holds the images' exclusive locks (until its watch times out), so the
+/// restart is what an operator does: `--break-lock`, explicitly. With the
+/// journal on RBD the restart needs nothing of this "node": the server is
+/// started from a fresh empty directory, as on another machine.
+#[cfg(feature = "rbd")]
+mod rbd {
+    use super::*;
+    use jbdev_device::rbd::test_cluster;
+
+    fn crash_on_rbd(rbd_journal: bool) {
+        let conf = match test_cluster::ensure() {
+            Ok(c) => c,
+            Err(why) => {
+                eprintln!("SKIP: {why}");
+                return;
+            }
+        };
+        let node = TempDir::new("rbd-crash-node");
+        let home = test_cluster::target(&conf, &test_cluster::unique_image("crash"));
+        let journal = if rbd_journal {
+            test_cluster::target(&conf, &test_cluster::unique_image("crash-j"))
+        } else {
+            node.path("journal").to_str().unwrap().to_string()
+        };
+        run_ok(
+            JBDEV,
+            &[
+                "format",
+                &home,
+                "--size",
+                "64M",
+                "--journal",
+                &journal,
+                "--journal-size",
+                "16M",
+            ],
+            120,
+        );
+        if rbd_journal {
+            // Nothing of the first node is needed to restart.
+            drop(node);
+        }
+        crash_rounds(&|restart| {
+            if restart {
+                ServerProc::start(&[&home, "--break-lock"], None)
+            } else {
+                ServerProc::start(&[&home], None)
+            }
+        });
+    }
+
+    #[test]
+    fn kill_9_on_rbd_with_local_journal_loses_nothing_acknowledged() {
+        crash_on_rbd(false);
+    }
+
+    #[test]
+    fn kill_9_on_rbd_with_rbd_journal_loses_nothing_acknowledged() {
+        crash_on_rbd(true);
+    }
 }

@@ -175,6 +175,12 @@ fn qemu_img_convert_then_compare() {
     let dir = TempDir::new("qemu-img");
     let img = dir.path("a.img");
     format_volume(&img, "16M");
+    qemu_img_convert_compare_on(&dir, img.to_str().unwrap());
+}
+
+/// qemu-img convert of a 16 MiB source with holes into the volume served
+/// from `volume` (16 MiB at least), compare, and a compare that must fail.
+fn qemu_img_convert_compare_on(dir: &TempDir, volume: &str) {
     // A random source with holes: random 256 KiB runs every other MiB.
     let src = dir.path("src.raw");
     let mut data = vec![0u8; 16 << 20];
@@ -184,7 +190,7 @@ fn qemu_img_convert_then_compare() {
         }
     }
     std::fs::write(&src, &data).unwrap();
-    let srv = ServerProc::start(&[img.to_str().unwrap()], None);
+    let srv = ServerProc::start(&[volume], None);
     let uri = srv.tcp_uri();
     let s = src.to_str().unwrap();
     run_ok(
@@ -217,11 +223,17 @@ fn nbdcopy_round_trip_with_multi_conn() {
     let dir = TempDir::new("nbdcopy");
     let img = dir.path("a.img");
     format_volume(&img, "32M");
+    nbdcopy_round_trip_on(&dir, img.to_str().unwrap());
+}
+
+/// nbdcopy of 32 MiB into the volume served from `volume` over TCP (4
+/// connections), and back out over a unix socket.
+fn nbdcopy_round_trip_on(dir: &TempDir, volume: &str) {
     let src = dir.path("src.raw");
     let data = pattern(42, 32 << 20);
     std::fs::write(&src, &data).unwrap();
     let sock = dir.path("s.sock");
-    let srv = ServerProc::start(&[img.to_str().unwrap()], Some(&sock));
+    let srv = ServerProc::start(&[volume], Some(&sock));
     let s = src.to_str().unwrap();
     run_ok(
         "nbdcopy",
@@ -523,4 +535,79 @@ fn extended_headers_with_qemu() {
         .expect("extent at 5632 MiB");
     assert_eq!(tail["data"], true, "{map}");
     assert!(srv.stop());
+}
+
+/// The same clients against a volume homed on Ceph RBD (the throwaway test
+/// cluster), journal internal and on a second RBD image.
+#[cfg(feature = "rbd")]
+mod rbd {
+    use super::*;
+    use jbdev_device::rbd::test_cluster;
+
+    /// Formats an RBD-homed volume of `size` with the CLI; `None` (skip)
+    /// when Ceph is not installed.
+    fn rbd_volume(size: &str, rbd_journal: bool) -> Option<String> {
+        let conf = match test_cluster::ensure() {
+            Ok(c) => c,
+            Err(why) => {
+                eprintln!("SKIP: {why}");
+                return None;
+            }
+        };
+        let home = test_cluster::target(&conf, &test_cluster::unique_image("nbd"));
+        let journal = test_cluster::target(&conf, &test_cluster::unique_image("nbd-j"));
+        let mut args = vec![
+            "format",
+            home.as_str(),
+            "--size",
+            size,
+            "--journal-size",
+            "8M",
+        ];
+        if rbd_journal {
+            args.extend(["--journal", journal.as_str()]);
+        }
+        run_ok(JBDEV, &args, 120);
+        Some(home)
+    }
+
+    #[test]
+    fn qemu_img_convert_then_compare_on_rbd() {
+        if !have_tool("qemu-img", "qemu_img_convert_then_compare_on_rbd") {
+            return;
+        }
+        let Some(vol) = rbd_volume("16M", false) else {
+            return;
+        };
+        qemu_img_convert_compare_on(&TempDir::new("qemu-img-rbd"), &vol);
+    }
+
+    #[test]
+    fn nbdcopy_round_trip_on_rbd_with_rbd_journal() {
+        if !have_tool("nbdcopy", "nbdcopy_round_trip_on_rbd") {
+            return;
+        }
+        let Some(vol) = rbd_volume("32M", true) else {
+            return;
+        };
+        nbdcopy_round_trip_on(&TempDir::new("nbdcopy-rbd"), &vol);
+    }
+
+    /// A second server on the same image is refused at once, naming the
+    /// holder, while the first one serves.
+    #[test]
+    fn a_second_server_is_refused_with_the_holder() {
+        let Some(vol) = rbd_volume("16M", false) else {
+            return;
+        };
+        let srv = ServerProc::start(&[&vol], None);
+        let out = run_tool(JBDEV, &["serve", &vol, "--listen", "127.0.0.1:0"], 60);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "a second server started");
+        assert!(err.contains("held by"), "no holder named: {err}");
+        eprintln!("second server: {}", err.lines().last().unwrap_or_default());
+        let info = run_ok(JBDEV, &["info", &vol], 60);
+        assert!(info.contains("rbd lock        held by"), "info: {info}");
+        assert!(srv.stop());
+    }
 }

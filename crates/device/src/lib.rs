@@ -10,7 +10,9 @@
 //!   is unavailable;
 //! * `mem::MemDevice` — an in-memory device for tests;
 //! * `fault::FaultDevice` — an in-memory device that remembers which writes
-//!   no completed flush covers and can produce the image a power cut leaves.
+//!   no completed flush covers and can produce the image a power cut leaves;
+//! * `rbd::RbdDevice` (cargo feature `rbd`) — a Ceph RBD image through
+//!   librbd's asynchronous API, opened from `rbd:POOL/IMAGE[:conf=PATH][:id=USER]`.
 //!
 //! The two test doubles are built only for tests (feature `testing`, which
 //! the dev-dependencies of the crates above turn on).
@@ -28,12 +30,14 @@ pub mod flush;
 pub mod mem;
 pub mod open;
 pub mod pread;
+#[cfg(feature = "rbd")]
+pub mod rbd;
 pub mod uring;
 
 pub use aligned::AlignedBuf;
 pub use error::{DeviceError, Result};
 pub use flush::FlushCoalescer;
-pub use open::{open_device, Backend, OpenOptions, OpenedDevice};
+pub use open::{is_rbd_target, open_device, Backend, OpenOptions, OpenedDevice};
 
 use std::io::{IoSlice, IoSliceMut};
 

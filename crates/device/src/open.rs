@@ -52,6 +52,10 @@ pub struct OpenOptions {
     /// when it completes, and the volume never reads a block from home while
     /// a write of it is in flight (the overlay serves it until then).
     pub read_cache: bool,
+    /// RBD targets: break the current holder's exclusive lock before taking
+    /// it (an operator's explicit decision that the holder is dead; librbd
+    /// blocklists it). Ignored for files and block devices.
+    pub break_lock: bool,
 }
 
 impl Default for OpenOptions {
@@ -63,6 +67,7 @@ impl Default for OpenOptions {
             exclusive: true,
             create_size: None,
             read_cache: false,
+            break_lock: false,
         }
     }
 }
@@ -77,8 +82,19 @@ pub struct OpenedDevice {
     pub direct: bool,
 }
 
-/// Opens `path` (a regular file or a block device) with the requested backend.
+/// True if `path` names an RBD target (`rbd:POOL/IMAGE...`) rather than a
+/// file: its text starts with `rbd:` (write `./rbd:x` for a file of that name).
+pub fn is_rbd_target(path: &Path) -> bool {
+    path.to_str().is_some_and(|s| s.starts_with("rbd:"))
+}
+
+/// Opens `path` (a regular file, a block device, or — with the `rbd` feature —
+/// an RBD target `rbd:POOL/IMAGE[:conf=PATH][:id=USER]`) with the requested
+/// backend.
 pub fn open_device(path: &Path, opts: &OpenOptions) -> Result<OpenedDevice> {
+    if is_rbd_target(path) {
+        return open_rbd(path, opts);
+    }
     let file = open_waiting_for_dead_holder(path, opts)?;
     let use_uring = match opts.backend {
         Backend::Pread => false,
@@ -106,6 +122,37 @@ pub fn open_device(path: &Path, opts: &OpenOptions) -> Result<OpenedDevice> {
         is_block_device,
         direct,
     })
+}
+
+#[cfg(feature = "rbd")]
+fn open_rbd(path: &Path, opts: &OpenOptions) -> Result<OpenedDevice> {
+    use crate::rbd::{RbdDevice, RbdOpenOptions, RbdTarget};
+    let s = path.to_str().unwrap_or_default();
+    let target = RbdTarget::parse(s).map_err(DeviceError::Invalid)?;
+    let dev = RbdDevice::open(
+        &target,
+        &RbdOpenOptions {
+            read_only: opts.read_only,
+            exclusive: opts.exclusive,
+            break_lock: opts.break_lock,
+            create_size: opts.create_size,
+        },
+    )?;
+    Ok(OpenedDevice {
+        device: Arc::new(dev),
+        path: path.to_path_buf(),
+        is_block_device: false,
+        direct: true,
+    })
+}
+
+#[cfg(not(feature = "rbd"))]
+fn open_rbd(path: &Path, _opts: &OpenOptions) -> Result<OpenedDevice> {
+    Err(DeviceError::Invalid(format!(
+        "{}: this jbdev was built without rbd support (rebuild with `--features rbd`, which needs librbd-dev and librados-dev); write ./{} for a file of that name",
+        path.display(),
+        path.display()
+    )))
 }
 
 /// Longest wait for a file lock whose every holder has exited.

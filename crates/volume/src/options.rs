@@ -124,6 +124,11 @@ pub struct OpenOptions {
     /// Default 1 (one commit at a time): on this project's test machine the
     /// overlap measured no gain (docs/BENCHMARKS.md).
     pub pipeline_depth: u32,
+    /// RBD homes and journals (`rbd:POOL/IMAGE`): break the current
+    /// holder's exclusive lock before taking it — the operator's explicit
+    /// word that the holder is dead (`--break-lock`). Default false: a held
+    /// lock is refused, naming its holder.
+    pub break_lock: bool,
 }
 
 impl Default for OpenOptions {
@@ -141,6 +146,7 @@ impl Default for OpenOptions {
             checkpoint_interval: Duration::from_secs(1),
             direct_write_threshold: u64::MAX,
             pipeline_depth: 1,
+            break_lock: false,
         }
     }
 }

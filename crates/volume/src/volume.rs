@@ -191,6 +191,7 @@ impl Volume {
             direct: oopts.direct_io,
             create_size: Some(create),
             read_cache: oopts.read_cache,
+            break_lock: oopts.break_lock,
             ..Default::default()
         };
         let dev = open_device(path, &dopts(needed))?.device;
@@ -209,6 +210,7 @@ impl Volume {
             direct: opts.direct_io,
             read_only: opts.read_only,
             read_cache: opts.read_cache,
+            break_lock: opts.break_lock,
             ..Default::default()
         };
         let dev = open_device(path, &dopts)?.device;

@@ -100,6 +100,96 @@ fn check_read(vol: &Volume, model: &[u8], off: u64, len: u64) -> Result<(), Test
     Ok(())
 }
 
+/// Runs `ops` on the volume `open` opens (freshly formatted, reopened by
+/// `Op::Reopen`), checking every read against the model; closes it and
+/// returns the model.
+fn run_model(ops: &[Op], open: &dyn Fn() -> Volume) -> Result<Vec<u8>, TestCaseError> {
+    let mut vol = open();
+    prop_assert!(vol.size() >= DATA_BYTES);
+    let size = vol.size();
+    // A freshly formatted volume reads as zeroes.
+    let mut model = vec![0u8; size as usize];
+    check_read(&vol, &model, 0, size)?;
+    let max_tx = vol.max_transaction_bytes();
+    for (i, op) in ops.iter().enumerate() {
+        let id = i as u64 + 1;
+        match op {
+            Op::Write { off, len, fua } => {
+                let data = stamped(id, *off, *len as usize);
+                vol.write_at(&data, *off, flags(*fua)).expect("write");
+                model[*off as usize..(*off + *len) as usize].copy_from_slice(&data);
+                check_read(&vol, &model, *off, *len)?;
+            }
+            Op::Trim { off, len } => {
+                vol.trim(*off, *len, flags(false)).expect("trim");
+                model[*off as usize..(*off + *len) as usize].fill(0);
+                check_read(&vol, &model, *off, *len)?;
+            }
+            Op::Zeroes { off, len, fua } => {
+                vol.write_zeroes(*off, *len, flags(*fua))
+                    .expect("write_zeroes");
+                model[*off as usize..(*off + *len) as usize].fill(0);
+                check_read(&vol, &model, *off, *len)?;
+            }
+            Op::Txn { extents, fua } => {
+                let blocks: u64 = extents
+                    .iter()
+                    .map(|&(o, l, _)| (o + l - 1) / BLOCK - o / BLOCK + 1)
+                    .sum();
+                let mut tx = vol.transaction();
+                let mut next = model.clone();
+                for &(o, l, zero) in extents {
+                    if zero {
+                        tx.write_zeroes(o, l).expect("tx zeroes");
+                        next[o as usize..(o + l) as usize].fill(0);
+                    } else {
+                        let data = stamped(id, o, l as usize);
+                        tx.write(&data, o).expect("tx write");
+                        next[o as usize..(o + l) as usize].copy_from_slice(&data);
+                    }
+                }
+                match tx.commit(flags(*fua)) {
+                    Ok(()) => model = next,
+                    // Allowed only when the transaction is really too big.
+                    Err(VolumeError::TooLarge { .. }) if blocks * BLOCK > max_tx => {}
+                    Err(e) => prop_assert!(false, "commit of {blocks} blocks failed: {e}"),
+                }
+                check_read(&vol, &model, 0, size)?;
+            }
+            Op::Flush => vol.flush().expect("flush"),
+            Op::Reopen => {
+                vol.close().expect("close");
+                vol = open();
+                check_read(&vol, &model, 0, size)?;
+            }
+            Op::OutOfRange {
+                back,
+                extra,
+                overflow,
+            } => {
+                let (off, len) = if *overflow {
+                    (u64::MAX - back, back + extra + 1)
+                } else {
+                    (size - back, back + extra)
+                };
+                let data = vec![1u8; len as usize];
+                prop_assert!(vol.write_at(&data, off, flags(false)).is_err());
+                prop_assert!(vol.write_zeroes(off, len, flags(false)).is_err());
+                prop_assert!(vol.trim(off, len, flags(false)).is_err());
+                let mut tx = vol.transaction();
+                prop_assert!(tx.write(&data, off).is_err());
+                let mut buf = vec![0u8; len as usize];
+                prop_assert!(vol.read_at(&mut buf, off).is_err());
+                check_read(&vol, &model, size - 8192, 8192)?;
+            }
+            Op::Read { off, len } => check_read(&vol, &model, *off, *len)?,
+        }
+    }
+    check_read(&vol, &model, 0, size)?;
+    vol.close().expect("close");
+    Ok(model)
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(96))]
 
@@ -108,84 +198,8 @@ proptest! {
         let geo = Geometry { data_bytes: DATA_BYTES, journal_bytes: JOURNAL_BYTES };
         let dev = Arc::new(MemDevice::new(geo.device_bytes(), SECTOR as u32));
         Volume::format_device(dev.clone(), None, &geo.format_options()).expect("format");
-        let mut vol = open(&dev);
-        prop_assert!(vol.size() >= DATA_BYTES);
-        let size = vol.size();
-        // A freshly formatted volume reads as zeroes.
-        let mut model = vec![0u8; size as usize];
-        check_read(&vol, &model, 0, size)?;
-        let max_tx = vol.max_transaction_bytes();
-        for (i, op) in ops.iter().enumerate() {
-            let id = i as u64 + 1;
-            match op {
-                Op::Write { off, len, fua } => {
-                    let data = stamped(id, *off, *len as usize);
-                    vol.write_at(&data, *off, flags(*fua)).expect("write");
-                    model[*off as usize..(*off + *len) as usize].copy_from_slice(&data);
-                    check_read(&vol, &model, *off, *len)?;
-                }
-                Op::Trim { off, len } => {
-                    vol.trim(*off, *len, flags(false)).expect("trim");
-                    model[*off as usize..(*off + *len) as usize].fill(0);
-                    check_read(&vol, &model, *off, *len)?;
-                }
-                Op::Zeroes { off, len, fua } => {
-                    vol.write_zeroes(*off, *len, flags(*fua)).expect("write_zeroes");
-                    model[*off as usize..(*off + *len) as usize].fill(0);
-                    check_read(&vol, &model, *off, *len)?;
-                }
-                Op::Txn { extents, fua } => {
-                    let blocks: u64 = extents
-                        .iter()
-                        .map(|&(o, l, _)| (o + l - 1) / BLOCK - o / BLOCK + 1)
-                        .sum();
-                    let mut tx = vol.transaction();
-                    let mut next = model.clone();
-                    for &(o, l, zero) in extents {
-                        if zero {
-                            tx.write_zeroes(o, l).expect("tx zeroes");
-                            next[o as usize..(o + l) as usize].fill(0);
-                        } else {
-                            let data = stamped(id, o, l as usize);
-                            tx.write(&data, o).expect("tx write");
-                            next[o as usize..(o + l) as usize].copy_from_slice(&data);
-                        }
-                    }
-                    match tx.commit(flags(*fua)) {
-                        Ok(()) => model = next,
-                        // Allowed only when the transaction is really too big.
-                        Err(VolumeError::TooLarge { .. }) if blocks * BLOCK > max_tx => {}
-                        Err(e) => prop_assert!(false, "commit of {blocks} blocks failed: {e}"),
-                    }
-                    check_read(&vol, &model, 0, size)?;
-                }
-                Op::Flush => vol.flush().expect("flush"),
-                Op::Reopen => {
-                    vol.close().expect("close");
-                    vol = open(&dev);
-                    check_read(&vol, &model, 0, size)?;
-                }
-                Op::OutOfRange { back, extra, overflow } => {
-                    let (off, len) = if *overflow {
-                        (u64::MAX - back, back + extra + 1)
-                    } else {
-                        (size - back, back + extra)
-                    };
-                    let data = vec![1u8; len as usize];
-                    prop_assert!(vol.write_at(&data, off, flags(false)).is_err());
-                    prop_assert!(vol.write_zeroes(off, len, flags(false)).is_err());
-                    prop_assert!(vol.trim(off, len, flags(false)).is_err());
-                    let mut tx = vol.transaction();
-                    prop_assert!(tx.write(&data, off).is_err());
-                    let mut buf = vec![0u8; len as usize];
-                    prop_assert!(vol.read_at(&mut buf, off).is_err());
-                    check_read(&vol, &model, size - 8192, 8192)?;
-                }
-                Op::Read { off, len } => check_read(&vol, &model, *off, *len)?,
-            }
-        }
-        check_read(&vol, &model, 0, size)?;
-        vol.close().expect("close");
+        let model = run_model(&ops, &|| open(&dev))?;
+        let size = model.len() as u64;
         // What is on the device after a clean close is the model.
         let vol = Volume::open_device(
             Arc::new(MemDevice::from_image(dev.image(), SECTOR as u32)),
@@ -194,5 +208,84 @@ proptest! {
         )
         .expect("open copy");
         check_read(&vol, &model, 0, size)?;
+    }
+}
+
+/// The same model-checked workload on volumes homed on a Ceph RBD image
+/// (the throwaway test cluster), with each journal placement: internal (in
+/// the RBD home), a local file, and a second RBD image. Every reopen goes
+/// through `Volume::open` on the target string, as `jbdev serve` does.
+#[cfg(feature = "rbd")]
+mod rbd {
+    use super::*;
+    use jbdev_device::rbd::test_cluster;
+    use jbdev_volume::{FormatOptions, JournalPlacement};
+
+    #[derive(Clone, Copy, Debug)]
+    enum Placement {
+        Internal,
+        LocalFile,
+        Rbd,
+    }
+
+    fn run_on_rbd(placement: Placement, ops: &[Op]) -> Result<(), TestCaseError> {
+        let conf = match test_cluster::ensure() {
+            Ok(c) => c,
+            Err(why) => {
+                println!("SKIP: {why}");
+                return Ok(());
+            }
+        };
+        let dir = tempfile::tempdir().expect("tempdir");
+        let home = test_cluster::target(&conf, &test_cluster::unique_image("model"));
+        let mut f = FormatOptions::new(DATA_BYTES);
+        f.journal_bytes = Some(JOURNAL_BYTES);
+        f.block_size = BLOCK as u32;
+        f.journal = match placement {
+            Placement::Internal => JournalPlacement::Internal,
+            Placement::LocalFile => JournalPlacement::External(dir.path().join("journal")),
+            Placement::Rbd => JournalPlacement::External(
+                test_cluster::target(&conf, &test_cluster::unique_image("model-j")).into(),
+            ),
+        };
+        let opts = verify_open_options();
+        Volume::create(home.as_ref(), &f, &opts)
+            .expect("format on rbd")
+            .close()
+            .expect("close");
+        let open = || Volume::open(home.as_ref(), &opts).expect("open on rbd");
+        let model = run_model(ops, &open)?;
+        // A fresh read-only open (another client) sees the model.
+        let ro = Volume::open(
+            home.as_ref(),
+            &OpenOptions {
+                read_only: true,
+                ..OpenOptions::default()
+            },
+        )
+        .expect("read-only open");
+        assert_eq!(ro.backend_name(), "rbd");
+        check_read(&ro, &model, 0, model.len() as u64)
+    }
+
+    proptest! {
+        // Each case formats fresh images and reconnects on every reopen:
+        // few cases, short sequences.
+        #![proptest_config(ProptestConfig::with_cases(6))]
+
+        #[test]
+        fn rbd_home_internal_journal_matches_model(ops in proptest::collection::vec(op(), 1..40)) {
+            run_on_rbd(Placement::Internal, &ops)?;
+        }
+
+        #[test]
+        fn rbd_home_local_journal_matches_model(ops in proptest::collection::vec(op(), 1..40)) {
+            run_on_rbd(Placement::LocalFile, &ops)?;
+        }
+
+        #[test]
+        fn rbd_home_rbd_journal_matches_model(ops in proptest::collection::vec(op(), 1..40)) {
+            run_on_rbd(Placement::Rbd, &ops)?;
+        }
     }
 }

@@ -1,0 +1,240 @@
+//! `jbdev bench sync-writers --target rbd:POOL/IMAGE` (cargo feature `rbd`):
+//! N threads of synchronous 4 KiB writes on Ceph RBD, side by side in one
+//! run, alternating at every thread count:
+//!
+//! * **librbd** — plain librbd: every write is `rbd_aio_write` then
+//!   `rbd_aio_flush`, each waited for (the "kernel path" of this backing);
+//! * **jbdev, local journal** — a volume homed on RBD whose journal is a
+//!   file in `--backing-dir` (on this node);
+//! * **jbdev, journal on RBD** — the journal is a second RBD image.
+//!
+//! Each of the three has its own image of the same size (`--backing-size`):
+//! `IMAGE`, `IMAGE-jl` and `IMAGE-jr` (+ `IMAGE-jr-journal`), created if
+//! missing. THEIR CONTENT IS DESTROYED. Every thread rewrites its own
+//! 256 KiB region, as in the other sync-writers runs.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use jbdev_device::rbd::RbdTarget;
+use jbdev_device::{open_device, BlockDevice, IoPriority, OpenOptions as DevOpenOptions};
+use jbdev_volume::{FormatOptions, JournalPlacement, OpenOptions, Volume, WriteFlags};
+
+use crate::cli::SyncWritersArgs;
+use crate::ctx::pattern_buf;
+use crate::error::{BenchError, Result};
+use crate::load::{run_load, LoadResult, LoadSpec, Op};
+use crate::progress::Progress;
+
+/// One measured run.
+pub struct RbdRun {
+    pub what: &'static str,
+    pub threads: usize,
+    pub ops_per_s: f64,
+    pub p50_us: f64,
+    pub p99_us: f64,
+}
+
+impl RbdRun {
+    fn from_load(what: &'static str, threads: usize, r: &LoadResult) -> Self {
+        let secs = r.elapsed.as_secs_f64().max(1e-9);
+        Self {
+            what,
+            threads,
+            ops_per_s: r.ops as f64 / secs,
+            p50_us: r.latency_ns.value_at_quantile(0.5) as f64 / 1000.0,
+            p99_us: r.latency_ns.value_at_quantile(0.99) as f64 / 1000.0,
+        }
+    }
+}
+
+pub const PLAIN: &str = "librbd write+flush";
+pub const JBDEV_LOCAL: &str = "jbdev, local journal";
+pub const JBDEV_RBD: &str = "jbdev, journal on RBD";
+
+/// `IMAGE` of `target` renamed to `IMAGE{suffix}`, options kept.
+fn sibling(target: &str, t: &RbdTarget, suffix: &str) -> String {
+    let head = format!("rbd:{}/{}", t.pool, t.image);
+    let rest = target.strip_prefix(&head).unwrap_or_default();
+    format!("{head}{suffix}{rest}")
+}
+
+/// Runs the comparison; prints a markdown table to stdout and returns the runs.
+pub fn sync_writers(target: &str, a: &SyncWritersArgs) -> Result<Vec<RbdRun>> {
+    let t = RbdTarget::parse(target).map_err(BenchError::InvalidArgument)?;
+    let block = usize::try_from(a.block_size)
+        .ok()
+        .filter(|b| *b > 0 && b % 4096 == 0)
+        .ok_or_else(|| {
+            BenchError::InvalidArgument("--block-size must be a multiple of 4K".into())
+        })?;
+    let region = block * 64;
+    let size = a.common.backing_size;
+    let journal_bytes = a.common.journal_size.unwrap_or(64 << 20);
+    let data_bytes = size.saturating_sub(journal_bytes + (1 << 20)) / 4096 * 4096;
+    let max_threads = a.threads.iter().copied().max().unwrap_or(1);
+    if (max_threads * region) as u64 > data_bytes {
+        return Err(BenchError::InvalidArgument(format!(
+            "{max_threads} threads x {region} bytes do not fit a {size}-byte image"
+        )));
+    }
+    let duration = a.common.run_duration();
+    let spec = |threads| LoadSpec {
+        threads,
+        duration,
+        max_ops_per_thread: 50_000_000,
+    };
+    let progress = Progress::hidden();
+    let offset =
+        move |thread: usize, seq: u64| (thread * region) as u64 + (seq % 64) * block as u64;
+
+    // The three images, formatted once.
+    let plain_t = target.to_string();
+    let local_home = sibling(target, &t, "-jl");
+    let rbd_home = sibling(target, &t, "-jr");
+    let rbd_journal = sibling(target, &t, "-jr-journal");
+    let local_journal = a
+        .common
+        .backing_dir
+        .join(format!("jbdev-bench-rbd-journal-{}", std::process::id()));
+    let mut f = FormatOptions::new(data_bytes);
+    f.journal_bytes = Some(journal_bytes);
+    let oopts = OpenOptions {
+        backend: a.common.backend,
+        batch_policy: a.policy,
+        max_batch: a
+            .common
+            .max_batch_us
+            .map(std::time::Duration::from_micros)
+            .unwrap_or(OpenOptions::default().max_batch),
+        ..OpenOptions::default()
+    };
+    f.journal = JournalPlacement::External(local_journal.clone());
+    Volume::create(local_home.as_ref(), &f, &oopts)?.close()?;
+    f.journal = JournalPlacement::External(rbd_journal.clone().into());
+    Volume::create(rbd_home.as_ref(), &f, &oopts)?.close()?;
+    let _cleanup = RemoveOnDrop(&local_journal);
+
+    let mut runs = Vec::new();
+    for &threads in &a.threads {
+        eprintln!("rbd sync-writers: {threads} thread(s), {PLAIN}");
+        let dev: Arc<dyn BlockDevice> = open_device(
+            plain_t.as_ref(),
+            &DevOpenOptions {
+                create_size: Some(size),
+                ..DevOpenOptions::default()
+            },
+        )
+        .map_err(jbdev_volume::VolumeError::from)?
+        .device;
+        let r = run_load(&spec(threads), &progress, |i| {
+            let (dev, buf) = (dev.clone(), pattern_buf(block, i as u64 + 1));
+            Ok(move |seq: u64| {
+                dev.write_at(&buf, offset(i, seq), IoPriority::Urgent)
+                    .and_then(|()| dev.flush())
+                    .map_err(jbdev_volume::VolumeError::from)?;
+                Ok(Op::write(buf.len()))
+            })
+        })?;
+        drop(dev);
+        runs.push(RbdRun::from_load(PLAIN, threads, &r));
+        for (what, home) in [(JBDEV_LOCAL, &local_home), (JBDEV_RBD, &rbd_home)] {
+            eprintln!("rbd sync-writers: {threads} thread(s), {what}");
+            let vol = Volume::open(home.as_ref(), &oopts)?;
+            let r = run_load(&spec(threads), &progress, |i| {
+                let (vol, buf) = (&vol, pattern_buf(block, i as u64 + 1));
+                Ok(move |seq: u64| {
+                    vol.write_at(&buf, offset(i, seq), WriteFlags::FUA)?;
+                    Ok(Op::write(buf.len()))
+                })
+            })?;
+            vol.close()?;
+            runs.push(RbdRun::from_load(what, threads, &r));
+        }
+    }
+    print_table(target, &runs, duration.as_secs_f64(), block);
+    Ok(runs)
+}
+
+struct RemoveOnDrop<'a>(&'a Path);
+
+impl Drop for RemoveOnDrop<'_> {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(self.0);
+    }
+}
+
+fn find<'a>(runs: &'a [RbdRun], what: &str, threads: usize) -> Option<&'a RbdRun> {
+    runs.iter().find(|r| r.what == what && r.threads == threads)
+}
+
+fn print_table(target: &str, runs: &[RbdRun], secs: f64, block: usize) {
+    println!("sync-writers on {target}: {block}-byte synchronous writes, {secs:.1} s per run\n");
+    println!("| threads | path | ops/s | p50 µs | p99 µs | vs librbd |");
+    println!("|---:|---|---:|---:|---:|---:|");
+    for r in runs {
+        let ratio = find(runs, PLAIN, r.threads)
+            .map(|p| format!("{:.2}x", r.ops_per_s / p.ops_per_s.max(1e-9)))
+            .unwrap_or_default();
+        println!(
+            "| {} | {} | {:.0} | {:.0} | {:.0} | {} |",
+            r.threads, r.what, r.ops_per_s, r.p50_us, r.p99_us, ratio
+        );
+    }
+    println!();
+    let target_line = |name: &str, got: Option<f64>, want: &str, ok: fn(f64) -> bool| match got {
+        Some(g) => println!(
+            "target {name}: {g:.2} ({want}) {}",
+            if ok(g) { "MET" } else { "MISSED" }
+        ),
+        None => println!("target {name}: not measured (needs threads 1 and 32)"),
+    };
+    let ratio = |what: &str, t: usize| {
+        Some(find(runs, what, t)?.ops_per_s / find(runs, PLAIN, t)?.ops_per_s.max(1e-9))
+    };
+    target_line(
+        "32 threads, local journal vs librbd",
+        ratio(JBDEV_LOCAL, 32),
+        ">= 5x",
+        |g| g >= 5.0,
+    );
+    target_line(
+        "32 threads, journal on RBD vs librbd",
+        ratio(JBDEV_RBD, 32),
+        ">= 3x",
+        |g| g >= 3.0,
+    );
+    let p50 = find(runs, JBDEV_LOCAL, 1)
+        .zip(find(runs, PLAIN, 1))
+        .map(|(j, p)| j.p50_us / p.p50_us.max(1e-9));
+    target_line(
+        "1 thread p50, local journal / librbd",
+        p50,
+        "<= 1.1x",
+        |g| g <= 1.1,
+    );
+    println!(
+        "librbd persistent write-log cache (ssd mode): {}",
+        pwl_note()
+    );
+}
+
+/// Whether the installed librbd offers the persistent write-log cache.
+fn pwl_note() -> &'static str {
+    let dirs = [
+        "/usr/lib/x86_64-linux-gnu/ceph/librbd",
+        "/usr/lib/aarch64-linux-gnu/ceph/librbd",
+        "/usr/lib64/ceph/librbd",
+        "/usr/lib/ceph/librbd",
+    ];
+    let found = dirs.iter().any(|d| {
+        std::fs::read_dir(d).is_ok_and(|mut it| {
+            it.any(|e| e.is_ok_and(|e| e.file_name().to_string_lossy().contains("pwl_cache")))
+        })
+    });
+    if found {
+        "the pwl_cache plugin is installed but this benchmark does not drive it yet"
+    } else {
+        "not offered by the installed librbd (no pwl_cache plugin), not measured"
+    }
+}
