@@ -904,10 +904,9 @@ pub mod test_cluster {
             assert!(!required, "JBDEV_REQUIRE_CEPH=1 but {why}");
             return Err(why);
         }
-        let conf = d.join("ceph.conf");
-        // librados' default search and the `rbd`/`ceph` tools read it from here.
-        std::env::set_var("CEPH_CONF", &conf);
-        Ok(conf)
+        // Targets name it (`:conf=`); no environment variable is set, since
+        // other test threads may be reading the environment in librados.
+        Ok(d.join("ceph.conf"))
     }
 
     /// A fresh image name (pid, counter and time make it unique).
