@@ -60,7 +60,8 @@ if [ "$RBD" = 1 ]; then
     rbd_crates=(-p jbdev-device -p jbdev-volume -p jbdev-bench -p jbdev)
     cargo clippy "${rbd_crates[@]}" --features rbd --all-targets -- -D warnings
     export JBDEV_CEPH_DIR="${JBDEV_CEPH_DIR:-$(mktemp -d /tmp/jbdev-ceph-XXXXXX)}"
-    trap 'scripts/ceph-test-cluster.sh stop "$JBDEV_CEPH_DIR"' EXIT
+    # (the test fixture serializes starts with the lock file DIR.lock)
+    trap 'scripts/ceph-test-cluster.sh stop "$JBDEV_CEPH_DIR"; rm -f "$JBDEV_CEPH_DIR.lock"' EXIT
     scripts/ceph-test-cluster.sh start "$JBDEV_CEPH_DIR"
     # A cluster that cannot start fails here, never passes as a skip.
     export JBDEV_REQUIRE_CEPH=1
@@ -69,6 +70,7 @@ if [ "$RBD" = 1 ]; then
     cargo test --no-fail-fast --features rbd -p jbdev-volume --test model rbd
     cargo test --no-fail-fast --features rbd -p jbdev --test nbd_crash --test nbd_interop --test cli_admin rbd
     scripts/ceph-test-cluster.sh stop "$JBDEV_CEPH_DIR"
+    rm -f "$JBDEV_CEPH_DIR.lock"
     trap - EXIT
 fi
 if [ "${FUZZ_SECONDS:-5}" != "0" ]; then

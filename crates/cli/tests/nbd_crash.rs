@@ -120,13 +120,14 @@ fn kill_9_loses_nothing_acknowledged_durable() {
 }
 
 /// [`ROUNDS`] times: FUA/plain/flush load from [`THREADS`] clients on the
-/// server `start(false)` starts, kill -9 mid-stream, restart with
-/// `start(true)` and check every block against the model.
+/// server `start(false)` starts (the previous one, if any, stopped cleanly),
+/// kill -9 mid-stream, restart with `start(true)` (right after the crash)
+/// and check every block against the model.
 fn crash_rounds(start: &dyn Fn(bool) -> ServerProc) {
     let model = Arc::new(Mutex::new(Model::default()));
     let mut checked_blocks = 0u64;
     for round in 0..ROUNDS {
-        let srv = start(round > 0);
+        let srv = start(false);
         let addr = Address::Tcp(srv.tcp.clone().unwrap());
         {
             let mut m = model.lock().unwrap();
@@ -242,8 +243,9 @@ fn restart_right_after_kill_9_always_opens() {
 
 /// kill -9 of `jbdev serve` on an RBD-homed volume under FUA load, with the
 /// journal in a local file and on a second RBD image. The dead server still
-/// holds the images' exclusive locks (until its watch times out), so the
-/// restart is what an operator does: `--break-lock`, explicitly. With the
+/// holds the images' exclusive locks, so a restart is refused naming the
+/// holder until the operator says `--break-lock`; a restart after a clean
+/// stop needs no flag. With the
 /// journal on RBD the restart needs nothing of this "node": the server is
 /// started from a fresh empty directory, as on another machine.
 #[cfg(feature = "rbd")]
@@ -284,8 +286,16 @@ mod rbd {
             // Nothing of the first node is needed to restart.
             drop(node);
         }
-        crash_rounds(&|restart| {
-            if restart {
+        crash_rounds(&|after_crash| {
+            if after_crash {
+                // The dead server's lock is still there: refused, naming
+                // it, until the operator says --break-lock.
+                let out = run_tool(JBDEV, &["serve", &home, "--listen", "127.0.0.1:0"], 60);
+                let err = String::from_utf8_lossy(&out.stderr);
+                assert!(
+                    !out.status.success() && err.contains("held by"),
+                    "restart without --break-lock after kill -9: {err}"
+                );
                 ServerProc::start(&[&home, "--break-lock"], None)
             } else {
                 ServerProc::start(&[&home], None)

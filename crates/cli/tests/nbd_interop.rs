@@ -333,18 +333,32 @@ fn nbdsh_zero_trim_block_status_and_flush() {
 
 #[test]
 fn fio_nbd_engine_with_verify() {
-    if !have_tool("fio", "fio_verify") {
-        return;
-    }
-    let engines = run_tool("fio", &["--enghelp"], 30);
-    if !String::from_utf8_lossy(&engines.stdout).contains("nbd") {
-        eprintln!("SKIP fio_verify: this fio has no nbd engine");
+    if !fio_has_nbd("fio_verify") {
         return;
     }
     let dir = TempDir::new("fio");
     let img = dir.path("a.img");
     format_volume(&img, "64M");
-    let srv = ServerProc::start(&[img.to_str().unwrap()], None);
+    fio_verify_on(img.to_str().unwrap());
+}
+
+/// True if fio is installed and has its nbd engine (else prints why not).
+fn fio_has_nbd(test: &str) -> bool {
+    if !have_tool("fio", test) {
+        return false;
+    }
+    let engines = run_tool("fio", &["--enghelp"], 30);
+    let ok = String::from_utf8_lossy(&engines.stdout).contains("nbd");
+    if !ok {
+        eprintln!("SKIP {test}: this fio has no nbd engine");
+    }
+    ok
+}
+
+/// fio's nbd engine: 16 MiB of 4 KiB random writes at QD32, verified, on
+/// the volume served from `volume` (16 MiB at least).
+fn fio_verify_on(volume: &str) {
+    let srv = ServerProc::start(&[volume], None);
     let uri = format!("--uri={}", srv.tcp_uri());
     let out = run_ok(
         "fio",
@@ -591,6 +605,17 @@ mod rbd {
             return;
         };
         nbdcopy_round_trip_on(&TempDir::new("nbdcopy-rbd"), &vol);
+    }
+
+    #[test]
+    fn fio_nbd_engine_with_verify_on_rbd_with_rbd_journal() {
+        if !fio_has_nbd("fio_verify_on_rbd") {
+            return;
+        }
+        let Some(vol) = rbd_volume("32M", true) else {
+            return;
+        };
+        fio_verify_on(&vol);
     }
 
     /// A second server on the same image is refused at once, naming the

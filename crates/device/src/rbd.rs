@@ -655,6 +655,17 @@ fn lock(image: &Image, name: &str, break_lock: bool) -> Result<()> {
                 return Err(rbd_err("rbd_lock_break", name, r));
             }
         }
+    } else {
+        // Any holder, alive or not, is refused here. Left to itself,
+        // rbd_lock_acquire would wait for a dead holder's watch to expire
+        // (30 s by default) and then break its lock silently; breaking a lock
+        // is the operator's explicit decision (--break-lock). (An image
+        // without the exclusive-lock feature cannot list owners: the
+        // acquire below says so clearly.)
+        let owners = lock_owners(image, name).unwrap_or_default();
+        if !owners.is_empty() {
+            return Err(held_by(name, &owners));
+        }
     }
     // SAFETY: an open, writable image.
     let r = unsafe { ffi::rbd_lock_acquire(image.0, ffi::RBD_LOCK_MODE_EXCLUSIVE) };
@@ -671,14 +682,18 @@ fn lock(image: &Image, name: &str, break_lock: bool) -> Result<()> {
     if owners.is_empty() && r != -libc::EROFS && r != -libc::EBUSY {
         return Err(rbd_err("rbd_lock_acquire", name, r));
     }
+    Err(held_by(name, &owners))
+}
+
+fn held_by(name: &str, owners: &[String]) -> DeviceError {
     let who = if owners.is_empty() {
         "another client".to_string()
     } else {
         owners.join(", ")
     };
-    Err(DeviceError::Busy(format!(
+    DeviceError::Busy(format!(
         "{name} (exclusive lock held by {who}; if that holder is dead, --break-lock breaks its lock)"
-    )))
+    ))
 }
 
 impl BlockDevice for RbdDevice {
@@ -904,10 +919,9 @@ pub mod test_cluster {
             assert!(!required, "JBDEV_REQUIRE_CEPH=1 but {why}");
             return Err(why);
         }
-        let conf = d.join("ceph.conf");
-        // librados' default search and the `rbd`/`ceph` tools read it from here.
-        std::env::set_var("CEPH_CONF", &conf);
-        Ok(conf)
+        // Targets name it (`:conf=`); no environment variable is set, since
+        // other test threads may be reading the environment in librados.
+        Ok(d.join("ceph.conf"))
     }
 
     /// A fresh image name (pid, counter and time make it unique).
