@@ -26,6 +26,7 @@ pub mod error;
 #[cfg(any(test, feature = "testing"))]
 pub mod fault;
 pub mod flush;
+pub mod heap;
 #[cfg(any(test, feature = "testing"))]
 pub mod mem;
 pub mod open;

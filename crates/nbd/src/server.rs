@@ -261,7 +261,13 @@ impl Server {
     fn release_idle_buffers(&self) {
         let freed = self.inner.buffers.release_when_idle(BUFFER_IDLE_RELEASE);
         if freed > 0 {
-            tracing::debug!("idle: released {freed} bytes of kept payload buffers");
+            // The buffers went back to malloc, which keeps them (and what
+            // the burst's other allocations freed) in its arenas: hand that
+            // to the system too, once per idle period.
+            let trimmed = jbdev_device::heap::release_free_memory();
+            tracing::debug!(
+                "idle: released {freed} bytes of kept payload buffers (heap trimmed: {trimmed})"
+            );
         }
     }
 
