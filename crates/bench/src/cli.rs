@@ -232,6 +232,10 @@ pub struct LargeWritesArgs {
     /// 5 with --quick); the figure is the median.
     #[arg(long)]
     pub reps: Option<usize>,
+    /// Streams per side and variant, alternating which side goes first; the
+    /// figure is the median (default 3; 2 with --quick).
+    #[arg(long)]
+    pub stream_reps: Option<usize>,
     /// Skip the stream variant with FUA on every write.
     #[arg(long)]
     pub no_fua: bool,

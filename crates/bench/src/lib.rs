@@ -77,10 +77,10 @@ impl Plan {
                 d * (p.threads.len() * (p.policies.len() + 1 + usize::from(p.fs_mark))) as u32
             }
             Plan::ReadLatency(p) => p.interval * (4 * p.samples) as u32 + d * 4,
-            // Bytes, not time: about 300 MiB/s written, four streams.
-            Plan::LargeWrites(p) => {
-                Duration::from_secs_f64((4 * p.stream_bytes) as f64 / (300u64 << 20) as f64)
-            }
+            // Bytes, not time: about 300 MiB/s written, four streams each.
+            Plan::LargeWrites(p) => Duration::from_secs_f64(
+                (4 * p.stream_reps as u64 * p.stream_bytes) as f64 / (300u64 << 20) as f64,
+            ),
         }
     }
 
@@ -185,14 +185,13 @@ pub fn plans(cmd: &BenchCommand) -> Result<(Vec<Plan>, &CommonArgs)> {
             })]
         }
         BenchCommand::LargeWrites(a) => {
-            let q = a.common.quick;
+            let d = default_large_writes(a.common.quick);
             vec![Plan::LargeWrites(large::LargeWritesParams {
                 large_bytes: to_usize(a.large_size, "large size")?,
                 small_bytes: to_usize(a.small_size, "small size")?,
-                reps: a.reps.unwrap_or(if q { 5 } else { 9 }),
-                stream_bytes: a
-                    .stream_size
-                    .unwrap_or(if q { 128 << 20 } else { 512 << 20 }),
+                reps: a.reps.unwrap_or(d.reps),
+                stream_bytes: a.stream_size.unwrap_or(d.stream_bytes),
+                stream_reps: a.stream_reps.unwrap_or(d.stream_reps),
                 fua_stream: !a.no_fua,
                 policy: a.policy,
             })]
@@ -219,11 +218,13 @@ pub fn plans(cmd: &BenchCommand) -> Result<(Vec<Plan>, &CommonArgs)> {
             }
             Plan::MixedIops(s) => (1..=1024).contains(&(s.threads * s.iodepth)),
             Plan::ReadLatency(s) => (1..=256).contains(&s.sync_threads) && s.samples >= 1,
-            Plan::LargeWrites(s) => (1..=1000).contains(&s.reps),
+            Plan::LargeWrites(s) => {
+                (1..=1000).contains(&s.reps) && (1..=100).contains(&s.stream_reps)
+            }
         };
         if !threads_ok {
             return Err(BenchError::InvalidArgument(format!(
-                "{}: thread counts must be 1..=1024 (threads × iodepth for mixed-iops), samples at least 1 and --reps 1..=1000",
+                "{}: thread counts must be 1..=1024 (threads × iodepth for mixed-iops), samples at least 1, --reps 1..=1000 and --stream-reps 1..=100",
                 p.name()
             )));
         }
@@ -271,13 +272,14 @@ pub fn all_plans(quick: bool) -> Vec<Plan> {
     ]
 }
 
-/// `large-writes` with its defaults (5-10 s per backing with --quick).
+/// `large-writes` with its defaults (about 10 s per backing with --quick).
 fn default_large_writes(quick: bool) -> large::LargeWritesParams {
     large::LargeWritesParams {
         large_bytes: 16 << 20,
         small_bytes: 1 << 20,
         reps: if quick { 5 } else { 9 },
         stream_bytes: if quick { 128 << 20 } else { 512 << 20 },
+        stream_reps: if quick { 2 } else { 3 },
         fua_stream: true,
         policy: BatchPolicy::Adaptive,
     }

@@ -47,6 +47,7 @@ fn large_writes_reports_both_sides_targets_and_counters() {
         small_bytes: 512 << 10,
         reps: 2,
         stream_bytes: 16 << 20,
+        stream_reps: 2,
         fua_stream: true,
         policy: BatchPolicy::Adaptive,
     });
@@ -73,8 +74,7 @@ fn large_writes_reports_both_sides_targets_and_counters() {
     assert_eq!(phases.iter().filter(|p| p.0 == "stream").count(), 4);
     for r in &s.runs {
         assert!(r.duration_s > 0.0 && r.mib_per_sec > 0.0, "{}", r.label());
-        let want = if r.phase == "single" { 2 } else { 1 };
-        assert_eq!(r.times_s.len(), want, "{}", r.label());
+        assert_eq!(r.times_s.len(), 2, "{}", r.label());
         if r.engine == "kernel" {
             assert!(r.volume_stats.is_none());
             continue;
@@ -97,7 +97,15 @@ fn large_writes_reports_both_sides_targets_and_counters() {
         .iter()
         .find(|r| r.phase == "stream" && r.block_bytes == 512 << 10)
         .unwrap();
-    assert_eq!(stream_small.ops, 32);
+    // Two streams of 32 writes.
+    assert_eq!(stream_small.ops, 64);
+    assert_eq!(
+        stream_small.volume_stats.as_ref().unwrap()["checkpoint_drained_after_flush_s"]
+            .as_array()
+            .unwrap()
+            .len(),
+        2
+    );
     // Two targets (single, stream with flush); the FUA stream is a note.
     assert_eq!(s.targets.len(), 2, "{:?}", s.targets);
     for t in &s.targets {
@@ -136,16 +144,27 @@ fn large_writes_arguments() {
         panic!("{plans:?}");
     };
     assert_eq!(
-        (p.large_bytes, p.small_bytes, p.stream_bytes, p.reps),
-        (16 << 20, 1 << 20, 128 << 20, 5)
+        (
+            p.large_bytes,
+            p.small_bytes,
+            p.stream_bytes,
+            p.reps,
+            p.stream_reps
+        ),
+        (16 << 20, 1 << 20, 128 << 20, 5, 2)
     );
     let cli = parse(&["large-writes"]).unwrap();
     let (plans, _) = jbdev_bench::plans(&cli.cmd).unwrap();
     let [Plan::LargeWrites(p)] = plans.as_slice() else {
         panic!("{plans:?}");
     };
-    assert_eq!((p.stream_bytes, p.reps, p.fua_stream), (512 << 20, 9, true));
+    assert_eq!(
+        (p.stream_bytes, p.reps, p.stream_reps, p.fua_stream),
+        (512 << 20, 9, 3, true)
+    );
     let cli = parse(&["large-writes", "--reps", "0"]).unwrap();
+    assert!(jbdev_bench::plans(&cli.cmd).is_err());
+    let cli = parse(&["large-writes", "--stream-reps", "0"]).unwrap();
     assert!(jbdev_bench::plans(&cli.cmd).is_err());
     assert!(parse(&["large-writes", "--large-size", "16Q"]).is_err());
 }
