@@ -52,6 +52,14 @@ impl CpuTime {
         }
     }
 
+    /// The sum of two times (runs accumulated into one record).
+    pub fn plus(self, other: CpuTime) -> CpuTime {
+        CpuTime {
+            user_us: self.user_us + other.user_us,
+            sys_us: self.sys_us + other.sys_us,
+        }
+    }
+
     /// User plus system, in microseconds.
     pub fn total_us(self) -> u64 {
         self.user_us + self.sys_us

@@ -19,6 +19,7 @@ pub mod cli;
 pub mod cpu;
 pub mod ctx;
 mod error;
+pub mod large;
 pub mod load;
 pub mod mixed;
 pub mod plot;
@@ -52,6 +53,7 @@ pub enum Plan {
     FsyncBatch(sync::FsyncBatchParams),
     MixedIops(mixed::MixedParams),
     ReadLatency(readlat::ReadLatencyParams),
+    LargeWrites(large::LargeWritesParams),
 }
 
 impl Plan {
@@ -62,6 +64,7 @@ impl Plan {
             Plan::FsyncBatch(_) => "fsync-batch",
             Plan::MixedIops(_) => "mixed-iops",
             Plan::ReadLatency(_) => "read-latency",
+            Plan::LargeWrites(_) => "large-writes",
         }
     }
 
@@ -76,6 +79,10 @@ impl Plan {
                 d * (p.threads.len() * (p.policies.len() + 1 + usize::from(p.fs_mark))) as u32
             }
             Plan::ReadLatency(p) => p.interval * (4 * p.samples) as u32 + d * 4,
+            // Bytes, not time: about 300 MiB/s written, four streams each.
+            Plan::LargeWrites(p) => Duration::from_secs_f64(
+                (4 * p.stream_reps as u64 * p.stream_bytes) as f64 / (300u64 << 20) as f64,
+            ),
         }
     }
 
@@ -86,6 +93,7 @@ impl Plan {
             Plan::FsyncBatch(p) => sync::fsync_batch(ctx, p),
             Plan::MixedIops(p) => mixed::mixed_iops(ctx, p),
             Plan::ReadLatency(p) => readlat::read_latency(ctx, p),
+            Plan::LargeWrites(p) => large::large_writes(ctx, p),
         }
     }
 }
@@ -178,6 +186,18 @@ pub fn plans(cmd: &BenchCommand) -> Result<(Vec<Plan>, &CommonArgs)> {
                 policy: a.policy,
             })]
         }
+        BenchCommand::LargeWrites(a) => {
+            let d = default_large_writes(a.common.quick);
+            vec![Plan::LargeWrites(large::LargeWritesParams {
+                large_bytes: to_usize(a.large_size, "large size")?,
+                small_bytes: to_usize(a.small_size, "small size")?,
+                reps: a.reps.unwrap_or(d.reps),
+                stream_bytes: a.stream_size.unwrap_or(d.stream_bytes),
+                stream_reps: a.stream_reps.unwrap_or(d.stream_reps),
+                fua_stream: !a.no_fua,
+                policy: a.policy,
+            })]
+        }
         BenchCommand::All(a) => all_plans(a.common.quick),
     };
     let common = match cmd {
@@ -186,6 +206,7 @@ pub fn plans(cmd: &BenchCommand) -> Result<(Vec<Plan>, &CommonArgs)> {
         BenchCommand::FsyncBatch(a) => &a.common,
         BenchCommand::MixedIops(a) => &a.common,
         BenchCommand::ReadLatency(a) => &a.common,
+        BenchCommand::LargeWrites(a) => &a.common,
         BenchCommand::All(a) => &a.common,
     };
     for p in &plans {
@@ -199,10 +220,13 @@ pub fn plans(cmd: &BenchCommand) -> Result<(Vec<Plan>, &CommonArgs)> {
             }
             Plan::MixedIops(s) => (1..=1024).contains(&(s.threads * s.iodepth)),
             Plan::ReadLatency(s) => (1..=256).contains(&s.sync_threads) && s.samples >= 1,
+            Plan::LargeWrites(s) => {
+                (1..=1000).contains(&s.reps) && (1..=100).contains(&s.stream_reps)
+            }
         };
         if !threads_ok {
             return Err(BenchError::InvalidArgument(format!(
-                "{}: thread counts must be 1..=1024 (threads × iodepth for mixed-iops) and samples at least 1",
+                "{}: thread counts must be 1..=1024 (threads × iodepth for mixed-iops), samples at least 1, --reps 1..=1000 and --stream-reps 1..=100",
                 p.name()
             )));
         }
@@ -246,7 +270,21 @@ pub fn all_plans(quick: bool) -> Vec<Plan> {
             sync_threads: 4,
             policy: BatchPolicy::Adaptive,
         }),
+        Plan::LargeWrites(default_large_writes(quick)),
     ]
+}
+
+/// `large-writes` with its defaults (about 10 s per backing with --quick).
+fn default_large_writes(quick: bool) -> large::LargeWritesParams {
+    large::LargeWritesParams {
+        large_bytes: 16 << 20,
+        small_bytes: 1 << 20,
+        reps: if quick { 5 } else { 9 },
+        stream_bytes: if quick { 128 << 20 } else { 512 << 20 },
+        stream_reps: if quick { 2 } else { 3 },
+        fua_stream: true,
+        policy: BatchPolicy::Adaptive,
+    }
 }
 
 /// Runs a `jbdev bench` command: tables on stdout, plots and JSON as asked.
@@ -371,6 +409,9 @@ pub fn run_plans(
                     );
                     if plan.name() == "fsync-batch" {
                         let _ = write!(out, "{}", report::render_matrix(&rep));
+                    }
+                    if plan.name() == "large-writes" {
+                        let _ = write!(out, "{}", large::render(&rep));
                     }
                     report.scenarios.push(rep);
                 }

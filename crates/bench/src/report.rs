@@ -101,6 +101,9 @@ pub struct RunRecord {
     pub per_second_mib: Vec<f64>,
     /// The slowest samples, slowest first, in microseconds (read-latency).
     pub slowest_us: Vec<f64>,
+    /// Wall time of each timed repetition, in seconds (large-writes).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub times_s: Vec<f64>,
     /// User CPU seconds of the bench process during the run (getrusage
     /// RUSAGE_SELF delta; for fs_mark, RUSAGE_CHILDREN), the emulated
     /// device's threads excluded. None where not measured.

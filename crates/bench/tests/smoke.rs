@@ -192,6 +192,6 @@ fn bad_arguments_are_errors_not_panics() {
     ));
     let cli = parse(&["all", "--quick"]).unwrap();
     let (plans, common) = jbdev_bench::plans(&cli.cmd).unwrap();
-    assert_eq!(plans.len(), 5);
+    assert_eq!(plans.len(), 6);
     assert!(common.quick);
 }
