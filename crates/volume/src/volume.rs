@@ -587,7 +587,8 @@ impl Volume {
             self.engine.journaled(&edge_ops, false)?;
         }
         let bs = self.engine.bs as u64;
-        let mid = AlignedBuf::from_slice(&buf[head..tail]);
+        let mut mid = self.engine.direct_buf(tail - head);
+        mid.copy_from_slice(&buf[head..tail]);
         self.engine
             .direct(mid_start / bs, mid_end / bs, Some(mid), flags.fua)
     }

@@ -18,12 +18,19 @@ struct Counting;
 
 thread_local! {
     static ALLOCS: Cell<u64> = const { Cell::new(0) };
+    /// Allocations of at least 1 MiB (a large write's data buffer).
+    static BIG_ALLOCS: Cell<u64> = const { Cell::new(0) };
 }
+
+const BIG: usize = 1 << 20;
 
 // SAFETY: forwards to the system allocator; only counts.
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         let _ = ALLOCS.try_with(|c| c.set(c.get() + 1));
+        if layout.size() >= BIG {
+            let _ = BIG_ALLOCS.try_with(|c| c.set(c.get() + 1));
+        }
         // SAFETY: same contract as the caller's.
         unsafe { System.alloc(layout) }
     }
@@ -144,4 +151,40 @@ fn allocations_per_write() {
         unaligned <= UNALIGNED_BUDGET,
         "a 1000-byte write allocates {unaligned:.2} times (budget {UNALIGNED_BUDGET})"
     );
+}
+
+/// A 16 MiB write larger than a transaction goes straight home from an
+/// aligned buffer: after the first, the buffer is reused (a fresh 16 MiB
+/// allocation costs more in page faults than the device write).
+#[test]
+fn large_direct_writes_reuse_their_buffer() {
+    let size = 256 << 20;
+    let dev = Arc::new(MemDevice::new(size + (16 << 20) + 4096, 512));
+    let mut f = FormatOptions::new(size);
+    f.journal_bytes = Some(16 << 20);
+    Volume::format_device(dev.clone(), None, &f).unwrap();
+    let vol = Volume::open_device(dev, None, &OpenOptions::default()).unwrap();
+    let data = vec![0x3cu8; 16 << 20];
+    let writes = 12u64;
+    let write = |i: u64| {
+        vol.write_at(&data, (i % 15) * (16 << 20), WriteFlags::NONE)
+            .unwrap()
+    };
+    write(0);
+    let direct_before = vol.stats().direct_writes;
+    let big_before = BIG_ALLOCS.with(Cell::get);
+    for i in 1..=writes {
+        write(i);
+    }
+    let big = BIG_ALLOCS.with(Cell::get) - big_before;
+    let direct = vol.stats().direct_writes - direct_before;
+    println!(
+        "{writes} writes of 16 MiB: {direct} went straight home, {big} allocations of >= 1 MiB"
+    );
+    assert_eq!(direct, writes, "the test must exercise the direct path");
+    assert_eq!(big, 0, "each large write allocated a fresh buffer");
+    let mut back = vec![0u8; 4096];
+    vol.read_at(&mut back, writes * (16 << 20) + (8 << 20))
+        .unwrap();
+    assert!(back.iter().all(|&b| b == 0x3c));
 }

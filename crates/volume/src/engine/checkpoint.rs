@@ -32,9 +32,11 @@ impl Engine {
                         }
                         // Idle for a whole interval: give the write
                         // buffers kept for reuse back (outside the lock).
-                        if self.pool.stats().kept_bytes > 0 {
+                        let direct_kept = !self.direct_bufs.lock().is_empty();
+                        if self.pool.stats().kept_bytes > 0 || direct_kept {
                             drop(st);
                             self.pool.trim();
+                            self.direct_bufs.lock().clear();
                             st = self.state();
                         }
                     }

@@ -133,9 +133,46 @@ impl Engine {
         }
         self.stats.lock().direct_writes += 1;
         self.home_written_gen.fetch_add(1, Ordering::AcqRel);
+        // The pending entries are gone: unless a reader still holds it for a
+        // moment, the buffer is ours again and the next large write reuses it.
+        if let Some(buf) = data.and_then(|d| Arc::try_unwrap(d).ok()) {
+            self.recycle_direct_buf(buf);
+        }
         if fua {
             self.flush()?;
         }
         self.ack()
+    }
+
+    /// An aligned buffer of `len` bytes for the aligned middle of a large
+    /// write (contents unspecified: the caller overwrites all of it). Large
+    /// buffers are reused: a fresh 16 MiB allocation costs more in page
+    /// faults and zeroing (measured: 8.8-9.1 ms) than writing it to the
+    /// device, and makes one 16 MiB write slower than sixteen 1 MiB ones.
+    pub fn direct_buf(&self, len: usize) -> AlignedBuf {
+        let mut kept = self.direct_bufs.lock();
+        match kept.iter().position(|b| b.len() == len) {
+            Some(i) => kept.swap_remove(i),
+            None => {
+                drop(kept);
+                AlignedBuf::zeroed(len)
+            }
+        }
+    }
+
+    /// Keeps a large buffer for reuse: at most [`DIRECT_BUFS_KEPT`] of them
+    /// and [`DIRECT_BUFS_BYTES`] in all (the oldest goes first); small
+    /// buffers are cheap to allocate and are not kept.
+    pub(super) fn recycle_direct_buf(&self, buf: AlignedBuf) {
+        if buf.len() < DIRECT_BUF_MIN_BYTES || buf.len() > DIRECT_BUFS_BYTES {
+            return;
+        }
+        let mut kept = self.direct_bufs.lock();
+        kept.push(buf);
+        while kept.len() > DIRECT_BUFS_KEPT
+            || kept.iter().map(|b| b.len()).sum::<usize>() > DIRECT_BUFS_BYTES
+        {
+            kept.remove(0);
+        }
     }
 }

@@ -89,6 +89,11 @@ type HomeRuns = SmallVec<[(usize, usize); 4]>;
 
 /// Number of transaction-join stripes (power of two).
 pub const STRIPES: usize = 32;
+/// Direct-write buffers kept for reuse: how many, how many bytes in all,
+/// and the smallest worth keeping.
+const DIRECT_BUFS_KEPT: usize = 4;
+const DIRECT_BUFS_BYTES: usize = 64 << 20;
+const DIRECT_BUF_MIN_BYTES: usize = 1 << 20;
 
 /// Blocks validated and written per checkpoint chunk (the home lock is
 /// held for one chunk at a time, so direct writes wait at most that long).
@@ -259,6 +264,9 @@ pub struct Engine {
     pub overlay: Overlay,
     /// Buffers of journaled writes (one copy per write, reused).
     pub pool: BufPool,
+    /// Large buffers of direct writes kept for reuse (a leaf lock, never
+    /// held with another).
+    direct_bufs: Mutex<Vec<AlignedBuf>>,
     stripes: Box<[CachePadded<Mutex<Stripe>>]>,
     st: Mutex<JState>,
     kick: Condvar,
@@ -381,6 +389,7 @@ impl Engine {
             // buffers one checkpoint round frees are what the next writes
             // take.
             pool: BufPool::new(bs, 64 << 20),
+            direct_bufs: Mutex::new(Vec::new()),
             stripes,
             st: Mutex::new(st),
             kick: Condvar::new(),
