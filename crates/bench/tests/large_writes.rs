@@ -1,36 +1,10 @@
 //! `large-writes` runs briefly on a temporary file and produces the runs,
 //! table, targets and JSON counters it promises. No timing is asserted.
 
-use std::path::PathBuf;
+mod common;
 
-use jbdev_bench::backing::BackingKind;
-use jbdev_bench::cli::CommonArgs;
 use jbdev_bench::{large, run_plans, Plan};
-use jbdev_device::Backend;
 use jbdev_volume::BatchPolicy;
-
-fn common(device: PathBuf, dir: &std::path::Path) -> CommonArgs {
-    CommonArgs {
-        backing: vec![BackingKind::Ram],
-        slow_flush_ms: 2.0,
-        slow_store: jbdev_bench::cli::SlowStore::Ram,
-        device: Some(device),
-        backing_size: 0,
-        backing_dir: dir.to_path_buf(),
-        duration: Some(0.3),
-        quick: true,
-        json: Some(dir.join("report.json")),
-        plot_dir: dir.join("plots"),
-        no_plots: true,
-        journal_size: Some(4 << 20),
-        backend: Backend::Auto,
-        max_batch_us: None,
-        direct_write_threshold: None,
-        pipeline_depth: None,
-        no_progress: true,
-        force: false,
-    }
-}
 
 #[test]
 fn large_writes_reports_both_sides_targets_and_counters() {
@@ -39,7 +13,7 @@ fn large_writes_reports_both_sides_targets_and_counters() {
     let f = std::fs::File::create(&image).unwrap();
     f.set_len(64 << 20).unwrap();
     drop(f);
-    let args = common(image, dir.path());
+    let args = common::common(image, dir.path(), false);
     // A 4 MiB journal: 4 MiB writes exceed a transaction (direct path),
     // 512 KiB ones are journaled — the shape of the real 16 MiB / 1 MiB run.
     let plan = Plan::LargeWrites(large::LargeWritesParams {

@@ -2,37 +2,13 @@
 //! well-formed output (table, JSON, plots). No timing is asserted: this is
 //! not a benchmark, it checks the harness.
 
-use std::path::PathBuf;
+mod common;
+
 use std::time::Duration;
 
 use jbdev_bench::backing::BackingKind;
-use jbdev_bench::cli::CommonArgs;
 use jbdev_bench::{mixed, readlat, run_plans, sync, Plan};
-use jbdev_device::Backend;
 use jbdev_volume::BatchPolicy;
-
-fn common(device: PathBuf, dir: &std::path::Path) -> CommonArgs {
-    CommonArgs {
-        backing: vec![BackingKind::Ram],
-        slow_flush_ms: 2.0,
-        slow_store: jbdev_bench::cli::SlowStore::Ram,
-        device: Some(device),
-        backing_size: 0,
-        backing_dir: dir.to_path_buf(),
-        duration: Some(0.3),
-        quick: true,
-        json: Some(dir.join("report.json")),
-        plot_dir: dir.join("plots"),
-        no_plots: false,
-        journal_size: Some(4 << 20),
-        backend: Backend::Auto,
-        max_batch_us: None,
-        direct_write_threshold: None,
-        pipeline_depth: None,
-        no_progress: true,
-        force: false,
-    }
-}
 
 fn tiny_plans() -> Vec<Plan> {
     vec![
@@ -79,7 +55,7 @@ fn every_scenario_produces_table_json_and_plots() {
     let f = std::fs::File::create(&image).unwrap();
     f.set_len(64 << 20).unwrap();
     drop(f);
-    let args = common(image, dir.path());
+    let args = common::common(image, dir.path(), true);
     let mut out = Vec::new();
     let report = run_plans(&tiny_plans(), &args, &mut out, false, "smoke").expect("bench run");
     let text = String::from_utf8(out).unwrap();

@@ -36,6 +36,25 @@ struct Certs {
     no_client_cert: PathBuf,
 }
 
+/// A new temp dir with a volume of `size`, certificates made for the test,
+/// and `jbdev serve` on it with `--tls-certificates` and `extra` flags
+/// (also on `DIR/s.sock` with `unix`).
+fn x509_server(tag: &str, size: &str, extra: &[&str], unix: bool) -> (TempDir, Certs, ServerProc) {
+    let dir = TempDir::new(tag);
+    let certs = make_certs(&dir);
+    let img = dir.path("a.img");
+    format_volume(&img, size);
+    let sock = dir.path("s.sock");
+    let mut args = vec![
+        img.to_str().unwrap(),
+        "--tls-certificates",
+        certs.server.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    let srv = ServerProc::start(&args, unix.then_some(sock.as_path()));
+    (dir, certs, srv)
+}
+
 fn make_certs(dir: &TempDir) -> Certs {
     let p = |n: &str| dir.path(n).to_str().unwrap().to_string();
     let (server, client, no_cert) = (dir.path("srv"), dir.path("cli"), dir.path("nocert"));
@@ -207,20 +226,9 @@ fn x509_with_nbdinfo_nbdcopy_qemu_io_and_qemu_img() {
     {
         return;
     }
-    let dir = TempDir::new("tls-x509");
-    let certs = make_certs(&dir);
-    let img = dir.path("a.img");
-    format_volume(&img, "64M");
-    let sock = dir.path("s.sock");
     // Credentials alone mean --tls=require.
-    let srv = ServerProc::start(
-        &[
-            img.to_str().unwrap(),
-            "--tls-certificates",
-            certs.server.to_str().unwrap(),
-        ],
-        Some(&sock),
-    );
+    let (dir, certs, srv) = x509_server("tls-x509", "64M", &[], true);
+    let sock = dir.path("s.sock");
     let port = tcp_port(&srv);
     let cli = certs.client.to_str().unwrap();
     let s = sock.to_str().unwrap();
@@ -340,19 +348,7 @@ fn verify_peer_refuses_a_client_without_a_certificate() {
     {
         return;
     }
-    let dir = TempDir::new("tls-verify");
-    let certs = make_certs(&dir);
-    let img = dir.path("a.img");
-    format_volume(&img, "64M");
-    let srv = ServerProc::start(
-        &[
-            img.to_str().unwrap(),
-            "--tls-certificates",
-            certs.server.to_str().unwrap(),
-            "--tls-verify-peer",
-        ],
-        None,
-    );
+    let (_dir, certs, srv) = x509_server("tls-verify", "64M", &["--tls-verify-peer"], false);
     let port = tcp_port(&srv);
     let with = certs.client.to_str().unwrap();
     let without = certs.no_client_cert.to_str().unwrap();
@@ -381,19 +377,7 @@ fn tls_on_serves_plain_and_tls_clients() {
     if !have_openssl("tls_on") || !have_tool("nbdinfo", "tls_on") {
         return;
     }
-    let dir = TempDir::new("tls-on");
-    let certs = make_certs(&dir);
-    let img = dir.path("a.img");
-    format_volume(&img, "64M");
-    let srv = ServerProc::start(
-        &[
-            img.to_str().unwrap(),
-            "--tls=on",
-            "--tls-certificates",
-            certs.server.to_str().unwrap(),
-        ],
-        None,
-    );
+    let (_dir, certs, srv) = x509_server("tls-on", "64M", &["--tls=on"], false);
     let port = tcp_port(&srv);
     let cli = certs.client.to_str().unwrap();
     nbdinfo_ok(&format!("nbds://127.0.0.1:{port}/?tls-certificates={cli}"));
@@ -478,20 +462,7 @@ fn require_mode_answers_tls_reqd_and_bounds_the_tls_handshake() {
     if !have_openssl("tls_require_raw") {
         return;
     }
-    let dir = TempDir::new("tls-raw");
-    let certs = make_certs(&dir);
-    let img = dir.path("a.img");
-    format_volume(&img, "16M");
-    let srv = ServerProc::start(
-        &[
-            img.to_str().unwrap(),
-            "--tls-certificates",
-            certs.server.to_str().unwrap(),
-            "--handshake-timeout",
-            "3",
-        ],
-        None,
-    );
+    let (_dir, _certs, srv) = x509_server("tls-raw", "16M", &["--handshake-timeout", "3"], false);
     let mut s = raw_connect(&srv);
     let mut info = 0u32.to_be_bytes().to_vec(); // export "" ...
     info.extend(0u16.to_be_bytes()); // ... no info requests
@@ -611,20 +582,7 @@ fn a_tls_client_that_does_not_read_its_replies_is_dropped() {
     if !have_openssl("tls_deaf") || !have_tool("python3", "tls_deaf") {
         return;
     }
-    let dir = TempDir::new("tls-deaf");
-    let certs = make_certs(&dir);
-    let img = dir.path("a.img");
-    format_volume(&img, "64M");
-    let srv = ServerProc::start(
-        &[
-            img.to_str().unwrap(),
-            "--tls-certificates",
-            certs.server.to_str().unwrap(),
-            "--send-timeout",
-            "3",
-        ],
-        None,
-    );
+    let (dir, certs, srv) = x509_server("tls-deaf", "64M", &["--send-timeout", "3"], false);
     let script = dir.path("deaf.py");
     std::fs::write(&script, DEAF_TLS_CLIENT).unwrap();
     let ca = certs.server.join("ca-cert.pem");
@@ -682,20 +640,8 @@ fn a_trickled_tls_handshake_is_dropped_at_the_handshake_deadline() {
     if !have_openssl("tls_trickle") {
         return;
     }
-    let dir = TempDir::new("tls-trickle");
-    let certs = make_certs(&dir);
-    let img = dir.path("a.img");
-    format_volume(&img, "16M");
-    let srv = ServerProc::start(
-        &[
-            img.to_str().unwrap(),
-            "--tls-certificates",
-            certs.server.to_str().unwrap(),
-            "--handshake-timeout",
-            "3",
-        ],
-        None,
-    );
+    let (_dir, _certs, srv) =
+        x509_server("tls-trickle", "16M", &["--handshake-timeout", "3"], false);
     let mut s = raw_connect(&srv);
     send_option(&mut s, OPT_STARTTLS, &[]);
     assert_eq!(read_reply(&mut s), (OPT_STARTTLS, REP_ACK));

@@ -1,0 +1,32 @@
+//! Shared by the bench crate's integration tests.
+
+use std::path::{Path, PathBuf};
+
+use jbdev_bench::backing::BackingKind;
+use jbdev_bench::cli::CommonArgs;
+use jbdev_device::Backend;
+
+/// Arguments of a brief run on `device` (a temporary file), results under
+/// `dir`; `plots` draws the plots too.
+pub fn common(device: PathBuf, dir: &Path, plots: bool) -> CommonArgs {
+    CommonArgs {
+        backing: vec![BackingKind::Ram],
+        slow_flush_ms: 2.0,
+        slow_store: jbdev_bench::cli::SlowStore::Ram,
+        device: Some(device),
+        backing_size: 0,
+        backing_dir: dir.to_path_buf(),
+        duration: Some(0.3),
+        quick: true,
+        json: Some(dir.join("report.json")),
+        plot_dir: dir.join("plots"),
+        no_plots: !plots,
+        journal_size: Some(4 << 20),
+        backend: Backend::Auto,
+        max_batch_us: None,
+        direct_write_threshold: None,
+        pipeline_depth: None,
+        no_progress: true,
+        force: false,
+    }
+}
