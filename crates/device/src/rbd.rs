@@ -390,20 +390,7 @@ impl RbdDevice {
     /// Opens (and with `create_size` creates) the image a target names.
     pub fn open(target: &RbdTarget, opts: &RbdOpenOptions) -> Result<Self> {
         let name = target.short_name();
-        let cluster = connect(target, &name)?;
-        let pool = cstring("pool name", &target.pool)?;
-        let mut io: ffi::rados_ioctx_t = ptr::null_mut();
-        // SAFETY: a connected cluster handle, a NUL-terminated pool name and
-        // a valid out pointer.
-        let r = unsafe { ffi::rados_ioctx_create(cluster.0, pool.as_ptr(), &mut io) };
-        if r < 0 {
-            return Err(rbd_err(
-                "opening pool",
-                &format!("{name} (pool {:?})", target.pool),
-                r,
-            ));
-        }
-        let io = Ioctx(io);
+        let (cluster, io) = connect_pool(target, &name)?;
         let img_name = cstring("image name", &target.image)?;
         let image = match open_image(&io, &img_name, opts.read_only, &name) {
             Err(DeviceError::Io { error, .. })
@@ -624,15 +611,7 @@ fn lock_owners(image: &Image, name: &str) -> Result<Vec<String>> {
 /// `jbdev info`). Empty if nobody does.
 pub fn lock_holders(target: &RbdTarget) -> Result<Vec<String>> {
     let name = target.short_name();
-    let cluster = connect(target, &name)?;
-    let pool = cstring("pool name", &target.pool)?;
-    let mut io: ffi::rados_ioctx_t = ptr::null_mut();
-    // SAFETY: as in RbdDevice::open.
-    let r = unsafe { ffi::rados_ioctx_create(cluster.0, pool.as_ptr(), &mut io) };
-    if r < 0 {
-        return Err(rbd_err("opening pool", &name, r));
-    }
-    let io = Ioctx(io);
+    let (cluster, io) = connect_pool(target, &name)?;
     // Read-write handle, but no lock is taken and nothing written: librbd
     // reports lock owners only to a handle that could take the lock.
     let image = open_image(&io, &cstring("image name", &target.image)?, false, &name)?;
@@ -641,6 +620,26 @@ pub fn lock_holders(target: &RbdTarget) -> Result<Vec<String>> {
     drop(io);
     drop(cluster);
     owners
+}
+
+/// Connects to the cluster `target` names and opens its pool. Bind the
+/// result as `let (cluster, io) = …`: the pool handle, declared last, is then
+/// dropped first, as librados requires.
+fn connect_pool(target: &RbdTarget, name: &str) -> Result<(Cluster, Ioctx)> {
+    let cluster = connect(target, name)?;
+    let pool = cstring("pool name", &target.pool)?;
+    let mut io: ffi::rados_ioctx_t = ptr::null_mut();
+    // SAFETY: a connected cluster handle, a NUL-terminated pool name and a
+    // valid out pointer.
+    let r = unsafe { ffi::rados_ioctx_create(cluster.0, pool.as_ptr(), &mut io) };
+    if r < 0 {
+        return Err(rbd_err(
+            "opening pool",
+            &format!("{name} (pool {:?})", target.pool),
+            r,
+        ));
+    }
+    Ok((cluster, Ioctx(io)))
 }
 
 fn lock(image: &Image, name: &str, break_lock: bool) -> Result<()> {

@@ -99,14 +99,10 @@ impl LogSpace {
     /// wait (take a ticket with [`LogSpace::enqueue`] if it has none). A
     /// ticket holder that is granted leaves the queue.
     pub fn try_grant(&mut self, ticket: Option<Ticket>, need: u64, max_extra: u64) -> Option<u64> {
-        let free = self.free();
-        let ok = match ticket {
-            None => free >= need + self.wanted,
-            Some(Ticket(t)) => t == self.queue_head && free >= need,
-        };
-        if !ok {
+        if !self.may_grant(ticket, need) {
             return None;
         }
+        let free = self.free();
         if ticket.is_some() {
             self.leave(need);
         }
@@ -114,6 +110,16 @@ impl LogSpace {
         let grant = need + max_extra.min(spare);
         self.outstanding += grant;
         Some(grant)
+    }
+
+    /// Whether [`LogSpace::try_grant`] would grant `need` credits to the
+    /// holder of `ticket` (or a newcomer) now.
+    pub fn may_grant(&self, ticket: Option<Ticket>, need: u64) -> bool {
+        let free = self.free();
+        match ticket {
+            None => free >= need + self.wanted,
+            Some(Ticket(t)) => t == self.queue_head && free >= need,
+        }
     }
 
     /// Joins the space queue waiting for `need` credits.

@@ -225,7 +225,7 @@ impl Engine {
             if self.can_lead(&st) {
                 st = self.commit_once(st, false);
             }
-            let ready = ticket.is_some_and(|t| st.log.is_head(t)) && st.log.free() >= need;
+            let ready = ticket.is_some() && st.log.may_grant(ticket, need);
             if !ready && st.error.is_none() && !st.shutdown {
                 self.space.wait_for(st.inner(), Duration::from_millis(100));
             }
