@@ -31,6 +31,12 @@ impl BackendError {
 
 pub type BackendResult<T> = Result<T, BackendError>;
 
+/// Receives the outcome of a request started with a `*_then` method of
+/// [`Backend`]. It runs exactly once, on the calling thread or on one of the
+/// backend's own threads (a commit completing), so it must be quick and must
+/// not call into the backend: queue a reply, wake a task.
+pub type Done = Box<dyn FnOnce(BackendResult<()>) + Send + 'static>;
+
 /// A run of bytes in one allocation state.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Extent {
@@ -58,6 +64,19 @@ pub trait Backend: Send + Sync + 'static {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> BackendResult<()>;
     fn write_at(&self, buf: &[u8], offset: u64, fua: bool) -> BackendResult<()>;
     fn flush(&self) -> BackendResult<()>;
+    /// [`Backend::write_at`] without waiting for durability: the data is
+    /// visible to reads once this returns, and `done` gets the outcome once
+    /// the write is complete (durable, with `fua`). A backend with group
+    /// commit overrides it so that one thread can have many FUA writes in
+    /// one commit; the default completes it in place.
+    fn write_at_then(&self, buf: &[u8], offset: u64, fua: bool, done: Done) {
+        done(self.write_at(buf, offset, fua))
+    }
+    /// [`Backend::flush`] reporting to `done` (see [`Backend::write_at_then`]):
+    /// covers every write that had returned before this call.
+    fn flush_then(&self, done: Done) {
+        done(self.flush())
+    }
     /// Deallocates; the range then reads as zeroes.
     fn trim(&self, offset: u64, length: u64, fua: bool) -> BackendResult<()>;
     fn write_zeroes(&self, offset: u64, length: u64, fua: bool) -> BackendResult<()>;
@@ -87,6 +106,12 @@ impl<B: Backend + ?Sized> Backend for Arc<B> {
     }
     fn flush(&self) -> BackendResult<()> {
         (**self).flush()
+    }
+    fn write_at_then(&self, buf: &[u8], offset: u64, fua: bool, done: Done) {
+        (**self).write_at_then(buf, offset, fua, done)
+    }
+    fn flush_then(&self, done: Done) {
+        (**self).flush_then(done)
     }
     fn trim(&self, offset: u64, length: u64, fua: bool) -> BackendResult<()> {
         (**self).trim(offset, length, fua)

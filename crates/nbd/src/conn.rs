@@ -30,7 +30,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 
-use crate::backend::{Backend, BackendError};
+use crate::backend::{Backend, BackendError, Done};
 use crate::buffers::{BufferPool, PooledBuf};
 use crate::codec::{self, ChunkStyle, Command, ExportContext, HeaderMode, Request};
 use crate::handshake::Session;
@@ -379,22 +379,31 @@ fn ok_reply(conn: &ConnShared, req: &Request) -> Vec<Part> {
     })]
 }
 
-fn execute(
-    conn: &ConnShared,
-    req: &Request,
-    cmd: Command,
-    payload: Option<PooledBuf>,
-) -> Vec<Part> {
+/// The reply to a write or flush, sent when the backend reports its outcome.
+fn answer_when_done(pending: PendingReply, req: Request) -> Done {
+    Box::new(move |res| {
+        let parts = match res {
+            Ok(()) => ok_reply(&pending.conn, &req),
+            Err(e) => {
+                tracing::debug!("request {:#x} failed: {e}", req.cookie);
+                error_reply(&pending.conn, &req, e.errno, &e.message)
+            }
+        };
+        pending.answer(parts);
+    })
+}
+
+/// Runs a request that has no payload and completes in place (writes and
+/// flushes go through [`answer_when_done`]).
+fn execute(conn: &ConnShared, req: &Request, cmd: Command) -> Vec<Part> {
     let b = &*conn.backend;
     let cookie = req.cookie;
     let ok_reply = |_cookie: u64| ok_reply(conn, req);
     let res: Result<Vec<Part>, BackendError> = match cmd {
         Command::Read { offset, length, df } => read_reply(conn, cookie, offset, length, df),
-        Command::Write { offset, fua, .. } => {
-            let data: &[u8] = payload.as_deref().unwrap_or(&[]);
-            b.write_at(data, offset, fua).map(|_| ok_reply(cookie))
+        Command::Write { .. } | Command::Flush => {
+            unreachable!("writes and flushes complete through answer_when_done")
         }
-        Command::Flush => b.flush().map(|_| ok_reply(cookie)),
         Command::Trim {
             offset,
             length,
@@ -844,9 +853,23 @@ impl Reader<'_> {
             _ => None,
         };
         let req = *req;
-        self.res.workers.submit(move || {
-            let parts = execute(&pending.conn, &req, cmd, payload);
-            pending.answer(parts);
+        self.res.workers.submit(move || match cmd {
+            // Writes and flushes complete through the backend's callback, so
+            // a worker does not sit out a commit: with group commit, one
+            // worker puts a whole queue of FUA writes into one commit.
+            Command::Write { offset, fua, .. } => {
+                let backend = pending.conn.backend.clone();
+                let data: &[u8] = payload.as_deref().unwrap_or(&[]);
+                backend.write_at_then(data, offset, fua, answer_when_done(pending, req));
+            }
+            Command::Flush => {
+                let backend = pending.conn.backend.clone();
+                backend.flush_then(answer_when_done(pending, req));
+            }
+            _ => {
+                let parts = execute(&pending.conn, &req, cmd);
+                pending.answer(parts);
+            }
         });
         Ok(())
     }
