@@ -196,6 +196,19 @@ impl Backend for VolumeBackend {
     fn flush(&self) -> BackendResult<()> {
         self.volume.flush().map_err(map_volume_error)
     }
+    fn write_at_then(&self, buf: &[u8], offset: u64, fua: bool, done: Done) {
+        let flags = jbdev_volume::WriteFlags { fua };
+        self.volume.write_at_then(
+            buf,
+            offset,
+            flags,
+            Box::new(move |res| done(res.map_err(map_volume_error))),
+        )
+    }
+    fn flush_then(&self, done: Done) {
+        self.volume
+            .flush_then(Box::new(move |res| done(res.map_err(map_volume_error))))
+    }
     fn trim(&self, offset: u64, length: u64, fua: bool) -> BackendResult<()> {
         let vol = &self.volume;
         self.call(offset, length, fua, |off, len, flags| {

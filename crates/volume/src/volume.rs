@@ -12,7 +12,7 @@ use jbdev_journal::JournalRegion;
 use parking_lot::Mutex;
 
 use crate::bufpool::SharedBuf;
-use crate::engine::{Engine, Op};
+use crate::engine::{Completion, Engine, Op};
 use crate::overlay::{BlockRef, Overlay, Source, Version};
 use crate::superblock::{JournalLocation, VolumeSuperblock};
 use crate::{FormatOptions, JournalPlacement, OpenOptions, Result, VolumeError};
@@ -591,6 +591,39 @@ impl Volume {
         mid.copy_from_slice(&buf[head..tail]);
         self.engine
             .direct(mid_start / bs, mid_end / bs, Some(mid), flags.fua)
+    }
+
+    /// [`Volume::write_at`] without waiting for durability: the data is
+    /// visible to readers when this returns, and `done` gets the outcome
+    /// once the write is durable (with `flags.fua`; at once without). Many
+    /// FUA writes started this way from one thread share one group commit,
+    /// which one thread calling `write_at` in turn cannot. A write too large
+    /// for one transaction goes home as in `write_at`, on this thread.
+    pub fn write_at_then(&self, buf: &[u8], offset: u64, flags: WriteFlags, done: Completion) {
+        let direct = self
+            .check(offset, buf.len() as u64)
+            .and_then(|()| self.engine.check_writable())
+            .map(|()| self.direct_part(offset, buf.len() as u64));
+        match direct {
+            Err(e) => done(Err(e)),
+            Ok(None) => {
+                self.engine
+                    .journaled_then(&[Op::Write { offset, data: buf }], flags.fua, done)
+            }
+            Ok(Some(_)) => done(self.write_at(buf, offset, flags)),
+        }
+    }
+
+    /// [`Volume::flush`] reporting to `done` instead of waiting (see
+    /// [`Volume::write_at_then`]).
+    pub fn flush_then(&self, done: Completion) {
+        if self.closed.load(Ordering::Acquire) {
+            return done(Err(VolumeError::Closed));
+        }
+        if self.engine.read_only {
+            return done(Ok(()));
+        }
+        self.engine.flush_then(done)
     }
 
     /// The aligned middle `[start, end)` of a request that goes straight to

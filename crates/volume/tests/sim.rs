@@ -54,7 +54,9 @@ use common::*;
 use jbdev_device::fault::{CrashOdds, FaultDevice, PowerDomain};
 use jbdev_device::mem::MemDevice;
 use jbdev_device::BlockDevice;
-use jbdev_volume::{BatchPolicy, CommitMode, FormatOptions, JournalPlacement, OpenOptions, Volume};
+use jbdev_volume::{
+    BatchPolicy, CommitMode, Completion, FormatOptions, JournalPlacement, OpenOptions, Volume,
+};
 use parking_lot::Mutex;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -319,7 +321,11 @@ fn client(
         let r = rng.gen_range(0..100);
         if r < 8 {
             let start = clock.tick();
-            let res = vol.flush();
+            let res = if rng.gen_bool(0.5) {
+                vol.flush()
+            } else {
+                wait_then(|done| vol.flush_then(done))
+            };
             let ack = res.is_ok().then(|| clock.tick());
             rec.lock().flushes.push(FlushRec { start, ack });
             if res.is_err() {
@@ -387,7 +393,12 @@ fn client(
             let start = clock.tick();
             let res = if extents.len() == 1 {
                 let (off, len) = extents[0];
-                vol.write_at(&stamped(id, off, len as usize), off, flags(fua))
+                let data = stamped(id, off, len as usize);
+                if rng.gen_bool(0.5) {
+                    vol.write_at(&data, off, flags(fua))
+                } else {
+                    wait_then(|done| vol.write_at_then(&data, off, flags(fua), done))
+                }
             } else {
                 let mut t = vol.transaction();
                 for &(off, len) in &extents {
@@ -488,7 +499,11 @@ fn client(
             }
             _ => {
                 let (off, d) = &extents[0];
-                vol.write_at(d, *off, flags(fua))
+                if rng.gen_bool(0.5) {
+                    vol.write_at(d, *off, flags(fua))
+                } else {
+                    wait_then(|done| vol.write_at_then(d, *off, flags(fua), done))
+                }
             }
         };
         non_atomic |= !kind.atomic();
@@ -514,6 +529,17 @@ fn client(
         }
     }
     rec.lock().histories.push((h, non_atomic));
+}
+
+/// Starts a request with a `*_then` call and waits for its completion (a
+/// client is sequential: its next op starts once this one is acknowledged).
+fn wait_then(start: impl FnOnce(Completion)) -> jbdev_volume::Result<()> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    start(Box::new(move |res| {
+        let _ = tx.send(res);
+    }));
+    rx.recv_timeout(SEED_LIMIT)
+        .expect("a completion never ran (or its sender was dropped without running)")
 }
 
 // ---------------------------------------------------------------- checks

@@ -62,15 +62,82 @@ impl Engine {
         }
     }
 
+    /// [`Engine::wait_commit`] without waiting: `done` runs once transaction
+    /// `tid` is committed (with the error if the journal aborts first).
+    ///
+    /// The caller counts as a sync waiter for the batching policy, like a
+    /// thread in `wait_commit`, but never leads: the commit thread commits
+    /// for completions, so a thread that has many requests in flight (an
+    /// NBD worker) never sits out a batching wait or a commit's I/O.
+    pub fn when_durable(&self, tid: Tid, done: Completion) {
+        let mut st = self.state();
+        if st.error.is_some() || st.committed_tid >= tid {
+            drop(st);
+            return done(self.ack());
+        }
+        if st.shutdown {
+            // The commit thread may be gone: commit in place.
+            drop(st);
+            return done(self.wait_commit(tid).and_then(|()| self.ack()));
+        }
+        st.sync_waiters += 1;
+        st.want_commit = st.want_commit.max(tid);
+        st.async_want = st.async_want.max(tid);
+        st.sync_peak = st.sync_peak.max(st.sync_waiters);
+        if tid == st.running_tid {
+            st.running_waiters += 1;
+            if st.running_first_sync.is_none() {
+                st.running_first_sync = Some(Instant::now());
+            }
+        }
+        st.durable_cbs.push((tid, done));
+        if st.running_waiters >= Self::batch_target(&st) {
+            self.joined.notify_one();
+        }
+        // Only the first completion of a transaction finds the commit thread
+        // free to lead (it then holds `cutting`): one wake-up per commit.
+        if tid == st.running_tid && self.can_lead(&st) {
+            self.kick.notify_one();
+        }
+    }
+
+    /// Runs the completions whose outcome is known, without the state lock;
+    /// returns with the lock held again.
+    pub(super) fn run_due<'a>(&'a self, mut st: Ranked<'a, JState>) -> Ranked<'a, JState> {
+        if st.cbs_due.is_empty() {
+            return st;
+        }
+        let due = std::mem::take(&mut st.cbs_due);
+        drop(st);
+        for done in due {
+            done(self.ack());
+        }
+        self.state()
+    }
+
     /// Makes every write that returned before this call durable.
     pub fn flush(&self) -> Result<()> {
         self.check_writable()?;
         let tid = self.state().running_tid;
         self.wait_commit(tid)?;
-        // Direct writes bypass the journal: flush the home device if any
-        // completed that no finished flush covers. (A flag cleared by one
-        // flusher would let a second one return before the first's device
-        // flush finished.)
+        self.flush_home()?;
+        self.ack()
+    }
+
+    /// [`Engine::flush`] reporting to `done` instead of waiting.
+    pub fn flush_then(&self, done: Completion) {
+        if let Err(e) = self.check_writable().and_then(|()| self.flush_home()) {
+            return done(Err(e));
+        }
+        let tid = self.state().running_tid;
+        self.when_durable(tid, done);
+    }
+
+    /// Direct writes bypass the journal: flushes the home device if any
+    /// completed that no finished flush covers. (A flag cleared by one
+    /// flusher would let a second one return before the first's device
+    /// flush finished.)
+    fn flush_home(&self) -> Result<()> {
         let written = self.home_written_gen.load(Ordering::Acquire);
         if written > self.home_flushed_gen.load(Ordering::Acquire) {
             if let Err(e) = self.home_flusher.flush(self.home.as_ref()) {
@@ -79,7 +146,7 @@ impl Engine {
             }
             self.home_flushed_gen.fetch_max(written, Ordering::AcqRel);
         }
-        self.ack()
+        Ok(())
     }
 
     // ----- commit thread --------------------------------------------------
@@ -154,17 +221,19 @@ impl Engine {
             let sized = st.credits_since_cut >= self.max_txn_blocks / 2;
             // A sync request nobody leads (a leader that hit shutdown).
             let orphan = st.want_commit >= st.running_tid && st.shutdown;
+            // Completions are led here (see `when_durable`).
+            let completions = st.async_want >= st.running_tid;
             let drain = st.shutdown;
             if !(self.can_lead(&st) || (drain && !st.cutting && st.in_flight < self.pipeline_depth))
                 || st.error.is_some()
-                || !(timed || sized || drain || orphan)
+                || !(timed || sized || drain || orphan || completions)
             {
                 let deadline = st.running_created + self.opts.commit_interval;
                 self.kick.wait_until(st.inner(), deadline);
                 continue;
             }
             let tid = st.running_tid;
-            st = self.commit_once(st, false);
+            st = self.commit_once(st, completions);
             if drain && st.committed_tid >= tid && st.last_cut_empty {
                 return;
             }
@@ -251,9 +320,7 @@ impl Engine {
         }
         // Hand the lead: a waiter of the next transaction may start its
         // commit now, while ours is written (pipelining).
-        if st.want_commit >= st.running_tid && self.can_lead(&st) {
-            self.done[Self::slot(st.running_tid)].notify_one();
-        }
+        self.hand_lead(&st);
         let outcome = match planned {
             None => {
                 // No block was written: the cut's credits return at once.
@@ -279,7 +346,7 @@ impl Engine {
         // Phase 4.
         st.finished.insert(tid, outcome);
         self.publish_ready(&mut st);
-        st
+        self.run_due(st)
     }
 
     /// Publishes, in tid order, every finished transaction whose
@@ -324,15 +391,25 @@ impl Engine {
             }
             self.done[Self::slot(tid)].notify_all();
         }
+        if !st.durable_cbs.is_empty() && st.error.is_none() {
+            let mut i = 0;
+            while i < st.durable_cbs.len() {
+                if st.durable_cbs[i].0 <= st.committed_tid {
+                    let (_, done) = st.durable_cbs.swap_remove(i);
+                    st.cbs_due.push(done);
+                    st.sync_waiters -= 1;
+                } else {
+                    i += 1;
+                }
+            }
+        }
         if st.error.is_some() {
             st.in_flight = 0;
             self.wake_all_waiters();
             return;
         }
         // Hand the lead to one waiter of the running transaction, if any.
-        if st.want_commit >= st.running_tid && self.can_lead(st) {
-            self.done[Self::slot(st.running_tid)].notify_one();
-        }
+        self.hand_lead(st);
         // The commit thread only has work here if a size trigger or the
         // drain was held back by the commit in flight (its age trigger is a
         // timed wait). Waking it after every commit cost a context switch
@@ -342,6 +419,18 @@ impl Engine {
         }
         if st.space_waiters > 0 {
             self.space.notify_all();
+        }
+    }
+
+    /// Lets the next commit start if somebody wants it and it may: one
+    /// sleeping waiter of the running transaction leads it, or — for
+    /// completions — the commit thread.
+    fn hand_lead(&self, st: &JState) {
+        if st.want_commit >= st.running_tid && self.can_lead(st) {
+            self.done[Self::slot(st.running_tid)].notify_one();
+            if st.async_want >= st.running_tid {
+                self.kick.notify_one();
+            }
         }
     }
 

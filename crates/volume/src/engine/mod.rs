@@ -216,6 +216,15 @@ struct JState {
     log: LogSpace,
     space_waiters: u32,
     checkpointed_tid: Tid,
+    /// Sync requests that did not wait ([`Engine::when_durable`]): their
+    /// transaction and what to tell when it is published. The commit thread
+    /// leads their commits.
+    durable_cbs: Vec<(Tid, Completion)>,
+    /// Highest transaction in `durable_cbs`.
+    async_want: Tid,
+    /// Completions whose transaction was published (or failed), run once
+    /// the state lock is released (see `Engine::run_due`).
+    cbs_due: Vec<Completion>,
     error: Option<String>,
     shutdown: bool,
     checkpoint_shutdown: bool,
@@ -236,6 +245,12 @@ pub struct StatsInner {
     pub chained_commits: u64,
     pub log_space_waits: u64,
 }
+
+/// Receives the outcome of a request that did not wait for durability
+/// ([`Engine::when_durable`], `Volume::write_at_then`): called exactly once,
+/// on the caller's thread or on a commit's, never under an engine lock. It
+/// should only hand the outcome on (queue a reply, wake a task).
+pub type Completion = Box<dyn FnOnce(Result<()>) + Send + 'static>;
 
 /// One write operation of a journaled request, in bytes.
 pub enum Op<'a> {
@@ -363,6 +378,9 @@ impl Engine {
             log: LogSpace::new(first, jsb.max_len, jsb.sequence),
             space_waiters: 0,
             checkpointed_tid: 0,
+            durable_cbs: Vec::new(),
+            async_want: 0,
+            cbs_due: Vec::new(),
             error: None,
             shutdown: false,
             checkpoint_shutdown: false,
@@ -480,6 +498,7 @@ impl Engine {
     pub fn abort(&self, why: String) {
         let mut st = self.state();
         self.record_abort(&mut st, why);
+        drop(self.run_due(st));
     }
 
     /// [`Engine::abort`] for a caller that holds the state lock: records
@@ -491,6 +510,11 @@ impl Engine {
             st.error = Some(why);
         }
         self.aborted.store(true, Ordering::Release);
+        // Completions waiting for a commit fail (run by whoever releases
+        // the state lock through `run_due`).
+        st.sync_waiters -= st.durable_cbs.len() as u32;
+        let failed = std::mem::take(&mut st.durable_cbs);
+        st.cbs_due.extend(failed.into_iter().map(|(_, cb)| cb));
         self.done.iter().for_each(|c| {
             c.notify_all();
         });

@@ -9,6 +9,31 @@ impl Engine {
     /// Applies `ops` atomically through the journal; with `fua`, returns only
     /// once they are durable. Ops are applied in order (later ones win).
     pub fn journaled(&self, ops: &[Op<'_>], fua: bool) -> Result<()> {
+        match self.journal_ops(ops)? {
+            None if fua => self.flush(),
+            Some(tid) if fua => {
+                self.wait_commit(tid)?;
+                self.ack()
+            }
+            _ => self.ack(),
+        }
+    }
+
+    /// [`Engine::journaled`] that does not wait for durability: the ops are
+    /// visible when this returns and `done` runs once they are durable (at
+    /// once without `fua`), or with the error that stopped them.
+    pub fn journaled_then(&self, ops: &[Op<'_>], fua: bool, done: Completion) {
+        match self.journal_ops(ops) {
+            Err(e) => done(Err(e)),
+            Ok(None) if fua => self.flush_then(done),
+            Ok(Some(tid)) if fua => self.when_durable(tid, done),
+            Ok(_) => done(self.ack()),
+        }
+    }
+
+    /// Adds `ops` to the running transaction (visible to readers on return)
+    /// and returns its id, or None if the ops touch no block.
+    fn journal_ops(&self, ops: &[Op<'_>]) -> Result<Option<Tid>> {
         self.check_writable()?;
         let bs = self.bs as u64;
         // Blocks touched, with the byte coverage of each piece, sorted by
@@ -28,10 +53,7 @@ impl Engine {
             }
         }
         if touched.is_empty() {
-            if fua {
-                return self.flush();
-            }
-            return Ok(());
+            return Ok(None);
         }
         touched.sort_unstable();
         // Distinct blocks (ascending), and whether each is only partly written.
@@ -162,10 +184,7 @@ impl Engine {
             stripe.data_blocks += n;
             drop(guards);
             drop(stripe);
-            if fua {
-                self.wait_commit(tid)?;
-            }
-            return self.ack();
+            return Ok(Some(tid));
         }
     }
 
