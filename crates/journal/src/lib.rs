@@ -7,19 +7,25 @@
 //! * [`recovery`] — scan, revoke and replay passes.
 //! * [`space`] — the log ring's ledger: placement, sequence, space
 //!   accounting and its wait queue, how far the tail may move.
+//! * [`order`] — [`Journal`]: the ledger plus the commit order (cut,
+//!   in-flight depth, in-order publication, stop after a failure, the
+//!   checkpointed transaction).
 //!
-//! The commit thread, group commit and checkpointing live in the volume
-//! crate, which owns the in-memory state they act on.
+//! The threads (commit, group commit's waiting, checkpoint I/O) live in the
+//! volume crate, which owns what transactions hold; the rules they follow
+//! are here.
 #![deny(unsafe_code)]
 
 pub mod error;
 pub mod format;
+pub mod order;
 pub mod recovery;
 pub mod region;
 pub mod space;
 pub mod writer;
 
 pub use error::{JournalError, Result};
+pub use order::{Journal, LogCost, Outcome};
 pub use region::JournalRegion;
 
 /// Position of the next log block after `pos` in a log occupying

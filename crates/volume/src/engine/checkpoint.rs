@@ -15,11 +15,11 @@ impl Engine {
                         return;
                     }
                     let have = !self.committed.lock().is_empty();
-                    let fill_high = st.log.fill_at_least(1, 4);
+                    let fill_high = st.j.space.fill_at_least(1, 4);
                     if have && (st.checkpoint_request || fill_high || st.checkpoint_shutdown) {
                         break;
                     }
-                    if st.checkpoint_shutdown && !have && st.committed_tid + 1 >= st.running_tid {
+                    if st.checkpoint_shutdown && !have && st.j.committed() + 1 >= st.j.running() {
                         return;
                     }
                     let timed_out = self
@@ -41,8 +41,9 @@ impl Engine {
                         }
                     }
                 }
-                urgent =
-                    st.space_waiters > 0 || st.log.fill_at_least(3, 4) || st.checkpoint_shutdown;
+                urgent = st.space_waiters > 0
+                    || st.j.space.fill_at_least(3, 4)
+                    || st.checkpoint_shutdown;
                 st.checkpoint_request = false;
             }
             let batch: Vec<CommittedTxn> = {
@@ -174,7 +175,7 @@ impl Engine {
             // IMPORTANT: never past a transaction still in flight: it may be
             // acknowledged after this superblock update, and recovery must
             // then still find it.
-            let at = st.log.tail(q.front().map(|t| Placement {
+            let at = st.j.space.tail(q.front().map(|t| Placement {
                 sequence: t.sequence,
                 head: t.start_pos,
             }));
@@ -195,8 +196,8 @@ impl Engine {
         let freed: u64 = batch.iter().map(|t| t.log_blocks).sum();
         {
             let mut st = self.state();
-            st.log.checkpointed(freed);
-            st.checkpointed_tid = last.tid;
+            st.j.checkpointed(last.tid, freed);
+
             self.space.notify_all();
         }
         // Forget versions that are now home and durable, and tombstones

@@ -7,7 +7,7 @@ impl Engine {
     /// Whether a new commit may start now: nobody is cutting, fewer than
     /// `pipeline_depth` commits are in flight, no error, not shut down.
     pub(super) fn can_lead(&self, st: &JState) -> bool {
-        !st.cutting && st.in_flight < self.pipeline_depth && st.error.is_none() && !st.shutdown
+        !st.cutting && st.j.has_room() && st.error.is_none() && !st.shutdown
     }
 
     pub(super) fn slot(tid: Tid) -> usize {
@@ -27,7 +27,7 @@ impl Engine {
         if st.error.is_some() {
             return Err(Self::aborted_error(&st));
         }
-        if st.committed_tid >= tid {
+        if st.j.committed() >= tid {
             return Ok(());
         }
         st.sync_waiters += 1;
@@ -35,10 +35,10 @@ impl Engine {
             st.want_commit = tid;
         }
         st.sync_peak = st.sync_peak.max(st.sync_waiters);
-        if tid == st.running_tid {
+        if tid == st.j.running() {
             st.running_waiters += 1;
         }
-        if tid == st.running_tid && st.running_first_sync.is_none() {
+        if tid == st.j.running() && st.running_first_sync.is_none() {
             st.running_first_sync = Some(Instant::now());
         }
         // Wake a batching leader only when its batch is complete (its exit
@@ -47,15 +47,15 @@ impl Engine {
         if st.running_waiters >= Self::batch_target(&st) {
             self.joined.notify_one();
         }
-        while st.committed_tid < tid && st.error.is_none() {
-            if tid == st.running_tid && self.can_lead(&st) {
+        while st.j.committed() < tid && st.error.is_none() {
+            if tid == st.j.running() && self.can_lead(&st) {
                 st = self.commit_once(st, true);
                 continue;
             }
             self.done[Self::slot(tid)].wait(st.inner());
         }
         st.sync_waiters -= 1;
-        if st.committed_tid >= tid && st.error.is_none() {
+        if st.j.committed() >= tid && st.error.is_none() {
             Ok(())
         } else {
             Err(Self::aborted_error(&st))
@@ -71,7 +71,7 @@ impl Engine {
     /// NBD worker) never sits out a batching wait or a commit's I/O.
     pub fn when_durable(&self, tid: Tid, done: Completion) {
         let mut st = self.state();
-        if st.error.is_some() || st.committed_tid >= tid {
+        if st.error.is_some() || st.j.committed() >= tid {
             drop(st);
             return done(self.ack());
         }
@@ -84,7 +84,7 @@ impl Engine {
         st.want_commit = st.want_commit.max(tid);
         st.async_want = st.async_want.max(tid);
         st.sync_peak = st.sync_peak.max(st.sync_waiters);
-        if tid == st.running_tid {
+        if tid == st.j.running() {
             st.running_waiters += 1;
             if st.running_first_sync.is_none() {
                 st.running_first_sync = Some(Instant::now());
@@ -96,7 +96,7 @@ impl Engine {
         }
         // Only the first completion of a transaction finds the commit thread
         // free to lead (it then holds `cutting`): one wake-up per commit.
-        if tid == st.running_tid && self.can_lead(&st) {
+        if tid == st.j.running() && self.can_lead(&st) {
             self.kick.notify_one();
         }
     }
@@ -118,7 +118,7 @@ impl Engine {
     /// Makes every write that returned before this call durable.
     pub fn flush(&self) -> Result<()> {
         self.check_writable()?;
-        let tid = self.state().running_tid;
+        let tid = self.state().j.running();
         self.wait_commit(tid)?;
         self.flush_home()?;
         self.ack()
@@ -129,7 +129,7 @@ impl Engine {
         if let Err(e) = self.check_writable().and_then(|()| self.flush_home()) {
             return done(Err(e));
         }
-        let tid = self.state().running_tid;
+        let tid = self.state().j.running();
         self.when_durable(tid, done);
     }
 
@@ -220,11 +220,11 @@ impl Engine {
             let timed = st.running_created.elapsed() >= self.opts.commit_interval;
             let sized = st.credits_since_cut >= self.max_txn_blocks / 2;
             // A sync request nobody leads (a leader that hit shutdown).
-            let orphan = st.want_commit >= st.running_tid && st.shutdown;
+            let orphan = st.want_commit >= st.j.running() && st.shutdown;
             // Completions are led here (see `when_durable`).
-            let completions = st.async_want >= st.running_tid;
+            let completions = st.async_want >= st.j.running();
             let drain = st.shutdown;
-            if !(self.can_lead(&st) || (drain && !st.cutting && st.in_flight < self.pipeline_depth))
+            if !(self.can_lead(&st) || (drain && !st.cutting && st.j.has_room()))
                 || st.error.is_some()
                 || !(timed || sized || drain || orphan || completions)
             {
@@ -232,9 +232,9 @@ impl Engine {
                 self.kick.wait_until(st.inner(), deadline);
                 continue;
             }
-            let tid = st.running_tid;
+            let tid = st.j.running();
             st = self.commit_once(st, completions);
-            if drain && st.committed_tid >= tid && st.last_cut_empty {
+            if drain && st.j.committed() >= tid && st.last_cut_empty {
                 return;
             }
         }
@@ -288,33 +288,37 @@ impl Engine {
             return st;
         }
         // Phase 2.
-        let tid = st.running_tid;
+        let tid = st.j.running();
         let waiters = st.running_waiters;
         st.running_waiters = 0;
         st.sync_population = st.sync_peak;
         st.sync_peak = st.sync_waiters;
         let started = Instant::now();
         let (blocks, revokes, charged, unspent) = self.cut(tid);
-        st.log.give_back(unspent);
-        st.running_tid = tid + 1;
+        st.j.space.give_back(unspent);
         st.running_created = started;
         st.running_first_sync = None;
         st.credits_since_cut = 0;
         let empty = blocks.is_empty() && revokes.is_empty();
         st.last_cut_empty = empty;
         st.cutting = false;
-        st.in_flight += 1;
-        let planned = (!empty).then(|| {
+        let planned = if empty {
+            let cut = st.j.cut(None);
+            debug_assert_eq!(cut.tid, tid);
+            None
+        } else {
             let (newest, revoke_list) = resolve(blocks, revokes);
             let k = writer::transaction_blocks(self.bs, newest.len(), revoke_list.len());
-            let at = st.log.lay_out(tid, k);
+            let cut = st.j.cut(Some(k));
+            debug_assert_eq!(cut.tid, tid);
+            let at = cut.placement.expect("laid out");
             let layout = Layout {
                 sequence: at.sequence,
                 head: at.head,
-                chained: st.in_flight > 1,
+                chained: cut.chained,
             };
-            (newest, revoke_list, layout)
-        });
+            Some((newest, revoke_list, layout))
+        };
         if waiters > 0 {
             st.last_batch_waiters = waiters;
         }
@@ -324,8 +328,8 @@ impl Engine {
         let outcome = match planned {
             None => {
                 // No block was written: the cut's credits return at once.
-                st.log.give_back(charged);
-                Finished::Empty
+                st.j.space.give_back(charged);
+                Outcome::Empty
             }
             Some((newest, revoke_list, layout)) => {
                 drop(st);
@@ -333,18 +337,21 @@ impl Engine {
                 let res = self.write_commit(tid, &layout, newest, revoke_list, charged);
                 st = self.state();
                 match res {
-                    Ok(txn) => Finished::Written(txn, started.elapsed()),
+                    Ok(mut txn) => {
+                        txn.elapsed = started.elapsed();
+                        Outcome::Written(txn)
+                    }
                     Err(e) => {
                         // IMPORTANT: recorded under the same lock hold that
                         // ends the commit, before anything could publish past it.
                         self.record_abort(&mut st, format!("journal commit failed: {e}"));
-                        Finished::Failed
+                        Outcome::Failed
                     }
                 }
             }
         };
         // Phase 4.
-        st.finished.insert(tid, outcome);
+        st.j.finish(tid, outcome);
         self.publish_ready(&mut st);
         self.run_due(st)
     }
@@ -353,48 +360,36 @@ impl Engine {
     /// predecessors are all published: `committed_tid`, log space, the
     /// checkpoint queue, statistics; wakes their waiters.
     pub(super) fn publish_ready(&self, st: &mut JState) {
-        while let Some(outcome) = st.finished.remove(&(st.committed_tid + 1)) {
-            let tid = st.committed_tid + 1;
-            if st.error.is_some() {
-                // Nothing is published after an error; drop what is left.
-                st.finished.clear();
-                break;
-            }
-            st.in_flight -= 1;
-            match outcome {
-                Finished::Empty => st.committed_tid = tid,
-                Finished::Written(txn, elapsed) => {
-                    let ns = elapsed.as_nanos().min(u64::MAX as u128) as u64;
-                    st.avg_commit_ns = if st.avg_commit_ns == 0 {
-                        ns
-                    } else {
-                        (st.avg_commit_ns * 3 + ns) / 4
-                    };
-                    st.committed_tid = tid;
-                    st.last_published = Instant::now();
-                    st.log.publish(tid, txn.log_blocks, txn.charged);
-                    {
-                        let mut s = self.stats.lock();
-                        s.commits += 1;
-                        s.data_blocks += txn.blocks.len() as u64;
-                        s.log_blocks += txn.log_blocks;
-                        let _ = s
-                            .commit_latency_us
-                            .record((elapsed.as_micros() as u64).max(1));
-                    }
-                    self.committed.lock().push_back(txn);
-                    if st.log.fill_at_least(1, 4) {
-                        self.checkpoint_kick.notify_one();
-                    }
+        // After an error the journal publishes nothing (`Journal::fail`).
+        while let Some((tid, txn)) = st.j.publish_next() {
+            if let Some(txn) = txn {
+                let ns = txn.elapsed.as_nanos().min(u64::MAX as u128) as u64;
+                st.avg_commit_ns = if st.avg_commit_ns == 0 {
+                    ns
+                } else {
+                    (st.avg_commit_ns * 3 + ns) / 4
+                };
+                st.last_published = Instant::now();
+                {
+                    let mut s = self.stats.lock();
+                    s.commits += 1;
+                    s.data_blocks += txn.blocks.len() as u64;
+                    s.log_blocks += txn.log_blocks;
+                    let _ = s
+                        .commit_latency_us
+                        .record((txn.elapsed.as_micros() as u64).max(1));
                 }
-                Finished::Failed => unreachable!("a failure sets the error first"),
+                self.committed.lock().push_back(txn);
+                if st.j.space.fill_at_least(1, 4) {
+                    self.checkpoint_kick.notify_one();
+                }
             }
             self.done[Self::slot(tid)].notify_all();
         }
         if !st.durable_cbs.is_empty() && st.error.is_none() {
             let mut i = 0;
             while i < st.durable_cbs.len() {
-                if st.durable_cbs[i].0 <= st.committed_tid {
+                if st.durable_cbs[i].0 <= st.j.committed() {
                     let (_, done) = st.durable_cbs.swap_remove(i);
                     st.cbs_due.push(done);
                     st.sync_waiters -= 1;
@@ -404,7 +399,6 @@ impl Engine {
             }
         }
         if st.error.is_some() {
-            st.in_flight = 0;
             self.wake_all_waiters();
             return;
         }
@@ -426,9 +420,9 @@ impl Engine {
     /// sleeping waiter of the running transaction leads it, or — for
     /// completions — the commit thread.
     fn hand_lead(&self, st: &JState) {
-        if st.want_commit >= st.running_tid && self.can_lead(st) {
-            self.done[Self::slot(st.running_tid)].notify_one();
-            if st.async_want >= st.running_tid {
+        if st.want_commit >= st.j.running() && self.can_lead(st) {
+            self.done[Self::slot(st.j.running())].notify_one();
+            if st.async_want >= st.j.running() {
                 self.kick.notify_one();
             }
         }
@@ -438,7 +432,7 @@ impl Engine {
     /// acknowledged), or the journal aborts.
     pub(super) fn wait_published(&self, tid: Tid) -> Result<()> {
         let mut st = self.state();
-        while st.committed_tid < tid && st.error.is_none() {
+        while st.j.committed() < tid && st.error.is_none() {
             self.done[Self::slot(tid)].wait(st.inner());
         }
         match &st.error {
@@ -548,6 +542,7 @@ impl Engine {
             charged,
             blocks: newest.into_iter().map(|(b, (v, r))| (b, v, r)).collect(),
             revokes: revoke_list,
+            elapsed: Duration::ZERO,
         })
     }
 }

@@ -11,6 +11,11 @@
 //! * [`direct`] — direct home writes with revokes;
 //! * [`checkpoint`] — the checkpoint thread and the tail.
 //!
+//! The rules of the log itself — space, placement, cut order, in-flight
+//! depth, in-order publication, nothing published after a failure, how far
+//! the tail may move — are `jbdev_journal::Journal`'s (unit-tested there);
+//! the engine keeps one in its state and does the I/O and the waiting.
+//!
 //! # Joining a transaction
 //! Writers never touch one global lock or counter per write: a cache line
 //! every write touches caps throughput however many cores there are.
@@ -63,9 +68,10 @@ use std::time::{Duration, Instant, SystemTime};
 use crossbeam_utils::CachePadded;
 use jbdev_device::{AlignedBuf, BlockDevice, FlushCoalescer, IoPriority, WriteReq};
 use jbdev_journal::format::{DescriptorBlock, JournalSuperblock, RevokeBlock};
-use jbdev_journal::space::{LogSpace, Placement, Ticket};
+use jbdev_journal::space::{Placement, Ticket};
 use jbdev_journal::writer::{self, LogBlock};
 use jbdev_journal::JournalRegion;
+use jbdev_journal::{Journal, Outcome};
 use parking_lot::{Condvar, Mutex, RwLock};
 use smallvec::SmallVec;
 
@@ -153,15 +159,17 @@ pub struct CommittedTxn {
     pub charged: u64,
     pub blocks: Vec<(Lba, u64, BlockRef)>,
     pub revokes: Vec<Lba>,
+    /// How long its commit took (cut to flushed).
+    pub elapsed: Duration,
 }
 
-/// How a cut transaction's I/O ended.
-enum Finished {
-    /// Nothing to write (an empty cut still takes its turn in order).
-    Empty,
-    Written(CommittedTxn, Duration),
-    /// The journal was aborted with the error when the I/O failed.
-    Failed,
+impl jbdev_journal::LogCost for CommittedTxn {
+    fn log_blocks(&self) -> u64 {
+        self.log_blocks
+    }
+    fn charged(&self) -> u64 {
+        self.charged
+    }
 }
 
 /// The log layout of a cut transaction, fixed under the state lock so that
@@ -176,19 +184,16 @@ struct Layout {
 
 /// State shared by writers, the commit thread and the checkpoint thread.
 struct JState {
-    running_tid: Tid,
+    /// The journal's core: the log ring's ledger (placement, sequence,
+    /// used / granted / free blocks, the space queue, the tail) and the
+    /// commit order (running, in flight, published, checkpointed).
+    j: Journal<CommittedTxn>,
     running_created: Instant,
     /// When the first sync request for the running transaction arrived.
     running_first_sync: Option<Instant>,
-    committed_tid: Tid,
     /// A leader is between deciding to commit the running transaction and
     /// cutting it (its batching wait): nobody else may start one.
     cutting: bool,
-    /// Transactions cut and not yet published (their I/O runs, or they wait
-    /// for an older one to be published first). At most `pipeline_depth`.
-    in_flight: u32,
-    /// Transactions whose I/O finished, waiting to be published in order.
-    finished: BTreeMap<Tid, Finished>,
     /// The newest cut found nothing to commit (drain is complete).
     last_cut_empty: bool,
     /// Highest transaction somebody asked to be committed.
@@ -210,12 +215,7 @@ struct JState {
     last_published: Instant,
     avg_commit_ns: u64,
     credits_since_cut: u64,
-    /// The log ring's ledger: placement and sequence of the next
-    /// transaction, used / granted / free blocks, the space queue, how far
-    /// the tail may move.
-    log: LogSpace,
     space_waiters: u32,
-    checkpointed_tid: Tid,
     /// Sync requests that did not wait ([`Engine::when_durable`]): their
     /// transaction and what to tell when it is published. The commit thread
     /// leads their commits.
@@ -291,7 +291,6 @@ pub struct Engine {
     /// in-flight transactions and the running one can have waiters (at most
     /// `pipeline_depth + 1 <= DONE_SLOTS`), so a commit wakes only its own.
     done: [Condvar; DONE_SLOTS],
-    pipeline_depth: u32,
     space: Condvar,
     checkpoint_kick: Condvar,
     committed: Mutex<VecDeque<CommittedTxn>>,
@@ -358,13 +357,16 @@ impl Engine {
         let first = jsb.first;
         let tid0: Tid = 1;
         let st = JState {
-            running_tid: tid0,
+            j: Journal::new(
+                first,
+                jsb.max_len,
+                jsb.sequence,
+                tid0,
+                opts.pipeline_depth.clamp(1, MAX_PIPELINE_DEPTH),
+            ),
             running_created: Instant::now(),
             running_first_sync: None,
-            committed_tid: tid0 - 1,
             cutting: false,
-            in_flight: 0,
-            finished: BTreeMap::new(),
             last_cut_empty: false,
             want_commit: 0,
             sync_waiters: 0,
@@ -375,9 +377,7 @@ impl Engine {
             last_published: Instant::now(),
             avg_commit_ns: 0,
             credits_since_cut: 0,
-            log: LogSpace::new(first, jsb.max_len, jsb.sequence),
             space_waiters: 0,
-            checkpointed_tid: 0,
             durable_cbs: Vec::new(),
             async_want: 0,
             cbs_due: Vec::new(),
@@ -413,7 +413,6 @@ impl Engine {
             kick: Condvar::new(),
             joined: Condvar::new(),
             done: std::array::from_fn(|_| Condvar::new()),
-            pipeline_depth: opts.pipeline_depth.clamp(1, MAX_PIPELINE_DEPTH),
             space: Condvar::new(),
             checkpoint_kick: Condvar::new(),
             committed: Mutex::new(VecDeque::new()),
@@ -510,6 +509,7 @@ impl Engine {
             st.error = Some(why);
         }
         self.aborted.store(true, Ordering::Release);
+        st.j.fail();
         // Completions waiting for a commit fail (run by whoever releases
         // the state lock through `run_due`).
         st.sync_waiters -= st.durable_cbs.len() as u32;
@@ -552,7 +552,7 @@ impl Engine {
         if let Some(e) = &st.error {
             return Err(VolumeError::Aborted(e.clone()));
         }
-        let next = st.log.next_sequence();
+        let next = st.j.space.next_sequence();
         drop(st);
         self.home_flusher.flush(self.home.as_ref())?;
         let mut jsb = self.jsb.lock();
@@ -567,10 +567,10 @@ impl Engine {
     pub fn journal_state(&self) -> (u64, u64, Tid, Tid) {
         let st = self.state();
         (
-            st.log.used(),
-            st.log.capacity(),
-            st.committed_tid,
-            st.checkpointed_tid,
+            st.j.space.used(),
+            st.j.space.capacity(),
+            st.j.committed(),
+            st.j.checkpointed_tid(),
         )
     }
 

@@ -201,7 +201,7 @@ impl Engine {
         let mut ticket: Option<Ticket> = None;
         // A small stock so the next writes of this stripe need not come
         // here; bounded so stripes cannot hoard the journal.
-        let max_extra = (st.log.capacity() / (8 * STRIPES as u64)).min(64);
+        let max_extra = (st.j.space.capacity() / (8 * STRIPES as u64)).min(64);
         loop {
             let failed = if st.error.is_some() {
                 Some(Self::aborted_error(&st))
@@ -212,12 +212,12 @@ impl Engine {
             };
             if let Some(e) = failed {
                 if ticket.is_some() {
-                    st.log.abandon(need);
+                    st.j.space.abandon(need);
                     self.space.notify_all();
                 }
                 return Err(e);
             }
-            if let Some(grant) = st.log.try_grant(ticket, need, max_extra) {
+            if let Some(grant) = st.j.space.try_grant(ticket, need, max_extra) {
                 if ticket.is_some() {
                     // The next in the queue may be served now.
                     self.space.notify_all();
@@ -231,7 +231,7 @@ impl Engine {
                 return Ok(());
             }
             if ticket.is_none() {
-                ticket = Some(st.log.enqueue(need));
+                ticket = Some(st.j.space.enqueue(need));
                 self.stats.lock().log_space_waits += 1;
             }
             // Out of space: get the checkpoint going urgently, and commit
@@ -244,7 +244,7 @@ impl Engine {
             if self.can_lead(&st) {
                 st = self.commit_once(st, false);
             }
-            let ready = ticket.is_some() && st.log.may_grant(ticket, need);
+            let ready = ticket.is_some() && st.j.space.may_grant(ticket, need);
             if !ready && st.error.is_none() && !st.shutdown {
                 self.space.wait_for(st.inner(), Duration::from_millis(100));
             }
