@@ -77,6 +77,26 @@ pub trait Backend: Send + Sync + 'static {
     fn flush_then(&self, done: Done) {
         done(self.flush())
     }
+    /// [`Backend::write_at_then`] only if it can run without blocking the
+    /// calling thread (no device I/O, no wait for space); otherwise `done`
+    /// comes back unused and nothing changed. The server's network threads
+    /// try this first and pass what comes back to a worker. The default
+    /// never runs in place.
+    fn try_write_at_then(
+        &self,
+        buf: &[u8],
+        offset: u64,
+        fua: bool,
+        done: Done,
+    ) -> Result<(), Done> {
+        let _ = (buf, offset, fua);
+        Err(done)
+    }
+    /// [`Backend::flush_then`] only if it can run without blocking (see
+    /// [`Backend::try_write_at_then`]).
+    fn try_flush_then(&self, done: Done) -> Result<(), Done> {
+        Err(done)
+    }
     /// Deallocates; the range then reads as zeroes.
     fn trim(&self, offset: u64, length: u64, fua: bool) -> BackendResult<()>;
     fn write_zeroes(&self, offset: u64, length: u64, fua: bool) -> BackendResult<()>;
@@ -112,6 +132,18 @@ impl<B: Backend + ?Sized> Backend for Arc<B> {
     }
     fn flush_then(&self, done: Done) {
         (**self).flush_then(done)
+    }
+    fn try_write_at_then(
+        &self,
+        buf: &[u8],
+        offset: u64,
+        fua: bool,
+        done: Done,
+    ) -> Result<(), Done> {
+        (**self).try_write_at_then(buf, offset, fua, done)
+    }
+    fn try_flush_then(&self, done: Done) -> Result<(), Done> {
+        (**self).try_flush_then(done)
     }
     fn trim(&self, offset: u64, length: u64, fua: bool) -> BackendResult<()> {
         (**self).trim(offset, length, fua)
@@ -157,6 +189,29 @@ impl VolumeBackend {
         mut op: impl FnMut(u64, u64, jbdev_volume::WriteFlags) -> jbdev_volume::Result<()>,
     ) -> BackendResult<()> {
         op(offset, length, jbdev_volume::WriteFlags { fua }).map_err(map_volume_error)
+    }
+}
+
+impl VolumeBackend {
+    /// Hands what a non-blocking attempt left to do to `done`, or gives
+    /// `done` back if the attempt would have blocked.
+    fn finish_attempt(
+        &self,
+        attempt: Option<jbdev_volume::Result<jbdev_volume::Durability>>,
+        done: Done,
+    ) -> Result<(), Done> {
+        match attempt {
+            None => Err(done),
+            Some(Err(e)) => {
+                done(Err(map_volume_error(e)));
+                Ok(())
+            }
+            Some(Ok(d)) => {
+                self.volume
+                    .complete(d, Box::new(move |res| done(res.map_err(map_volume_error))));
+                Ok(())
+            }
+        }
     }
 }
 
@@ -208,6 +263,21 @@ impl Backend for VolumeBackend {
     fn flush_then(&self, done: Done) {
         self.volume
             .flush_then(Box::new(move |res| done(res.map_err(map_volume_error))))
+    }
+    fn try_write_at_then(
+        &self,
+        buf: &[u8],
+        offset: u64,
+        fua: bool,
+        done: Done,
+    ) -> Result<(), Done> {
+        let flags = jbdev_volume::WriteFlags { fua };
+        let attempt = self.volume.try_write_at(buf, offset, flags);
+        self.finish_attempt(attempt, done)
+    }
+    fn try_flush_then(&self, done: Done) -> Result<(), Done> {
+        let attempt = self.volume.try_flush();
+        self.finish_attempt(attempt, done)
     }
     fn trim(&self, offset: u64, length: u64, fua: bool) -> BackendResult<()> {
         let vol = &self.volume;

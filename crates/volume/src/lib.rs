@@ -24,7 +24,7 @@ mod overlay;
 pub mod superblock;
 mod volume;
 
-pub use engine::Completion;
+pub use engine::{Completion, Durability};
 pub use error::{Result, VolumeError};
 pub use jbdev_journal as journal;
 pub use options::{BatchPolicy, CommitMode, FormatOptions, JournalPlacement, OpenOptions};

@@ -12,7 +12,7 @@ use jbdev_journal::JournalRegion;
 use parking_lot::Mutex;
 
 use crate::bufpool::SharedBuf;
-use crate::engine::{Completion, Engine, Op};
+use crate::engine::{Completion, Durability, Engine, Op};
 use crate::overlay::{BlockRef, Overlay, Source, Version};
 use crate::superblock::{JournalLocation, VolumeSuperblock};
 use crate::{FormatOptions, JournalPlacement, OpenOptions, Result, VolumeError};
@@ -612,6 +612,49 @@ impl Volume {
             }
             Ok(Some(_)) => done(self.write_at(buf, offset, flags)),
         }
+    }
+
+    /// [`Volume::write_at`] only if it can run now without waiting: whole
+    /// blocks that fit in one transaction, with journal space free right
+    /// now. None if it would block (nothing changed); else the write is
+    /// done (visible) or failed, and what durability still needs goes to
+    /// [`Volume::complete`]. An NBD network thread runs most 4 KiB writes
+    /// itself this way and hands the rest to a worker (`write_at_then`).
+    pub fn try_write_at(
+        &self,
+        buf: &[u8],
+        offset: u64,
+        flags: WriteFlags,
+    ) -> Option<Result<Durability>> {
+        if let Err(e) = self
+            .check(offset, buf.len() as u64)
+            .and_then(|()| self.engine.check_writable())
+        {
+            return Some(Err(e));
+        }
+        if self.direct_part(offset, buf.len() as u64).is_some() {
+            return None;
+        }
+        self.engine
+            .try_journaled(&[Op::Write { offset, data: buf }], flags.fua)
+    }
+
+    /// [`Volume::flush`] only if it needs no device I/O on this thread (no
+    /// direct home write waits for a home flush); see [`Volume::try_write_at`].
+    pub fn try_flush(&self) -> Option<Result<Durability>> {
+        if self.closed.load(Ordering::Acquire) {
+            return Some(Err(VolumeError::Closed));
+        }
+        if self.engine.read_only {
+            return Some(Ok(Durability::NONE));
+        }
+        self.engine.try_flush()
+    }
+
+    /// Runs `done` once what `d` waits for is durable (at once if nothing),
+    /// or with the error if the volume aborts first.
+    pub fn complete(&self, d: Durability, done: Completion) {
+        self.engine.complete(d, done)
     }
 
     /// [`Volume::flush`] reporting to `done` instead of waiting (see

@@ -321,10 +321,14 @@ fn client(
         let r = rng.gen_range(0..100);
         if r < 8 {
             let start = clock.tick();
-            let res = if rng.gen_bool(0.5) {
-                vol.flush()
-            } else {
-                wait_then(|done| vol.flush_then(done))
+            let res = match rng.gen_range(0..3) {
+                0 => vol.flush(),
+                1 => wait_then(|done| vol.flush_then(done)),
+                _ => wait_then(|done| match vol.try_flush() {
+                    None => vol.flush_then(done),
+                    Some(Err(e)) => done(Err(e)),
+                    Some(Ok(d)) => vol.complete(d, done),
+                }),
             };
             let ack = res.is_ok().then(|| clock.tick());
             rec.lock().flushes.push(FlushRec { start, ack });
@@ -394,10 +398,10 @@ fn client(
             let res = if extents.len() == 1 {
                 let (off, len) = extents[0];
                 let data = stamped(id, off, len as usize);
-                if rng.gen_bool(0.5) {
-                    vol.write_at(&data, off, flags(fua))
-                } else {
-                    wait_then(|done| vol.write_at_then(&data, off, flags(fua), done))
+                match rng.gen_range(0..3) {
+                    0 => vol.write_at(&data, off, flags(fua)),
+                    1 => wait_then(|done| vol.write_at_then(&data, off, flags(fua), done)),
+                    _ => wait_then(|done| try_then_wait(vol, &data, off, fua, done)),
                 }
             } else {
                 let mut t = vol.transaction();
@@ -499,10 +503,10 @@ fn client(
             }
             _ => {
                 let (off, d) = &extents[0];
-                if rng.gen_bool(0.5) {
-                    vol.write_at(d, *off, flags(fua))
-                } else {
-                    wait_then(|done| vol.write_at_then(d, *off, flags(fua), done))
+                match rng.gen_range(0..3) {
+                    0 => vol.write_at(d, *off, flags(fua)),
+                    1 => wait_then(|done| vol.write_at_then(d, *off, flags(fua), done)),
+                    _ => wait_then(|done| try_then_wait(vol, d, *off, fua, done)),
                 }
             }
         };
@@ -540,6 +544,16 @@ fn wait_then(start: impl FnOnce(Completion)) -> jbdev_volume::Result<()> {
     }));
     rx.recv_timeout(SEED_LIMIT)
         .expect("a completion never ran (or its sender was dropped without running)")
+}
+
+/// `try_write_at`, and `write_at_then` if it would have blocked
+/// (as the NBD server does: network thread first, worker if it must wait).
+fn try_then_wait(vol: &Volume, data: &[u8], off: u64, fua: bool, done: Completion) {
+    match vol.try_write_at(data, off, flags(fua)) {
+        None => vol.write_at_then(data, off, flags(fua), done),
+        Some(Err(e)) => done(Err(e)),
+        Some(Ok(d)) => vol.complete(d, done),
+    }
 }
 
 // ---------------------------------------------------------------- checks

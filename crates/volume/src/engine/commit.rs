@@ -124,6 +124,22 @@ impl Engine {
         self.ack()
     }
 
+    /// [`Engine::flush`] only if it needs no I/O on this thread (no direct
+    /// home write waits for a home flush): what it waits for, to pass to
+    /// [`Engine::complete`]; None if it would block.
+    pub fn try_flush(&self) -> Option<Result<Durability>> {
+        if let Err(e) = self.check_writable() {
+            return Some(Err(e));
+        }
+        let written = self.home_written_gen.load(Ordering::Acquire);
+        if written > self.home_flushed_gen.load(Ordering::Acquire) {
+            return None;
+        }
+        Some(Ok(Durability {
+            tid: Some(self.state().j.running()),
+        }))
+    }
+
     /// [`Engine::flush`] reporting to `done` instead of waiting.
     pub fn flush_then(&self, done: Completion) {
         if let Err(e) = self.check_writable().and_then(|()| self.flush_home()) {

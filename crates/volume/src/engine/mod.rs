@@ -87,6 +87,8 @@ mod direct;
 mod read;
 mod write;
 
+pub use write::Durability;
+
 /// Shard guards a request holds, in ascending shard order.
 type ShardGuards<'a> = SmallVec<[(usize, Ranked<'a, crate::overlay::Shard>); 8]>;
 

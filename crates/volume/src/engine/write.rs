@@ -9,9 +9,9 @@ impl Engine {
     /// Applies `ops` atomically through the journal; with `fua`, returns only
     /// once they are durable. Ops are applied in order (later ones win).
     pub fn journaled(&self, ops: &[Op<'_>], fua: bool) -> Result<()> {
-        match self.journal_ops(ops)? {
-            None if fua => self.flush(),
-            Some(tid) if fua => {
+        match self.journal_ops(ops, false)? {
+            Joined::Nothing if fua => self.flush(),
+            Joined::In(tid) if fua => {
                 self.wait_commit(tid)?;
                 self.ack()
             }
@@ -23,17 +23,41 @@ impl Engine {
     /// visible when this returns and `done` runs once they are durable (at
     /// once without `fua`), or with the error that stopped them.
     pub fn journaled_then(&self, ops: &[Op<'_>], fua: bool, done: Completion) {
-        match self.journal_ops(ops) {
+        match self.journal_ops(ops, false) {
             Err(e) => done(Err(e)),
-            Ok(None) if fua => self.flush_then(done),
-            Ok(Some(tid)) if fua => self.when_durable(tid, done),
+            Ok(Joined::Nothing) if fua => self.flush_then(done),
+            Ok(Joined::In(tid)) if fua => self.when_durable(tid, done),
             Ok(_) => done(self.ack()),
         }
     }
 
-    /// Adds `ops` to the running transaction (visible to readers on return)
-    /// and returns its id, or None if the ops touch no block.
-    fn journal_ops(&self, ops: &[Op<'_>]) -> Result<Option<Tid>> {
+    /// [`Engine::journaled`] only if it needs no I/O and no wait for journal
+    /// space: None (nothing changed) if it would block; else the outcome of
+    /// adding `ops` to the running transaction and what durability still
+    /// needs ([`Engine::complete`]). For a caller that must not block (an
+    /// NBD network thread), which then hands the request to a thread that may.
+    pub fn try_journaled(&self, ops: &[Op<'_>], fua: bool) -> Option<Result<Durability>> {
+        match self.journal_ops(ops, true) {
+            Err(e) => Some(Err(e)),
+            Ok(Joined::WouldBlock) => None,
+            Ok(Joined::Nothing) if fua => self.try_flush(),
+            Ok(Joined::In(tid)) if fua => Some(Ok(Durability { tid: Some(tid) })),
+            Ok(_) => Some(Ok(Durability { tid: None })),
+        }
+    }
+
+    /// Runs `done` once `d` is satisfied (see [`Engine::try_journaled`]).
+    pub fn complete(&self, d: Durability, done: Completion) {
+        match d.tid {
+            Some(tid) => self.when_durable(tid, done),
+            None => done(self.ack()),
+        }
+    }
+
+    /// Adds `ops` to the running transaction (visible to readers on return).
+    /// With `nowait`, gives up (changing nothing) where it would read home
+    /// (a partial block) or wait for journal space.
+    fn journal_ops(&self, ops: &[Op<'_>], nowait: bool) -> Result<Joined> {
         self.check_writable()?;
         let bs = self.bs as u64;
         // Blocks touched, with the byte coverage of each piece, sorted by
@@ -53,7 +77,7 @@ impl Engine {
             }
         }
         if touched.is_empty() {
-            return Ok(None);
+            return Ok(Joined::Nothing);
         }
         touched.sort_unstable();
         // Distinct blocks (ascending), and whether each is only partly written.
@@ -62,6 +86,9 @@ impl Engine {
         for group in touched.chunk_by(|a, b| a.0 == b.0) {
             lbas.push(group[0].0);
             partial.push(!covers_block(group, self.bs));
+        }
+        if nowait && partial.iter().any(|&p| p) {
+            return Ok(Joined::WouldBlock);
         }
         let n = lbas.len() as u64;
         if credits_for_blocks(n, self.bs) > self.max_txn_blocks {
@@ -105,7 +132,13 @@ impl Engine {
                     (s.credits, stripe_charge(&s, n, self.bs))
                 };
                 if have < need {
-                    self.reserve(stripe_idx, need - have)?;
+                    if nowait {
+                        if !self.try_reserve(stripe_idx, need - have)? {
+                            return Ok(Joined::WouldBlock);
+                        }
+                    } else {
+                        self.reserve(stripe_idx, need - have)?;
+                    }
                     continue;
                 }
             }
@@ -184,7 +217,7 @@ impl Engine {
             stripe.data_blocks += n;
             drop(guards);
             drop(stripe);
-            return Ok(Some(tid));
+            return Ok(Joined::In(tid));
         }
     }
 
@@ -199,9 +232,7 @@ impl Engine {
     pub(super) fn reserve(&self, stripe_idx: usize, need: u64) -> Result<()> {
         let mut st = self.state();
         let mut ticket: Option<Ticket> = None;
-        // A small stock so the next writes of this stripe need not come
-        // here; bounded so stripes cannot hoard the journal.
-        let max_extra = (st.j.space.capacity() / (8 * STRIPES as u64)).min(64);
+        let max_extra = Self::max_extra_credits(&st);
         loop {
             let failed = if st.error.is_some() {
                 Some(Self::aborted_error(&st))
@@ -222,12 +253,7 @@ impl Engine {
                     // The next in the queue may be served now.
                     self.space.notify_all();
                 }
-                st.credits_since_cut += grant;
-                if st.credits_since_cut >= self.max_txn_blocks / 2 {
-                    self.kick.notify_one();
-                }
-                drop(st);
-                self.stripe(stripe_idx).credits += grant;
+                self.granted(st, stripe_idx, grant);
                 return Ok(());
             }
             if ticket.is_none() {
@@ -251,6 +277,68 @@ impl Engine {
             st.space_waiters -= 1;
         }
     }
+}
+
+impl Engine {
+    /// [`Engine::reserve`] without waiting: Ok(false) if the credits are not
+    /// free right now (or writers queue for space ahead of us).
+    fn try_reserve(&self, stripe_idx: usize, need: u64) -> Result<bool> {
+        let mut st = self.state();
+        if st.error.is_some() {
+            return Err(Self::aborted_error(&st));
+        }
+        if st.shutdown {
+            return Err(VolumeError::Closed);
+        }
+        let max_extra = Self::max_extra_credits(&st);
+        match st.j.space.try_grant(None, need, max_extra) {
+            Some(grant) => {
+                self.granted(st, stripe_idx, grant);
+                Ok(true)
+            }
+            None => Ok(false),
+        }
+    }
+
+    /// A small stock of credits beyond a request's need, so the next writes
+    /// of its stripe need not take the state lock; bounded so stripes cannot
+    /// hoard the journal.
+    fn max_extra_credits(st: &JState) -> u64 {
+        (st.j.space.capacity() / (8 * STRIPES as u64)).min(64)
+    }
+
+    /// Moves `grant` credits, just taken from the ledger, to a stripe.
+    fn granted(&self, mut st: Ranked<'_, JState>, stripe_idx: usize, grant: u64) {
+        st.credits_since_cut += grant;
+        if st.credits_since_cut >= self.max_txn_blocks / 2 {
+            self.kick.notify_one();
+        }
+        drop(st);
+        self.stripe(stripe_idx).credits += grant;
+    }
+}
+
+/// What a request started without blocking still needs before it is
+/// complete: nothing, or the commit of a transaction.
+#[derive(Clone, Copy, Debug)]
+#[must_use]
+pub struct Durability {
+    pub(super) tid: Option<Tid>,
+}
+
+impl Durability {
+    /// Nothing to wait for.
+    pub const NONE: Durability = Durability { tid: None };
+}
+
+/// What a journaled request did to the running transaction.
+enum Joined {
+    /// It touched no block.
+    Nothing,
+    /// It joined this transaction.
+    In(Tid),
+    /// It would have had to wait (only when asked not to): nothing changed.
+    WouldBlock,
 }
 
 /// True if the pieces `(block, lo, hi)` of one block, sorted by `lo`,
