@@ -83,6 +83,15 @@ pub trait BlockDevice: Send + Sync {
     /// Reads `bufs` back to back starting at `offset`.
     fn read_vectored_at(&self, bufs: &mut [IoSliceMut<'_>], offset: u64) -> Result<()>;
 
+    /// Reads `bufs` at `offset` only if that needs no device I/O (the bytes
+    /// are in a cache): `Ok(true)` when read, `Ok(false)` when the read would
+    /// have to wait for the device (`bufs` then hold unspecified bytes). For
+    /// a caller that must not block. The default never reads.
+    fn try_read_cached(&self, bufs: &mut [IoSliceMut<'_>], offset: u64) -> Result<bool> {
+        let _ = (bufs, offset);
+        Ok(false)
+    }
+
     /// Writes `bufs` back to back starting at `offset`.
     fn write_vectored_at(&self, bufs: &[IoSlice<'_>], offset: u64, prio: IoPriority) -> Result<()>;
 

@@ -534,6 +534,65 @@ pub(crate) fn pread_cached(
     Ok(())
 }
 
+/// [`crate::BlockDevice::try_read_cached`] for a device with a buffered
+/// reader: one `preadv2(RWF_NOWAIT)`, which fails with EAGAIN (or reads
+/// short) instead of waiting for the device when a page is not cached.
+pub(crate) fn try_read_cached(
+    f: &DeviceFile,
+    bufs: &mut [IoSliceMut<'_>],
+    offset: u64,
+) -> Result<bool> {
+    use std::os::fd::AsRawFd;
+    check_request(
+        f.size_bytes,
+        f.logical_block_size,
+        offset,
+        iov_len_mut(bufs),
+    )?;
+    let Some(reader) = &f.cached_reader else {
+        return Ok(false);
+    };
+    let want = iov_len_mut(bufs);
+    if want == 0 {
+        return Ok(true);
+    }
+    // Callers pass a buffer or two; more go the blocking way.
+    const MAX_IOVS: usize = 8;
+    if bufs.len() > MAX_IOVS {
+        return Ok(false);
+    }
+    let mut iovs = [libc::iovec {
+        iov_base: std::ptr::null_mut(),
+        iov_len: 0,
+    }; MAX_IOVS];
+    for (iov, b) in iovs.iter_mut().zip(bufs.iter_mut()) {
+        iov.iov_base = b.as_mut_ptr().cast();
+        iov.iov_len = b.len();
+    }
+    // SAFETY: the first `bufs.len()` iovecs point into live `&mut` slices of
+    // `bufs`, which outlive the call; the kernel writes at most `iov_len`
+    // bytes to each.
+    let n = unsafe {
+        libc::preadv2(
+            reader.as_raw_fd(),
+            iovs.as_ptr(),
+            bufs.len() as libc::c_int,
+            offset as libc::off_t,
+            libc::RWF_NOWAIT,
+        )
+    };
+    if n < 0 {
+        let e = std::io::Error::last_os_error();
+        return match e.raw_os_error() {
+            // Not cached, or this file system cannot say without blocking.
+            Some(libc::EAGAIN) | Some(libc::EOPNOTSUPP) | Some(libc::EINTR) => Ok(false),
+            _ => Err(DeviceError::io("preadv2 (cached, nowait)", f.what(), e)),
+        };
+    }
+    // A short read: part of the range is not cached.
+    Ok(n as u64 == want)
+}
+
 /// Reads all of `bufs` at `offset`, bouncing through an aligned buffer if
 /// O_DIRECT needs it.
 pub(crate) fn pread_all(f: &DeviceFile, bufs: &mut [IoSliceMut<'_>], offset: u64) -> Result<()> {
@@ -590,6 +649,9 @@ impl BlockDevice for PreadDevice {
             iov_len_mut(bufs),
         )?;
         pread_all(&self.f, bufs, offset)
+    }
+    fn try_read_cached(&self, bufs: &mut [IoSliceMut<'_>], offset: u64) -> Result<bool> {
+        try_read_cached(&self.f, bufs, offset)
     }
     fn write_vectored_at(
         &self,

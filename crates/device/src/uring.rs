@@ -676,6 +676,10 @@ impl BlockDevice for UringDevice {
         }
     }
 
+    fn try_read_cached(&self, bufs: &mut [IoSliceMut<'_>], offset: u64) -> Result<bool> {
+        crate::pread::try_read_cached(&self.f, bufs, offset)
+    }
+
     fn write_vectored_at(&self, bufs: &[IoSlice<'_>], offset: u64, prio: IoPriority) -> Result<()> {
         self.write_checked(bufs, offset, prio, Dir::Write)
     }

@@ -97,6 +97,13 @@ pub trait Backend: Send + Sync + 'static {
     fn try_flush_then(&self, done: Done) -> Result<(), Done> {
         Err(done)
     }
+    /// [`Backend::read_at`] only if it needs no device I/O (cached or
+    /// in memory); None if it would block (`buf` then unspecified). The
+    /// default never reads.
+    fn try_read_at(&self, buf: &mut [u8], offset: u64) -> Option<BackendResult<()>> {
+        let _ = (buf, offset);
+        None
+    }
     /// Deallocates; the range then reads as zeroes.
     fn trim(&self, offset: u64, length: u64, fua: bool) -> BackendResult<()>;
     fn write_zeroes(&self, offset: u64, length: u64, fua: bool) -> BackendResult<()>;
@@ -144,6 +151,9 @@ impl<B: Backend + ?Sized> Backend for Arc<B> {
     }
     fn try_flush_then(&self, done: Done) -> Result<(), Done> {
         (**self).try_flush_then(done)
+    }
+    fn try_read_at(&self, buf: &mut [u8], offset: u64) -> Option<BackendResult<()>> {
+        (**self).try_read_at(buf, offset)
     }
     fn trim(&self, offset: u64, length: u64, fua: bool) -> BackendResult<()> {
         (**self).trim(offset, length, fua)
@@ -278,6 +288,11 @@ impl Backend for VolumeBackend {
     fn try_flush_then(&self, done: Done) -> Result<(), Done> {
         let attempt = self.volume.try_flush();
         self.finish_attempt(attempt, done)
+    }
+    fn try_read_at(&self, buf: &mut [u8], offset: u64) -> Option<BackendResult<()>> {
+        self.volume
+            .try_read_at(buf, offset)
+            .map(|r| r.map_err(map_volume_error))
     }
     fn trim(&self, offset: u64, length: u64, fua: bool) -> BackendResult<()> {
         let vol = &self.volume;

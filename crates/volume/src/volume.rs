@@ -559,6 +559,29 @@ impl Volume {
         Ok(())
     }
 
+    /// [`Volume::read_at`] only if it needs no device I/O: whole blocks, each
+    /// from the journal's overlay or from the home device's page cache (with
+    /// `OpenOptions::read_cache`). None if it would block (`buf` then holds
+    /// unspecified bytes), for a caller that must not block (an NBD network
+    /// thread, which then hands the read to a worker).
+    pub fn try_read_at(&self, buf: &mut [u8], offset: u64) -> Option<Result<()>> {
+        if let Err(e) = self.check(offset, buf.len() as u64) {
+            return Some(Err(e));
+        }
+        if buf.is_empty() {
+            return Some(Ok(()));
+        }
+        let bs = self.engine.bs as u64;
+        if !offset.is_multiple_of(bs) || !(buf.len() as u64).is_multiple_of(bs) {
+            return None;
+        }
+        match self.engine.try_read_blocks(offset / bs, buf) {
+            Ok(true) => Some(Ok(())),
+            Ok(false) => None,
+            Err(e) => Some(Err(e)),
+        }
+    }
+
     /// Writes `buf` at `offset` (any alignment). Visible to readers when this
     /// returns; durable when it returns if `flags.fua`, else after a later
     /// [`Volume::flush`]. Atomic across a crash up to

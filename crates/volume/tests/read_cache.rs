@@ -23,6 +23,7 @@ fn cached_reads_match_a_model_through_checkpoints_and_direct_writes() {
     let v = Volume::create(&path, &f, &opts).unwrap();
     let mut model = vec![0u8; size as usize];
     let mut rng = rand::rngs::StdRng::seed_from_u64(0x5eed_cace);
+    let (mut try_hits, mut try_misses) = (0u32, 0u32);
     for i in 0..3000u32 {
         let off = rng.gen_range(0..size - 1);
         match rng.gen_range(0..10) {
@@ -67,9 +68,30 @@ fn cached_reads_match_a_model_through_checkpoints_and_direct_writes() {
                     got == model[off as usize..off as usize + len],
                     "op {i}: read at {off}+{len} differs"
                 );
+                // The same range, block-aligned, without blocking: when it
+                // reads (overlay or page cache), the bytes are the model's.
+                let (a, b) = (off / 4096 * 4096, (off + len as u64).div_ceil(4096) * 4096);
+                let mut nowait = vec![0u8; (b.min(size) - a) as usize];
+                match v.try_read_at(&mut nowait, a) {
+                    Some(res) => {
+                        res.unwrap();
+                        try_hits += 1;
+                        assert!(
+                            nowait == model[a as usize..a as usize + nowait.len()],
+                            "op {i}: try_read_at {a}+{} differs",
+                            nowait.len()
+                        );
+                    }
+                    None => try_misses += 1,
+                }
             }
         }
     }
+    println!("try_read_at: {try_hits} read without blocking, {try_misses} would have blocked");
+    assert!(
+        try_hits > 0,
+        "ranges just read are in the cache or the overlay"
+    );
     // Everything, once more, then after close and reopen (cached again).
     let mut all = vec![0u8; size as usize];
     v.read_at(&mut all, 0).unwrap();

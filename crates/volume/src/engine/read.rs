@@ -1,5 +1,7 @@
 //! Reads: consistent views of journaled and home blocks.
 
+use std::io::IoSliceMut;
+
 use super::*;
 
 impl Engine {
@@ -48,6 +50,38 @@ impl Engine {
             }
         }
         unreachable!("the locked attempt always returns")
+    }
+
+    /// [`Engine::read_blocks`] only if no device I/O is needed: every block
+    /// comes from the overlay or from the home device's cache
+    /// (`BlockDevice::try_read_cached`). One optimistic attempt; false (with
+    /// `out` unspecified) if anything would block or changed meanwhile.
+    pub fn try_read_blocks(&self, lba: Lba, out: &mut [u8]) -> Result<bool> {
+        let n = out.len() / self.bs;
+        let shard_ids = Overlay::shards_for_range(lba, lba + n as u64);
+        let mut home_runs: HomeRuns = SmallVec::new();
+        let guards: ShardGuards<'_> = shard_ids
+            .iter()
+            .map(|&s| (s, self.overlay.lock(s)))
+            .collect();
+        self.resolve_blocks(lba, out, &guards, &mut home_runs);
+        if home_runs.is_empty() {
+            return Ok(true);
+        }
+        let versions: SmallVec<[u64; 8]> = guards.iter().map(|(_, g)| g.version).collect();
+        drop(guards);
+        let bs = self.bs;
+        for &(s, len) in &home_runs {
+            let buf = &mut out[s * bs..(s + len) * bs];
+            let at = self.home_offset(lba + s as u64);
+            if !self.home.try_read_cached(&mut [IoSliceMut::new(buf)], at)? {
+                return Ok(false);
+            }
+        }
+        Ok(shard_ids
+            .iter()
+            .zip(&versions)
+            .all(|(&s, &v)| self.overlay.lock(s).version == v))
     }
 
     /// Copies every block of `[lba, ..)` that has a newer copy than home
