@@ -53,6 +53,11 @@ pub struct ServeArgs {
     /// once; default 16 per core, 32 to 128).
     #[arg(long)]
     pub threads: Option<usize>,
+    /// Network threads: all connections' socket I/O (accept, handshake,
+    /// TLS, requests and replies) is multiplexed on these, whatever the
+    /// number of clients (default: one per core).
+    #[arg(long, value_name = "N")]
+    pub net_threads: Option<usize>,
     /// Connections served at once (in handshake or transmission); more are
     /// closed at once.
     #[arg(long, default_value_t = 128)]
@@ -219,6 +224,10 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
         worker_threads: a
             .threads
             .unwrap_or_else(jbdev_nbd::server::default_worker_threads)
+            .max(1),
+        net_threads: a
+            .net_threads
+            .unwrap_or_else(jbdev_nbd::server::default_net_threads)
             .max(1),
         max_inflight_requests_per_conn: a.max_inflight.max(1),
         max_connections: a.max_connections.max(1),

@@ -5,7 +5,9 @@
 //!
 //! * `budget_bytes` — the bytes of all payload buffers in use at once. A
 //!   request waits (and its connection's reader stops reading, so TCP pushes
-//!   back on the client) until its length fits. A request longer than the
+//!   back on the client) until its length fits: a worker thread blocks in
+//!   [`BufferPool::take`], a connection's reading task awaits
+//!   [`BufferPool::take_async`] without holding a network thread. A request longer than the
 //!   whole budget is admitted only when nothing else is in use, so it always
 //!   makes progress.
 //! * `retain_bytes` — the bytes of released buffers kept for reuse. Reuse
@@ -25,6 +27,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
+use tokio::sync::Notify;
 
 /// Smallest buffer kept for reuse; smaller requests round up to it.
 const MIN_CLASS_BYTES: usize = 4 << 10;
@@ -46,7 +49,10 @@ struct State {
 /// See the module docs.
 pub struct BufferPool {
     state: Mutex<State>,
+    /// Wakes threads blocked in `take` when bytes are given back...
     cv: Condvar,
+    /// ...and tasks waiting in `take_async`.
+    notify: Notify,
     budget_bytes: u64,
     retain_bytes: u64,
 }
@@ -77,19 +83,50 @@ impl BufferPool {
                 quiet_since: Instant::now(),
             }),
             cv: Condvar::new(),
+            notify: Notify::new(),
             budget_bytes: budget_bytes.max(1),
             retain_bytes,
         }
     }
 
     /// An empty buffer with capacity for `len` bytes, waiting until the
-    /// budget allows it.
+    /// budget allows it (blocks the thread: for workers).
     pub fn take(self: &Arc<Self>, len: usize) -> PooledBuf {
-        let charged = len as u64;
         let mut st = self.state.lock();
-        while st.in_use_bytes > 0 && st.in_use_bytes + charged > self.budget_bytes {
+        while !self.fits(&st, len) {
             self.cv.wait(&mut st);
         }
+        self.take_locked(st, len)
+    }
+
+    /// [`BufferPool::take`] for async callers: waits without blocking the
+    /// thread.
+    pub async fn take_async(self: &Arc<Self>, len: usize) -> PooledBuf {
+        loop {
+            // Registered before the check, so a give-back in between wakes us.
+            let notified = self.notify.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            {
+                let st = self.state.lock();
+                if self.fits(&st, len) {
+                    return self.take_locked(st, len);
+                }
+            }
+            notified.await;
+        }
+    }
+
+    fn fits(&self, st: &State, len: usize) -> bool {
+        st.in_use_bytes == 0 || st.in_use_bytes + len as u64 <= self.budget_bytes
+    }
+
+    fn take_locked(
+        self: &Arc<Self>,
+        mut st: parking_lot::MutexGuard<'_, State>,
+        len: usize,
+    ) -> PooledBuf {
+        let charged = len as u64;
         st.in_use_bytes += charged;
         st.takes += 1;
         let reused = class_of(len).and_then(|c| {
@@ -168,6 +205,7 @@ impl BufferPool {
         };
         drop(st);
         self.cv.notify_all();
+        self.notify.notify_waiters();
         // Freed outside the lock.
         drop(dropped);
     }

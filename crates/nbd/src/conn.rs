@@ -1,21 +1,30 @@
 //! The transmission phase of one connection.
 //!
-//! Threads: the connection's *reader* thread parses requests and reads write
-//! payloads; it hands every valid request to the shared [`WorkerPool`] (a
-//! fixed number of threads for all connections), so many requests of one
-//! connection run in the volume at once and complete in any order. Replies
-//! are queued on the connection's [`ReplySink`] and written by the
-//! connection's own *writer* thread, which drains the queue with one
-//! `writev` per batch. A worker never writes to a socket, so a client that
-//! stops reading its replies stalls only its own writer thread, which the
-//! stream's send timeout ends; the shared workers keep serving everyone
-//! else.
+//! Where things run: the connection's *reading task* (on the server's
+//! network threads, shared by every connection — see [`crate::server`])
+//! parses requests and reads write payloads; it hands every valid request
+//! to the shared [`WorkerPool`] (a fixed number of threads for all
+//! connections), so many requests of one connection run in the volume at
+//! once and complete in any order. A worker (or, for writes and flushes,
+//! whichever thread the backend completes them on: a volume commit thread)
+//! only queues the reply on the connection's [`ReplySink`] and wakes the
+//! connection's *writing task* (a [`Notify`]); that task drains the queue
+//! with one vectored write per batch. A worker never writes to a socket,
+//! so a client that stops reading its replies stalls only its own writing
+//! task, which the send timeout ends; the workers and the network threads
+//! keep serving everyone else. No connection has a thread of its own.
+//!
+//! Locks: the sink's queue mutex is a leaf — nothing else is taken while
+//! it is held (the [`InflightGate`] is released after it is dropped, the
+//! writer is woken after it is dropped), and it is never held across an
+//! `.await` or a socket operation. The TLS session's mutex (in
+//! [`crate::tls`]) is another leaf, taken only by the two tasks.
 //!
 //! Bounds, all checked before anything is allocated for a request:
 //! * an [`InflightGate`] admits a request (valid or rejected) only while the
 //!   connection has fewer than `max_inflight_requests` requests and
 //!   `max_inflight_bytes` payload bytes outstanding; when it is full the
-//!   reader stops reading and TCP pushes back on the client;
+//!   reading task stops reading and TCP pushes back on the client;
 //! * payload buffers come from the server-wide [`BufferPool`], whose byte
 //!   budget holds across all connections; a write's buffer is filled as its
 //!   bytes arrive, within `payload_timeout`;
@@ -24,11 +33,13 @@
 //!   is read and dropped up to [`MAX_DRAIN_BYTES`]; beyond that the
 //!   connection is dropped).
 
-use std::io::{self, BufRead, IoSlice, Read, Write};
+use std::io::{self, IoSlice};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use parking_lot::{Condvar, Mutex};
+use parking_lot::Mutex;
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::sync::{watch, Notify};
 
 use crate::backend::{Backend, BackendError, Done};
 use crate::buffers::{BufferPool, PooledBuf};
@@ -36,7 +47,7 @@ use crate::codec::{self, ChunkStyle, Command, ExportContext, HeaderMode, Request
 use crate::handshake::Session;
 use crate::pool::WorkerPool;
 use crate::proto::*;
-use crate::stream::StreamControl;
+use crate::stream::{AsyncIn, AsyncOut, StreamControl};
 
 /// Per-connection limits of the transmission phase.
 #[derive(Clone, Debug)]
@@ -68,18 +79,16 @@ const HOLE_SCAN_MIN_BYTES: u32 = 64 << 10;
 /// Most block-status descriptors in one reply (the client asks again for
 /// the rest).
 const MAX_STATUS_DESCRIPTORS: usize = 1024;
-/// How often a reader blocked on an idle client wakes to check for
-/// shutdown and partial-message deadlines (the socket's read timeout).
-const READ_POLL: Duration = Duration::from_secs(1);
-/// Stack of a connection's reader and writer threads: both are shallow.
-pub(crate) const CONN_STACK_BYTES: usize = 256 << 10;
 
 // ------------------------------------------------------------ inflight gate
 
-/// Counting bound on requests and bytes in flight on one connection.
+/// Counting bound on requests and bytes in flight on one connection. The
+/// reading task waits in [`InflightGate::acquire`] (without holding a
+/// thread); replies release from the writing task, workers or completion
+/// callbacks.
 pub struct InflightGate {
     state: Mutex<(u32, u64)>,
-    cv: Condvar,
+    notify: Notify,
     max_requests: u32,
     max_bytes: u64,
 }
@@ -88,7 +97,7 @@ impl InflightGate {
     pub fn new(max_requests: u32, max_bytes: u64) -> Self {
         Self {
             state: Mutex::new((0, 0)),
-            cv: Condvar::new(),
+            notify: Notify::new(),
             max_requests: max_requests.max(1),
             max_bytes,
         }
@@ -96,13 +105,22 @@ impl InflightGate {
 
     /// Waits until a request of `bytes` fits. A request larger than the byte
     /// bound is admitted alone, so it can always make progress.
-    pub fn acquire(&self, bytes: u64) {
-        let mut st = self.state.lock();
-        while st.0 >= self.max_requests || (st.0 > 0 && st.1 + bytes > self.max_bytes) {
-            self.cv.wait(&mut st);
+    pub async fn acquire(&self, bytes: u64) {
+        loop {
+            // Registered before the check, so a release in between wakes us.
+            let notified = self.notify.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            {
+                let mut st = self.state.lock();
+                if st.0 < self.max_requests && (st.0 == 0 || st.1 + bytes <= self.max_bytes) {
+                    st.0 += 1;
+                    st.1 += bytes;
+                    return;
+                }
+            }
+            notified.await;
         }
-        st.0 += 1;
-        st.1 += bytes;
     }
 
     pub fn release(&self, requests: u32, bytes: u64) {
@@ -110,14 +128,19 @@ impl InflightGate {
         st.0 -= requests;
         st.1 -= bytes;
         drop(st);
-        self.cv.notify_all();
+        self.notify.notify_waiters();
     }
 
     /// Waits until nothing is in flight.
-    pub fn wait_idle(&self) {
-        let mut st = self.state.lock();
-        while st.0 > 0 {
-            self.cv.wait(&mut st);
+    pub async fn wait_idle(&self) {
+        loop {
+            let notified = self.notify.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if self.state.lock().0 == 0 {
+                return;
+            }
+            notified.await;
         }
     }
 }
@@ -148,15 +171,19 @@ pub struct OutMsg {
 
 struct SinkState {
     queue: Vec<OutMsg>,
-    /// The reader has finished: the writer exits once the queue is empty.
+    /// The reading task has finished: the writer exits once the queue is
+    /// empty.
     closed: bool,
     broken: bool,
 }
 
-/// The queue of replies of one connection and its writer thread's side.
+/// The queue of replies of one connection, filled from any thread and
+/// drained by the connection's writing task.
 pub struct ReplySink {
     state: Mutex<SinkState>,
-    cv: Condvar,
+    /// Wakes the writing task: a reply was queued, the sink was closed, or
+    /// the TLS session has records to send.
+    wake: Arc<Notify>,
     gate: Arc<InflightGate>,
     control: Arc<dyn StreamControl>,
     send_timeout: Duration,
@@ -169,6 +196,7 @@ impl ReplySink {
     fn new(
         gate: Arc<InflightGate>,
         control: Arc<dyn StreamControl>,
+        wake: Arc<Notify>,
         send_timeout: Duration,
     ) -> Self {
         Self {
@@ -177,7 +205,7 @@ impl ReplySink {
                 closed: false,
                 broken: false,
             }),
-            cv: Condvar::new(),
+            wake,
             gate,
             control,
             send_timeout,
@@ -191,7 +219,8 @@ impl ReplySink {
         }
     }
 
-    /// Queues `msg` for the writer thread.
+    /// Queues `msg` for the writing task. Never blocks beyond the queue's
+    /// mutex: safe from a volume commit thread.
     pub fn send(&self, msg: OutMsg) {
         let mut st = self.state.lock();
         if st.broken {
@@ -203,47 +232,81 @@ impl ReplySink {
         let wake = st.queue.len() == 1;
         drop(st);
         if wake {
-            self.cv.notify_one();
+            // Stores a permit if the writer is busy: it re-checks the queue
+            // before it waits again.
+            self.wake.notify_one();
         }
     }
 
     fn close(&self) {
         self.state.lock().closed = true;
-        self.cv.notify_one();
+        self.wake.notify_one();
     }
 
-    /// The writer thread: writes queued replies until the sink is closed
+    /// The writing task: writes queued replies until the sink is closed
     /// and empty, or a write fails (the client is gone or did not read for
     /// the send timeout), which ends the connection.
-    fn run_writer(&self, mut writer: Box<dyn Write + Send>) {
+    async fn run_writer(&self, mut writer: AsyncOut) {
         let mut progress = SendProgress::new(self.send_timeout);
-        let mut st = self.state.lock();
         loop {
-            if st.queue.is_empty() {
-                if st.closed {
-                    return;
+            let batch: Option<Vec<OutMsg>> = {
+                let mut st = self.state.lock();
+                if st.queue.is_empty() {
+                    if st.closed {
+                        break;
+                    }
+                    None
+                } else {
+                    let n = st.queue.len().min(MAX_BATCH_MSGS);
+                    Some(st.queue.drain(..n).collect())
                 }
-                self.cv.wait(&mut st);
-                continue;
-            }
-            let n = st.queue.len().min(MAX_BATCH_MSGS);
-            let batch: Vec<OutMsg> = st.queue.drain(..n).collect();
-            drop(st);
-            let res = write_batch(&mut *writer, &batch, &mut progress);
-            self.release(&batch);
-            drop(batch); // buffers back to the pool before the next wait
-            st = self.state.lock();
+            };
+            let res = match batch {
+                None => {
+                    // Nothing to answer; a TLS session may still have records
+                    // of its own (handshake, key update) to send.
+                    let res = self.timed(writer.flush()).await;
+                    if res.is_ok() {
+                        self.wake.notified().await;
+                    }
+                    res
+                }
+                Some(batch) => {
+                    let res = write_batch(&mut writer, &batch, &mut progress, self).await;
+                    self.release(&batch);
+                    drop(batch); // buffers back to the pool before the next wait
+                    res
+                }
+            };
             if let Err(e) = res {
                 tracing::info!("dropping client: reply write failed: {e}");
-                st.broken = true;
-                let dropped: Vec<OutMsg> = st.queue.drain(..).collect();
-                drop(st);
+                let dropped: Vec<OutMsg> = {
+                    let mut st = self.state.lock();
+                    st.broken = true;
+                    st.queue.drain(..).collect()
+                };
                 self.release(&dropped);
                 self.control.shutdown();
                 return;
             }
         }
+        // Everything answered: end the session cleanly (TLS close_notify).
+        let _ = self.timed(writer.shutdown()).await;
     }
+
+    /// Bounds one socket operation by the send timeout.
+    async fn timed(&self, op: impl std::future::Future<Output = io::Result<()>>) -> io::Result<()> {
+        tokio::time::timeout(self.send_timeout, op)
+            .await
+            .unwrap_or_else(|_| Err(send_timed_out()))
+    }
+}
+
+fn send_timed_out() -> io::Error {
+    io::Error::new(
+        io::ErrorKind::TimedOut,
+        "client took no reply bytes for the send timeout",
+    )
 }
 
 /// Tracks how fast a client takes its replies. The socket's send timeout
@@ -286,7 +349,12 @@ impl SendProgress {
     }
 }
 
-fn write_batch(w: &mut dyn Write, batch: &[OutMsg], progress: &mut SendProgress) -> io::Result<()> {
+async fn write_batch(
+    w: &mut AsyncOut,
+    batch: &[OutMsg],
+    progress: &mut SendProgress,
+    sink: &ReplySink,
+) -> io::Result<()> {
     progress.start();
     let mut slices: Vec<IoSlice<'_>> = batch
         .iter()
@@ -299,10 +367,14 @@ fn write_batch(w: &mut dyn Write, batch: &[OutMsg], progress: &mut SendProgress)
     while !rest.is_empty() {
         // Linux takes at most 1024 iovecs per call.
         let take = rest.len().min(1024);
-        let n = match w.write_vectored(&rest[..take]) {
-            Ok(n) => n,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(e),
+        // One write may wait at most the send timeout (a client that reads
+        // nothing); `progress` catches one that reads a trickle.
+        let n = match tokio::time::timeout(sink.send_timeout, w.write_vectored(&rest[..take])).await
+        {
+            Err(_) => return Err(send_timed_out()),
+            Ok(Ok(n)) => n,
+            Ok(Err(e)) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Ok(Err(e)) => return Err(e),
         };
         if n == 0 {
             return Err(io::ErrorKind::WriteZero.into());
@@ -310,7 +382,7 @@ fn write_batch(w: &mut dyn Write, batch: &[OutMsg], progress: &mut SendProgress)
         IoSlice::advance_slices(&mut rest, n);
         progress.wrote(n)?;
     }
-    w.flush()
+    sink.timed(w.flush()).await
 }
 
 // --------------------------------------------------------------- execution
@@ -622,30 +694,38 @@ fn block_status_reply(
 /// Why the reader stopped.
 type Ended = String;
 
-/// The reader's side of one connection.
+/// The connection's buffered input: bytes read ahead during the handshake
+/// belong to the first requests.
+pub(crate) type Input = BufReader<AsyncIn>;
+
+/// The reading task's side of one connection.
 struct Reader<'a> {
-    input: Box<dyn BufRead + Send>,
+    input: Input,
     conn: Arc<ConnShared>,
     gate: Arc<InflightGate>,
     ctx: ExportContext,
     session: &'a Session,
     res: &'a ConnResources<'a>,
     limits: &'a ConnLimits,
-    stopping: &'a dyn Fn() -> bool,
+    /// Becomes true when the server shuts down.
+    stop: watch::Receiver<bool>,
     warned_oversize: bool,
 }
 
 /// Runs the transmission phase until the client disconnects, the stream
 /// fails, or the server shuts the stream down. Returns after every request
-/// that was read has been answered (or the connection broke).
-pub fn serve(
-    input: Box<dyn BufRead + Send>,
-    writer: Box<dyn Write + Send>,
+/// that was read has been answered (or the connection broke). `wake` is the
+/// connection's writer wake-up, shared with its TLS session if any.
+#[allow(clippy::too_many_arguments)]
+pub(crate) async fn serve(
+    input: Input,
+    writer: AsyncOut,
+    wake: Arc<Notify>,
     control: Arc<dyn StreamControl>,
     session: Session,
     res: &ConnResources<'_>,
     limits: &ConnLimits,
-    stopping: &dyn Fn() -> bool,
+    stop: watch::Receiver<bool>,
 ) {
     let gate = Arc::new(InflightGate::new(
         limits.max_inflight_requests,
@@ -654,7 +734,7 @@ pub fn serve(
     let backend = session.export.backend.clone();
     let conn = Arc::new(ConnShared {
         backend: backend.clone(),
-        sink: ReplySink::new(gate.clone(), control.clone(), limits.send_timeout),
+        sink: ReplySink::new(gate.clone(), control.clone(), wake, limits.send_timeout),
         buffers: res.buffers.clone(),
         structured: session.structured_replies,
         extended: session.header_mode == HeaderMode::Extended,
@@ -667,20 +747,7 @@ pub fn serve(
         extended_headers: session.header_mode == HeaderMode::Extended,
     };
     let conn2 = conn.clone();
-    let writer_thread = std::thread::Builder::new()
-        .name("nbd-writer".into())
-        .stack_size(CONN_STACK_BYTES)
-        .spawn(move || conn2.sink.run_writer(writer));
-    let writer_thread = match writer_thread {
-        Ok(t) => t,
-        Err(e) => {
-            tracing::warn!("cannot start a connection's writer thread: {e}");
-            control.shutdown();
-            return;
-        }
-    };
-    // Reads block at most READ_POLL, so shutdown and deadlines are noticed.
-    control.set_read_timeout(Some(READ_POLL));
+    let writer_task = tokio::spawn(async move { conn2.sink.run_writer(writer).await });
     let mut reader = Reader {
         input,
         conn: conn.clone(),
@@ -689,25 +756,26 @@ pub fn serve(
         session: &session,
         res,
         limits,
-        stopping,
+        stop,
         warned_oversize: false,
     };
-    let reason = reader.run();
+    let reason = reader.run().await;
     tracing::debug!("connection ending: {reason}");
+    drop(reader);
     // NBD_CMD_DISC and shutdown: answer everything already accepted first.
-    gate.wait_idle();
+    gate.wait_idle().await;
     conn.sink.close();
-    let _ = writer_thread.join();
+    let _ = writer_task.await;
     control.shutdown();
 }
 
 impl Reader<'_> {
-    fn run(&mut self) -> Ended {
+    async fn run(&mut self) -> Ended {
         let header_bytes = self.session.header_mode.request_header_bytes();
         let mut hb = [0u8; 32];
         loop {
             let hb = &mut hb[..header_bytes];
-            match self.read_header(hb) {
+            match self.read_header(hb).await {
                 Ok(true) => {}
                 Ok(false) => return "client closed the connection".into(),
                 Err(e) => return format!("read failed: {e}"),
@@ -718,8 +786,8 @@ impl Reader<'_> {
             };
             let res = match codec::validate(&req, &self.ctx) {
                 Ok(Command::Disconnect) => return "client sent DISC".into(),
-                Ok(cmd) => self.submit(&req, cmd),
-                Err(errno) => self.reject(&req, errno),
+                Ok(cmd) => self.submit(&req, cmd).await,
+                Err(errno) => self.reject(&req, errno).await,
             };
             if let Err(reason) = res {
                 return reason;
@@ -728,33 +796,34 @@ impl Reader<'_> {
     }
 
     /// Reads a request header. Waiting for its first byte is unbounded
-    /// (clients may idle); once it has begun, the rest must come within the
-    /// payload timeout. `Ok(false)`: clean end of stream or shutdown.
-    fn read_header(&mut self, buf: &mut [u8]) -> io::Result<bool> {
-        let mut got = 0;
-        let mut deadline: Option<Instant> = None;
-        while got < buf.len() {
-            match self.input.read(&mut buf[got..]) {
-                Ok(0) if got == 0 => return Ok(false),
-                Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
-                Ok(n) => {
-                    got += n;
-                    deadline.get_or_insert_with(|| Instant::now() + self.limits.payload_timeout);
+    /// (clients may idle) but ends at shutdown; once it has begun, the rest
+    /// must come within the payload timeout. `Ok(false)`: clean end of
+    /// stream or shutdown.
+    async fn read_header(&mut self, buf: &mut [u8]) -> io::Result<bool> {
+        let Self { input, stop, .. } = self;
+        let got = tokio::select! {
+            // Requests already read (buffered) are served before shutdown.
+            biased;
+            r = input.read(buf) => r?,
+            _ = stop.wait_for(|s| *s) => return Ok(false),
+        };
+        if got == 0 {
+            return Ok(false);
+        }
+        if got < buf.len() {
+            let rest = &mut buf[got..];
+            match tokio::time::timeout(self.limits.payload_timeout, self.input.read_exact(rest))
+                .await
+            {
+                Ok(r) => {
+                    r?;
                 }
-                // Interrupted: a signal, or a TLS read that did not complete
-                // a record yet; either way check the deadline and go on.
-                Err(e) if is_timeout(&e) || e.kind() == io::ErrorKind::Interrupted => {
-                    if got == 0 && (self.stopping)() {
-                        return Ok(false);
-                    }
-                    if deadline.is_some_and(|d| Instant::now() >= d) {
-                        return Err(io::Error::new(
-                            io::ErrorKind::TimedOut,
-                            "request header not completed in time",
-                        ));
-                    }
+                Err(_) => {
+                    return Err(io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        "request header not completed in time",
+                    ))
                 }
-                Err(e) => return Err(e),
             }
         }
         Ok(true)
@@ -762,39 +831,49 @@ impl Reader<'_> {
 
     /// Reads `len` payload bytes into `out` as they arrive (or drops them if
     /// `out` is `None`), within the payload timeout.
-    fn read_payload(&mut self, len: u64, mut out: Option<&mut Vec<u8>>) -> io::Result<()> {
-        let deadline = Instant::now() + self.limits.payload_timeout;
-        let mut left = len;
-        while left > 0 {
-            let res = match out.as_deref_mut() {
+    async fn read_payload(&mut self, len: u64, out: Option<&mut Vec<u8>>) -> io::Result<()> {
+        let input = &mut self.input;
+        let read = async move {
+            let mut left = len;
+            match out {
                 Some(v) => {
-                    let before = v.len();
-                    let r = (&mut self.input).take(left).read_to_end(v);
-                    // read_to_end keeps what it read before an error.
-                    let n = (v.len() - before) as u64;
-                    r.map(|_| n).or_else(|e| if n > 0 { Ok(n) } else { Err(e) })
+                    // Straight into the buffer's reserved capacity (no
+                    // zeroing, no growth: `left` never exceeds it).
+                    while left > 0 {
+                        let n = (&mut *input).take(left).read_buf(v).await?;
+                        if n == 0 {
+                            return Err(io::ErrorKind::UnexpectedEof.into());
+                        }
+                        left -= n as u64;
+                    }
                 }
-                None => io::copy(&mut (&mut self.input).take(left), &mut io::sink()),
-            };
-            match res {
-                Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
-                Ok(n) => left -= n,
-                Err(e) if is_timeout(&e) || e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(e),
+                None => {
+                    while left > 0 {
+                        let avail = input.fill_buf().await?;
+                        if avail.is_empty() {
+                            return Err(io::ErrorKind::UnexpectedEof.into());
+                        }
+                        let n = avail.len().min(usize::try_from(left).unwrap_or(usize::MAX));
+                        input.consume(n);
+                        left -= n as u64;
+                    }
+                }
             }
-            if left > 0 && Instant::now() >= deadline {
-                return Err(io::Error::new(
+            Ok(())
+        };
+        tokio::time::timeout(self.limits.payload_timeout, read)
+            .await
+            .unwrap_or_else(|_| {
+                Err(io::Error::new(
                     io::ErrorKind::TimedOut,
                     "write payload not received in time",
-                ));
-            }
-        }
-        Ok(())
+                ))
+            })
     }
 
     /// Answers a request that failed validation. It counts against the
     /// in-flight limits like any other until its reply is on the wire.
-    fn reject(&mut self, req: &Request, errno: u32) -> Result<(), Ended> {
+    async fn reject(&mut self, req: &Request, errno: u32) -> Result<(), Ended> {
         let payload = req.payload_bytes_in(self.session.header_mode);
         if errno == EOVERFLOW {
             self.warn_oversize(req);
@@ -806,8 +885,9 @@ impl Reader<'_> {
         }
         // Stay in sync: consume the payload before answering.
         self.read_payload(payload, None)
+            .await
             .map_err(|e| format!("read failed: {e}"))?;
-        self.gate.acquire(0);
+        self.gate.acquire(0).await;
         let msg = if errno == EOVERFLOW {
             "request longer than the advertised maximum payload"
         } else {
@@ -830,12 +910,12 @@ impl Reader<'_> {
     }
 
     /// Admits a valid request, reads its payload and hands it to a worker.
-    fn submit(&mut self, req: &Request, cmd: Command) -> Result<(), Ended> {
+    async fn submit(&mut self, req: &Request, cmd: Command) -> Result<(), Ended> {
         let cost = match cmd {
             Command::Read { length, .. } | Command::Write { length, .. } => u64::from(length),
             _ => 0,
         };
-        self.gate.acquire(cost);
+        self.gate.acquire(cost).await;
         let pending = PendingReply {
             conn: self.conn.clone(),
             cost,
@@ -843,8 +923,8 @@ impl Reader<'_> {
         };
         let payload = match cmd {
             Command::Write { length, .. } => {
-                let mut buf = self.res.buffers.take(length as usize);
-                if let Err(e) = self.read_payload(length.into(), Some(buf.vec())) {
+                let mut buf = self.res.buffers.take_async(length as usize).await;
+                if let Err(e) = self.read_payload(length.into(), Some(buf.vec())).await {
                     drop(pending);
                     return Err(format!("truncated write payload: {e}"));
                 }
@@ -873,13 +953,6 @@ impl Reader<'_> {
         });
         Ok(())
     }
-}
-
-fn is_timeout(e: &io::Error) -> bool {
-    matches!(
-        e.kind(),
-        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
-    )
 }
 
 #[cfg(test)]

@@ -1,11 +1,13 @@
 //! The fixed-newstyle handshake (option haggling), server side.
 //!
-//! Runs on the connection's reader thread before transmission starts. It
-//! reads with a bounded buffer: option data larger than
+//! Runs as the connection's task on the server's network threads before
+//! transmission starts (`async`, over a [`Transport`]). It reads with a
+//! bounded buffer: option data larger than
 //! [`MAX_OPTION_DATA_BYTES`] is consumed without being stored and answered
 //! `ERR_TOO_BIG` (or dropped past [`MAX_OPTION_DISCARD_BYTES`]), and a client
 //! that sends more than `max_options` options is dropped, so haggling cannot
-//! exhaust memory or a thread forever.
+//! exhaust memory or hold a connection slot forever (the server bounds the
+//! whole negotiation by one deadline).
 //!
 //! TLS (`NBD_OPT_STARTTLS`) follows the spec's modes: [`TlsMode::Off`] is
 //! NOTLS (STARTTLS gets `ERR_POLICY`), [`TlsMode::Require`] is FORCEDTLS
@@ -16,7 +18,7 @@
 //! extended headers, meta contexts), as the spec's servers do: options
 //! sent in the clear could have been altered.
 
-use std::io::{self, Read, Write};
+use std::io;
 use std::sync::Arc;
 
 use crate::codec::{self, ClientOption, HeaderMode, InfoRequest, MetaQuery, OptionHeader};
@@ -26,10 +28,17 @@ use crate::tls::TlsMode;
 
 /// The connection as the handshake sees it: bytes both ways, and the
 /// upgrade to TLS once STARTTLS has been acknowledged.
-pub trait Transport: Read + Write {
+// `async fn` in a public trait: callers use concrete transports only (the
+// server's), so the futures' `Send` is known where they are spawned.
+#[allow(async_fn_in_trait)]
+pub trait Transport {
+    /// Fills `buf` from the client.
+    async fn read_exact(&mut self, buf: &mut [u8]) -> io::Result<()>;
+    /// Writes `bytes` to the client and flushes them.
+    async fn send(&mut self, bytes: &[u8]) -> io::Result<()>;
     /// Wraps the stream in a TLS server session; every later byte is
     /// encrypted. The TLS handshake itself runs as the next option is read.
-    fn start_tls(&mut self) -> io::Result<()>;
+    async fn start_tls(&mut self) -> io::Result<()>;
 }
 
 /// Option data we buffer and parse; larger options are refused.
@@ -90,21 +99,20 @@ pub struct HandshakeLimits {
 }
 
 /// Runs the handshake. `Err` is an I/O error (connection gone).
-pub fn negotiate<T: Transport>(
+pub async fn negotiate<T: Transport>(
     io: &mut T,
     exports: &ExportSet,
     limits: &HandshakeLimits,
-    shutting_down: &dyn Fn() -> bool,
+    shutting_down: &(dyn Fn() -> bool + Sync),
 ) -> io::Result<Outcome> {
     let mut hello = Vec::with_capacity(18);
     hello.extend_from_slice(&INIT_PASSWD.to_be_bytes());
     hello.extend_from_slice(&IHAVEOPT.to_be_bytes());
     hello.extend_from_slice(&(FLAG_FIXED_NEWSTYLE | FLAG_NO_ZEROES).to_be_bytes());
-    io.write_all(&hello)?;
-    io.flush()?;
+    io.send(&hello).await?;
 
     let mut cf = [0u8; 4];
-    io.read_exact(&mut cf)?;
+    io.read_exact(&mut cf).await?;
     let client_flags = u32::from_be_bytes(cf);
     if client_flags & !(FLAG_C_FIXED_NEWSTYLE | FLAG_C_NO_ZEROES) != 0 {
         tracing::info!("dropping client with unknown handshake flags 0x{client_flags:x}");
@@ -115,7 +123,7 @@ pub fn negotiate<T: Transport>(
     let mut data = Vec::new();
     for _ in 0..limits.max_options {
         let mut hb = [0u8; OPTION_HEADER_BYTES];
-        io.read_exact(&mut hb)?;
+        io.read_exact(&mut hb).await?;
         let head = match OptionHeader::decode(&hb) {
             Ok(h) => h,
             Err(e) => {
@@ -132,16 +140,16 @@ pub fn negotiate<T: Transport>(
                 );
                 return Ok(Outcome::Closed);
             }
-            discard(io, head.length.into())?;
-            send_error(io, head.option, REP_ERR_TOO_BIG, "option data too large")?;
+            discard(io, head.length.into()).await?;
+            send_error(io, head.option, REP_ERR_TOO_BIG, "option data too large").await?;
             continue;
         }
         data.clear();
         data.resize(head.length as usize, 0);
-        io.read_exact(&mut data)?;
+        io.read_exact(&mut data).await?;
 
         if shutting_down() && head.option != OPT_ABORT {
-            send_error(io, head.option, REP_ERR_SHUTDOWN, "server is shutting down")?;
+            send_error(io, head.option, REP_ERR_SHUTDOWN, "server is shutting down").await?;
             continue;
         }
         if limits.tls == TlsMode::Require && !st.tls {
@@ -155,7 +163,7 @@ pub fn negotiate<T: Transport>(
                     return Ok(Outcome::Closed);
                 }
                 o => {
-                    send_error(io, o, REP_ERR_TLS_REQD, "TLS is required")?;
+                    send_error(io, o, REP_ERR_TLS_REQD, "TLS is required").await?;
                     continue;
                 }
             }
@@ -166,7 +174,7 @@ pub fn negotiate<T: Transport>(
                 if matches!(head.option, OPT_SET_META_CONTEXT) {
                     st.meta_export = None; // a failed SET still replaces the set
                 }
-                send_error(io, head.option, e.reply_type(), &e.to_string())?;
+                send_error(io, head.option, e.reply_type(), &e.to_string()).await?;
                 continue;
             }
         };
@@ -183,13 +191,12 @@ pub fn negotiate<T: Transport>(
                 if !st.no_zeroes {
                     out.extend_from_slice(&[0u8; 124]);
                 }
-                io.write_all(&out)?;
-                io.flush()?;
+                io.send(&out).await?;
                 return Ok(Outcome::Transmission(session(export, &st, name.as_deref())));
             }
             ClientOption::Abort => {
                 // The client may already have hung up; that is fine.
-                let _ = send(io, &codec::encode_option_reply(OPT_ABORT, REP_ACK, &[]));
+                let _ = send(io, &codec::encode_option_reply(OPT_ABORT, REP_ACK, &[])).await;
                 return Ok(Outcome::Closed);
             }
             ClientOption::List => {
@@ -200,26 +207,26 @@ pub fn negotiate<T: Transport>(
                     // Only what the operator set (`--export NAME=PATH,description=...`):
                     // never a path or anything else about the host.
                     d.extend_from_slice(e.description.as_bytes());
-                    send(io, &codec::encode_option_reply(OPT_LIST, REP_SERVER, &d))?;
+                    send(io, &codec::encode_option_reply(OPT_LIST, REP_SERVER, &d)).await?;
                 }
-                send(io, &codec::encode_option_reply(OPT_LIST, REP_ACK, &[]))?;
+                send(io, &codec::encode_option_reply(OPT_LIST, REP_ACK, &[])).await?;
             }
             ClientOption::StartTls => {
                 if limits.tls == TlsMode::Off {
-                    send_error(io, OPT_STARTTLS, REP_ERR_POLICY, "TLS is not enabled")?;
+                    send_error(io, OPT_STARTTLS, REP_ERR_POLICY, "TLS is not enabled").await?;
                 } else if st.tls {
-                    send_error(io, OPT_STARTTLS, REP_ERR_INVALID, "TLS is already on")?;
+                    send_error(io, OPT_STARTTLS, REP_ERR_INVALID, "TLS is already on").await?;
                 } else {
-                    send(io, &codec::encode_option_reply(OPT_STARTTLS, REP_ACK, &[]))?;
+                    send(io, &codec::encode_option_reply(OPT_STARTTLS, REP_ACK, &[])).await?;
                     // No downgrade after the ACK: a failure ends the session.
-                    io.start_tls()?;
+                    io.start_tls().await?;
                     // Forget what was negotiated in the clear.
                     st = State::new(st.no_zeroes, true);
                 }
             }
             ClientOption::Info(req) | ClientOption::Go(req) => {
                 let go = head.option == OPT_GO;
-                if let Some(export) = answer_info(io, head.option, &req, exports, &st)? {
+                if let Some(export) = answer_info(io, head.option, &req, exports, &st).await? {
                     if go {
                         return Ok(Outcome::Transmission(session(
                             export,
@@ -236,12 +243,13 @@ pub fn negotiate<T: Transport>(
                         head.option,
                         REP_ERR_INVALID,
                         "extended headers already negotiated",
-                    )?;
+                    )
+                    .await?;
                 } else {
                     // Supersedes structured replies if those came first.
                     st.extended = true;
                     st.structured = true;
-                    send(io, &codec::encode_option_reply(head.option, REP_ACK, &[]))?;
+                    send(io, &codec::encode_option_reply(head.option, REP_ACK, &[])).await?;
                 }
             }
             ClientOption::StructuredReply if st.extended => {
@@ -250,7 +258,8 @@ pub fn negotiate<T: Transport>(
                     head.option,
                     REP_ERR_EXT_HEADER_REQD,
                     "extended headers already negotiated",
-                )?;
+                )
+                .await?;
             }
             ClientOption::StructuredReply => {
                 if st.structured {
@@ -259,20 +268,21 @@ pub fn negotiate<T: Transport>(
                         head.option,
                         REP_ERR_INVALID,
                         "structured replies already negotiated",
-                    )?;
+                    )
+                    .await?;
                 } else {
                     st.structured = true;
-                    send(io, &codec::encode_option_reply(head.option, REP_ACK, &[]))?;
+                    send(io, &codec::encode_option_reply(head.option, REP_ACK, &[])).await?;
                 }
             }
             ClientOption::ListMetaContext(q) => {
-                answer_meta(io, head.option, &q, exports, &mut st, false)?;
+                answer_meta(io, head.option, &q, exports, &mut st, false).await?;
             }
             ClientOption::SetMetaContext(q) => {
-                answer_meta(io, head.option, &q, exports, &mut st, true)?;
+                answer_meta(io, head.option, &q, exports, &mut st, true).await?;
             }
             ClientOption::Unknown(o) => {
-                send_error(io, o, REP_ERR_UNSUP, "option not supported")?;
+                send_error(io, o, REP_ERR_UNSUP, "option not supported").await?;
             }
         }
     }
@@ -324,15 +334,15 @@ fn transmission_flags(export: &Export, st: &State) -> u16 {
     f
 }
 
-fn answer_info(
-    writer: &mut dyn Write,
+async fn answer_info<T: Transport>(
+    writer: &mut T,
     option: u32,
     req: &InfoRequest,
     exports: &ExportSet,
     st: &State,
 ) -> io::Result<Option<Arc<Export>>> {
     let Some(export) = exports.find(&req.export) else {
-        send_error(writer, option, REP_ERR_UNKNOWN, "no such export")?;
+        send_error(writer, option, REP_ERR_UNKNOWN, "no such export").await?;
         return Ok(None);
     };
     let mut out = Vec::new();
@@ -364,13 +374,13 @@ fn answer_info(
         out.extend(codec::encode_option_reply(option, REP_INFO, &payload));
     }
     out.extend(codec::encode_option_reply(option, REP_ACK, &[]));
-    send(writer, &out)?;
+    send(writer, &out).await?;
     Ok(Some(export))
 }
 
 /// LIST_META_CONTEXT (`set == false`) and SET_META_CONTEXT.
-fn answer_meta(
-    writer: &mut dyn Write,
+async fn answer_meta<T: Transport>(
+    writer: &mut T,
     option: u32,
     q: &MetaQuery,
     exports: &ExportSet,
@@ -386,10 +396,11 @@ fn answer_meta(
             option,
             REP_ERR_INVALID,
             "negotiate structured replies first",
-        );
+        )
+        .await;
     }
     if exports.find(&q.export).is_none() {
-        return send_error(writer, option, REP_ERR_UNKNOWN, "no such export");
+        return send_error(writer, option, REP_ERR_UNKNOWN, "no such export").await;
     }
     let matches = if set {
         q.queries.iter().any(|s| s == CONTEXT_BASE_ALLOCATION)
@@ -411,26 +422,26 @@ fn answer_meta(
         }
     }
     out.extend(codec::encode_option_reply(option, REP_ACK, &[]));
-    send(writer, &out)
+    send(writer, &out).await
 }
 
-fn send(writer: &mut dyn Write, bytes: &[u8]) -> io::Result<()> {
-    writer.write_all(bytes)?;
-    writer.flush()
+async fn send<T: Transport>(io: &mut T, bytes: &[u8]) -> io::Result<()> {
+    io.send(bytes).await
 }
 
-fn send_error(writer: &mut dyn Write, option: u32, rep: u32, msg: &str) -> io::Result<()> {
-    send(
-        writer,
-        &codec::encode_option_reply(option, rep, msg.as_bytes()),
-    )
+async fn send_error<T: Transport>(io: &mut T, option: u32, rep: u32, msg: &str) -> io::Result<()> {
+    io.send(&codec::encode_option_reply(option, rep, msg.as_bytes()))
+        .await
 }
 
 /// Reads and drops `n` bytes with a small fixed buffer.
-fn discard(reader: &mut dyn Read, n: u64) -> io::Result<()> {
-    let copied = io::copy(&mut reader.take(n), &mut io::sink())?;
-    if copied < n {
-        return Err(io::ErrorKind::UnexpectedEof.into());
+async fn discard<T: Transport>(io: &mut T, n: u64) -> io::Result<()> {
+    let mut buf = vec![0u8; 16 << 10];
+    let mut left = n;
+    while left > 0 {
+        let k = left.min(buf.len() as u64) as usize;
+        io.read_exact(&mut buf[..k]).await?;
+        left -= k as u64;
     }
     Ok(())
 }

@@ -33,7 +33,8 @@
 //! through rustls and PSK through OpenSSL. The handshake upgrades its
 //! transport when STARTTLS is acknowledged ([`handshake::Transport`]); the
 //! transmission phase then reads and writes through TLS halves that share
-//! one session, driven by the connection's own reader and writer threads.
+//! one session, driven by the connection's reading and writing tasks on the
+//! server's network threads (see [`server`] for the thread model).
 #![deny(unsafe_code)]
 
 pub mod backend;

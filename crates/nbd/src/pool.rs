@@ -1,6 +1,7 @@
 //! A bounded, lazily grown pool of worker threads shared by all connections.
 //!
-//! Requests are executed here, not on a connection's reader thread, so that
+//! Requests are executed here, not on the network threads (which
+//! must never block on the device), so that
 //! many FUA writes and flushes from one or many connections are inside the
 //! volume at the same time and share its group commits. Threads are spawned
 //! on demand (when no worker is idle) up to `max_threads`, and then requests

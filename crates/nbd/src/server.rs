@@ -1,17 +1,38 @@
 //! Listeners, connections and shutdown.
 //!
-//! One thread per listener accepts; each admitted connection gets a reader
-//! thread, which runs the handshake and then [`conn::serve`] (which adds
-//! the connection's writer thread); requests run on the shared, fixed-size
-//! [`WorkerPool`] with payloads from the shared [`BufferPool`].
+//! # Threads
+//!
+//! The server runs a fixed set of threads, whatever the number of clients:
+//! * `net_threads` *network threads* (default: one per core) — a tokio
+//!   multi-threaded runtime that multiplexes all socket I/O of every
+//!   connection: accepting (one task per listener), the whole handshake
+//!   including STARTTLS and the TLS handshake, request parsing, reading
+//!   write payloads into pooled buffers and writing replies. Each admitted
+//!   connection is one task (handshake, then [`conn::serve`]'s reading
+//!   loop) plus, in transmission, one writing task. Nothing on these
+//!   threads blocks on the device or on a lock held across I/O;
+//! * `worker_threads` *workers* ([`WorkerPool`], started on demand up to
+//!   the cap) — backend calls, which block on the volume. A worker (or a
+//!   volume commit thread, for writes and flushes completed through
+//!   [`crate::Backend::write_at_then`]) only queues the reply and wakes the
+//!   connection's writing task;
+//! * the caller's thread, which supervises (shutdown, idle buffer release),
+//!   and a signal thread when signals are installed.
+//!
+//! So 1 or 1000 connections run the same threads; a connection costs its
+//! two tasks, its read buffer and its socket. The single client of stdio
+//! mode ([`Server::serve_one`]) is the exception when stdin is a pipe rather
+//! than a socket: tokio reads stdin and writes stdout through its blocking
+//! bridge (up to two more threads, for that one client).
 //!
 //! Limits, each independent of what clients do:
 //! * at most `max_connections` connections (in handshake or transmission);
 //!   more are closed at once;
 //! * the whole handshake must finish within `handshake_timeout`, however
 //!   the client trickles its bytes;
-//! * a reply write that blocks for `send_timeout` (a client that does not
-//!   read) drops the connection;
+//! * a reply write that cannot proceed for `send_timeout` (a client that
+//!   does not read), or a client that takes less than
+//!   [`conn::MIN_SEND_PROGRESS_BYTES`] per `send_timeout`, is dropped;
 //! * `worker_threads` workers and `buffer_budget_bytes` of payload buffers
 //!   for all connections together.
 //!
@@ -22,17 +43,20 @@
 //! already read has been answered, and returns; the caller then flushes and
 //! closes the volumes.
 
-use std::io::{self, BufRead, BufReader, Read, Write};
+use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
+use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::sync::{watch, Notify};
 
 use crate::buffers::BufferPool;
 use crate::conn::{self, ConnLimits, ConnResources};
 use crate::handshake::{self, HandshakeLimits, Outcome};
 use crate::pool::WorkerPool;
+use crate::stream::{AsyncIn, AsyncListener, AsyncOut};
 use crate::tls::{TlsConfig, TlsMode};
 
 pub use crate::export::{Export, ExportSet};
@@ -47,6 +71,8 @@ pub struct ServerConfig {
     /// Worker threads shared by all connections: how many requests are in
     /// the volume at once.
     pub worker_threads: usize,
+    /// Network threads shared by all connections: all socket I/O.
+    pub net_threads: usize,
     /// Connections at once, in handshake or transmission.
     pub max_connections: usize,
     /// Payload buffer bytes in use at once, over all connections.
@@ -82,12 +108,18 @@ pub fn default_worker_threads() -> usize {
     (cores * 16).clamp(32, 128)
 }
 
+/// Default network thread count: one per core.
+pub fn default_net_threads() -> usize {
+    std::thread::available_parallelism().map_or(2, |n| n.get())
+}
+
 impl Default for ServerConfig {
     fn default() -> Self {
         Self {
             max_inflight_requests_per_conn: 128,
             max_inflight_bytes_per_conn: 64 << 20,
             worker_threads: default_worker_threads(),
+            net_threads: default_net_threads(),
             max_connections: 128,
             buffer_budget_bytes: 256 << 20,
             buffer_retain_bytes: 16 << 20,
@@ -118,16 +150,32 @@ struct Inner {
     pool: WorkerPool,
     buffers: Arc<BufferPool>,
     stopping: AtomicBool,
+    /// Tells the network threads' tasks (accept loops, idle readers) that
+    /// the server stops.
+    stop_tx: watch::Sender<bool>,
+    /// Where connection tasks are spawned.
+    rt: tokio::runtime::Handle,
     next_id: AtomicU64,
     refused: AtomicU64,
     conns: ConnRegistry,
-    /// Listeners to wake on shutdown.
-    wakers: Mutex<Vec<Arc<Listener>>>,
 }
 
 /// An NBD server over a set of exports.
 pub struct Server {
     inner: Arc<Inner>,
+    /// The network threads. Owned here, not by `Inner` (which tasks hold):
+    /// a runtime must not be dropped on one of its own threads.
+    runtime: Option<tokio::runtime::Runtime>,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if let Some(rt) = self.runtime.take() {
+            // Tasks still running after the grace time are dropped (their
+            // sockets closed); a blocking stdin read is not waited for.
+            rt.shutdown_timeout(Duration::from_secs(1));
+        }
+    }
 }
 
 /// Stops a running server from another thread. Holds the server weakly, so
@@ -159,17 +207,27 @@ fn begin_shutdown(inner: &Inner) {
         return;
     }
     tracing::info!("shutting down: finishing in-flight requests");
+    inner.stop_tx.send_replace(true);
     for (_, c) in inner.conns.live.lock().iter() {
         c.shutdown_read();
-    }
-    for l in inner.wakers.lock().iter() {
-        l.wake();
     }
     inner.conns.empty.notify_all();
 }
 
 impl Server {
+    /// # Panics
+    /// If the network threads cannot be started (the system refuses new
+    /// threads).
     pub fn new(exports: ExportSet, cfg: ServerConfig) -> Self {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(cfg.net_threads.max(1))
+            // Only stdio mode's blocking bridge (stdin, stdout) uses these.
+            .max_blocking_threads(2)
+            .thread_name("nbd-net")
+            .enable_io()
+            .enable_time()
+            .build()
+            .unwrap_or_else(|e| panic!("cannot start the NBD network threads: {e}"));
         let pool = WorkerPool::new(cfg.worker_threads);
         let buffers = Arc::new(BufferPool::new(
             cfg.buffer_budget_bytes,
@@ -182,14 +240,16 @@ impl Server {
                 pool,
                 buffers,
                 stopping: AtomicBool::new(false),
+                stop_tx: watch::Sender::new(false),
+                rt: runtime.handle().clone(),
                 next_id: AtomicU64::new(1),
                 refused: AtomicU64::new(0),
                 conns: ConnRegistry {
                     live: Mutex::new(Vec::new()),
                     empty: Condvar::new(),
                 },
-                wakers: Mutex::new(Vec::new()),
             }),
+            runtime: Some(runtime),
         }
     }
 
@@ -203,19 +263,29 @@ impl Server {
     /// for connections to finish. Unix socket files the server created are
     /// removed.
     pub fn serve(&self, listeners: Vec<Listener>) {
-        let listeners: Vec<Arc<Listener>> = listeners.into_iter().map(Arc::new).collect();
-        *self.inner.wakers.lock() = listeners.clone();
-        self.watch_parent();
-        for l in &listeners {
-            let inner = Arc::downgrade(&self.inner);
-            let l = l.clone();
-            // Accept threads are not joined: one may stay blocked in accept
-            // if waking it fails; it holds the server only weakly and exits
-            // with the process.
-            let _ = std::thread::Builder::new()
-                .name("nbd-accept".into())
-                .spawn(move || accept_loop(&inner, &l));
+        let mut unlink = Vec::new();
+        for l in listeners {
+            if let Listener::Unix {
+                unlink: Some(p), ..
+            } = &l
+            {
+                unlink.push(p.clone());
+            }
+            let what = l.describe();
+            let registered = {
+                let _rt = self.inner.rt.enter();
+                l.into_async()
+            };
+            match registered {
+                Ok(l) => {
+                    let inner = Arc::downgrade(&self.inner);
+                    let stop = self.inner.stop_tx.subscribe();
+                    self.inner.rt.spawn(accept_loop(inner, l, what, stop));
+                }
+                Err(e) => tracing::warn!("cannot listen on {what}: {e}"),
+            }
         }
+        self.watch_parent();
         let mut live = self.inner.conns.live.lock();
         while !self.inner.stopping.load(Ordering::Acquire) {
             self.inner
@@ -226,13 +296,8 @@ impl Server {
         }
         drop(live);
         self.wait_connections();
-        for l in &listeners {
-            if let Listener::Unix {
-                unlink: Some(p), ..
-            } = &**l
-            {
-                let _ = std::fs::remove_file(p);
-            }
+        for p in unlink {
+            let _ = std::fs::remove_file(p);
         }
     }
 
@@ -271,19 +336,18 @@ impl Server {
         }
     }
 
-    /// With `exit_with_parent`, a thread that shuts the server down when the
-    /// parent process goes away (we are reparented).
+    /// With `exit_with_parent`, a task on the network threads that shuts
+    /// the server down when the parent process goes away (we are
+    /// reparented).
     fn watch_parent(&self) {
         if !self.inner.cfg.exit_with_parent {
             return;
         }
         let parent = std::os::unix::process::parent_id();
         let handle = self.shutdown_handle();
-        let _ = std::thread::Builder::new()
-            .name("nbd-parent".into())
-            .stack_size(conn::CONN_STACK_BYTES)
-            .spawn(move || loop {
-                std::thread::sleep(Duration::from_millis(500));
+        self.inner.rt.spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_millis(500)).await;
                 let Some(inner) = handle.inner.upgrade() else {
                     return;
                 };
@@ -296,7 +360,8 @@ impl Server {
                     handle.shutdown();
                     return;
                 }
-            });
+            }
+        });
     }
 
     fn wait_connections(&self) {
@@ -382,9 +447,17 @@ impl Drop for SignalGuard {
     }
 }
 
-fn accept_loop(weak: &Weak<Inner>, listener: &Listener) {
+async fn accept_loop(
+    weak: Weak<Inner>,
+    listener: AsyncListener,
+    what: String,
+    mut stop: watch::Receiver<bool>,
+) {
     loop {
-        let res = listener.accept();
+        let res = tokio::select! {
+            r = listener.accept() => r,
+            _ = stop.wait_for(|s| *s) => return,
+        };
         let Some(inner) = weak.upgrade() else { return };
         if inner.stopping.load(Ordering::Acquire) {
             return;
@@ -394,16 +467,18 @@ fn accept_loop(weak: &Weak<Inner>, listener: &Listener) {
                 admit(&inner, stream);
             }
             Err(e) => {
+                drop(inner);
                 // EMFILE and friends: back off instead of spinning.
-                tracing::warn!("accept on {} failed: {e}", listener.describe());
-                std::thread::sleep(Duration::from_millis(100));
+                tracing::warn!("accept on {what} failed: {e}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
             }
         }
     }
 }
 
-/// Registers `stream` and starts its reader thread, or closes it if the
-/// server is stopping or `max_connections` are open. True if admitted.
+/// Registers `stream` and starts its task on the network threads, or
+/// closes it if the server is stopping or `max_connections` are open.
+/// True if admitted.
 fn admit(inner: &Arc<Inner>, stream: Stream) -> bool {
     let id = inner.next_id.fetch_add(1, Ordering::Relaxed);
     {
@@ -414,7 +489,7 @@ fn admit(inner: &Arc<Inner>, stream: Stream) -> bool {
         }
         if live.len() >= inner.cfg.max_connections {
             drop(live);
-            // Closing at once costs the client a retry, not us a thread.
+            // Closing at once costs the client a retry, not us a task.
             if inner
                 .refused
                 .fetch_add(1, Ordering::Relaxed)
@@ -431,19 +506,28 @@ fn admit(inner: &Arc<Inner>, stream: Stream) -> bool {
         }
         live.push((id, stream.control.clone()));
     }
-    let inner2 = inner.clone();
-    let control = stream.control.clone();
-    let spawned = std::thread::Builder::new()
-        .name("nbd-conn".into())
-        .stack_size(conn::CONN_STACK_BYTES)
-        .spawn(move || run_connection(&inner2, id, stream));
-    if let Err(e) = spawned {
-        tracing::warn!("cannot start a connection thread: {e}");
-        control.shutdown();
-        unregister(inner, id);
-        return false;
-    }
+    let registered = Registered {
+        inner: inner.clone(),
+        id,
+    };
+    inner.rt.spawn(async move {
+        run_connection(&registered.inner, id, stream).await;
+        drop(registered);
+    });
     true
+}
+
+/// Unregisters a connection when its task ends, however it ends (a panic,
+/// or the runtime dropping it at exit).
+struct Registered {
+    inner: Arc<Inner>,
+    id: u64,
+}
+
+impl Drop for Registered {
+    fn drop(&mut self) {
+        unregister(&self.inner, self.id);
+    }
 }
 
 fn unregister(inner: &Inner, id: u64) {
@@ -459,60 +543,67 @@ fn unregister(inner: &Inner, id: u64) {
     }
 }
 
-/// The connection during the handshake: reads bounded by one deadline for
-/// the whole negotiation (every read gets only the time left, whatever the
-/// client trickles), and the STARTTLS upgrade.
+/// The connection during the handshake, on its task. The whole
+/// negotiation is bounded by one deadline (a timeout around
+/// [`handshake::negotiate`]), however the client trickles.
 struct HandshakeIo<'a> {
-    reader: BufReader<Box<dyn Read + Send>>,
-    writer: Box<dyn Write + Send>,
-    control: &'a dyn StreamControl,
-    deadline: Instant,
+    reader: conn::Input,
+    writer: AsyncOut,
+    /// Notified when the TLS session made records while reading (its own
+    /// handshake): the reads below then flush the writer.
+    wake: Arc<Notify>,
     tls: Option<&'a TlsConfig>,
 }
 
-impl Read for HandshakeIo<'_> {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        let left = self.deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return Err(io::Error::new(
-                io::ErrorKind::TimedOut,
-                "handshake not completed in time",
-            ));
+/// Flushes `w` now and whenever `wake` is notified; returns only on an
+/// error.
+async fn flush_on_wake(w: &mut AsyncOut, wake: &Notify) -> io::Error {
+    loop {
+        if let Err(e) = w.flush().await {
+            return e;
         }
-        self.control
-            .set_read_timeout(Some(left.max(Duration::from_millis(1))));
-        match self.reader.read(buf) {
-            Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock) => Err(io::Error::new(
-                io::ErrorKind::TimedOut,
-                "handshake not completed in time",
-            )),
-            r => r,
-        }
-    }
-}
-
-impl Write for HandshakeIo<'_> {
-    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        self.writer.write(buf)
-    }
-    fn flush(&mut self) -> io::Result<()> {
-        self.writer.flush()
+        wake.notified().await;
     }
 }
 
 impl handshake::Transport for HandshakeIo<'_> {
-    fn start_tls(&mut self) -> io::Result<()> {
+    async fn read_exact(&mut self, buf: &mut [u8]) -> io::Result<()> {
+        let Self {
+            reader,
+            writer,
+            wake,
+            ..
+        } = self;
+        // One task reads and writes here: while it waits for the client,
+        // records the TLS session made (ServerHello...) must still go out.
+        let res = tokio::select! {
+            biased;
+            r = reader.read_exact(buf) => r.map(drop),
+            e = flush_on_wake(writer, wake) => Err(e),
+        };
+        if res.is_err() {
+            // A failed TLS handshake leaves an alert for the client (best
+            // effort; the handshake deadline bounds it).
+            let _ = writer.flush().await;
+        }
+        res
+    }
+
+    async fn send(&mut self, bytes: &[u8]) -> io::Result<()> {
+        self.writer.write_all(bytes).await?;
+        self.writer.flush().await
+    }
+
+    async fn start_tls(&mut self) -> io::Result<()> {
         let Some(tls) = self.tls else {
             return Err(io::Error::other("TLS is not configured"));
         };
-        let old = std::mem::replace(
-            &mut self.reader,
-            BufReader::with_capacity(0, Box::new(io::empty())),
-        );
+        let empty: AsyncIn = Box::new(tokio::io::empty());
+        let old = std::mem::replace(&mut self.reader, BufReader::with_capacity(1, empty));
         // Bytes read ahead after STARTTLS are the start of the TLS handshake.
         let ahead = old.buffer().to_vec();
-        let raw_out = std::mem::replace(&mut self.writer, Box::new(io::sink()));
-        let (r, w) = tls.wrap(old.into_inner(), raw_out, &ahead)?;
+        let raw_out = std::mem::replace(&mut self.writer, Box::new(tokio::io::sink()));
+        let (r, w) = tls.wrap(old.into_inner(), raw_out, &ahead, self.wake.clone())?;
         self.reader = BufReader::with_capacity(READ_BUFFER_BYTES, Box::new(r));
         self.writer = Box::new(w);
         Ok(())
@@ -523,38 +614,48 @@ impl handshake::Transport for HandshakeIo<'_> {
 /// small payloads per `read`, while idle connections stay cheap.
 const READ_BUFFER_BYTES: usize = 64 << 10;
 
-fn run_connection(inner: &Arc<Inner>, id: u64, stream: Stream) {
+async fn run_connection(inner: &Arc<Inner>, id: u64, stream: Stream) {
     tracing::debug!("connection {id} from {}", stream.peer);
     let peer = stream.peer.clone();
-    let Stream {
-        reader,
-        writer,
-        control,
-        ..
-    } = stream;
+    let control = stream.control.clone();
+    let (reader, writer) = match stream.into_async() {
+        Ok(halves) => halves,
+        Err(e) => {
+            tracing::warn!("connection {id} from {peer}: cannot register the socket: {e}");
+            control.shutdown();
+            return;
+        }
+    };
     let cfg = &inner.cfg;
-    control.set_write_timeout(Some(cfg.handshake_timeout.min(cfg.send_timeout)));
     let tls = cfg.tls.as_deref().filter(|t| t.mode != TlsMode::Off);
     let limits = HandshakeLimits {
         max_options: cfg.max_options,
         tls: tls.map_or(TlsMode::Off, |t| t.mode),
     };
     let stopping = || inner.stopping.load(Ordering::Acquire);
+    let wake = Arc::new(Notify::new());
     // One buffered reader for both phases: bytes read ahead during the
     // handshake belong to the first requests.
     let mut io = HandshakeIo {
         reader: BufReader::with_capacity(READ_BUFFER_BYTES, reader),
         writer,
-        control: &*control,
-        deadline: Instant::now() + cfg.handshake_timeout,
+        wake: wake.clone(),
         tls,
     };
-    let outcome = handshake::negotiate(&mut io, &inner.exports, &limits, &stopping);
+    let outcome = tokio::time::timeout(
+        cfg.handshake_timeout,
+        handshake::negotiate(&mut io, &inner.exports, &limits, &stopping),
+    )
+    .await
+    .unwrap_or_else(|_| {
+        Err(io::Error::new(
+            io::ErrorKind::TimedOut,
+            "handshake not completed in time",
+        ))
+    });
     let HandshakeIo { reader, writer, .. } = io;
-    let reader: Box<dyn BufRead + Send> = Box::new(reader);
     match outcome {
         Ok(Outcome::Transmission(session)) => {
-            control.set_write_timeout(Some(cfg.send_timeout));
             tracing::debug!(
                 "connection {id}: export {:?}, structured replies {}, {:?} headers, TLS {}",
                 session.export.name,
@@ -575,12 +676,14 @@ fn run_connection(inner: &Arc<Inner>, id: u64, stream: Stream) {
             conn::serve(
                 reader,
                 writer,
+                wake,
                 control.clone(),
                 session,
                 &res,
                 &limits,
-                &stopping,
-            );
+                inner.stop_tx.subscribe(),
+            )
+            .await;
         }
         Ok(Outcome::Closed) => control.shutdown(),
         Err(e) => {
@@ -593,5 +696,4 @@ fn run_connection(inner: &Arc<Inner>, id: u64, stream: Stream) {
             control.shutdown();
         }
     }
-    unregister(inner, id);
 }

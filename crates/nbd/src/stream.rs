@@ -1,24 +1,29 @@
 //! Connected byte streams and listening sockets: TCP, unix sockets, stdio
 //! and sockets passed by socket activation.
 
-use std::io::{self, Read, Write};
+use std::io;
 use std::net::{Shutdown, TcpListener, TcpStream};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
 
-/// Out-of-band control of a connection's stream.
+use tokio::io::{AsyncRead, AsyncWrite};
+
+/// The reading half of a connection on the network threads: the socket's
+/// own half, or (after STARTTLS) [`crate::tls`]'s.
+pub(crate) type AsyncIn = Box<dyn AsyncRead + Send + Unpin>;
+/// The writing half of a connection on the network threads.
+pub(crate) type AsyncOut = Box<dyn AsyncWrite + Send + Unpin>;
+
+/// Out-of-band control of a connection's stream, usable from any thread
+/// while the network threads own the stream itself (a duplicate of the
+/// socket's descriptor).
 pub trait StreamControl: Send + Sync {
-    /// Shuts the stream down both ways: a blocked reader sees end-of-stream,
+    /// Shuts the stream down both ways: a pending read sees end-of-stream,
     /// further writes fail.
     fn shutdown(&self);
     /// Shuts down only the read side (server shutdown: finish what was read).
     fn shutdown_read(&self);
-    fn set_read_timeout(&self, t: Option<Duration>);
-    /// Bounds how long one write may block: a client that stops reading
-    /// its replies makes writes fail after this and is dropped.
-    fn set_write_timeout(&self, t: Option<Duration>);
 }
 
 impl StreamControl for TcpStream {
@@ -27,12 +32,6 @@ impl StreamControl for TcpStream {
     }
     fn shutdown_read(&self) {
         let _ = TcpStream::shutdown(self, Shutdown::Read);
-    }
-    fn set_read_timeout(&self, t: Option<Duration>) {
-        let _ = TcpStream::set_read_timeout(self, t);
-    }
-    fn set_write_timeout(&self, t: Option<Duration>) {
-        let _ = TcpStream::set_write_timeout(self, t);
     }
 }
 
@@ -43,12 +42,6 @@ impl StreamControl for UnixStream {
     fn shutdown_read(&self) {
         let _ = UnixStream::shutdown(self, Shutdown::Read);
     }
-    fn set_read_timeout(&self, t: Option<Duration>) {
-        let _ = UnixStream::set_read_timeout(self, t);
-    }
-    fn set_write_timeout(&self, t: Option<Duration>) {
-        let _ = UnixStream::set_write_timeout(self, t);
-    }
 }
 
 /// Control for streams that cannot be shut down (pipes).
@@ -56,16 +49,22 @@ pub(crate) struct NoControl;
 impl StreamControl for NoControl {
     fn shutdown(&self) {}
     fn shutdown_read(&self) {}
-    fn set_read_timeout(&self, _t: Option<Duration>) {}
-    fn set_write_timeout(&self, _t: Option<Duration>) {}
 }
 
-/// A connected byte stream split into halves. After STARTTLS the halves are
-/// wrapped in [`crate::tls`]'s, which share one session; `control` still
-/// acts on the socket (timeouts, shutdown).
+/// What a [`Stream`] is connected through.
+enum StreamIo {
+    Tcp(TcpStream),
+    Unix(UnixStream),
+    /// Standard input and output that are not a socket (pipes): read and
+    /// written through tokio's blocking bridge (see [`crate::server`]).
+    Stdio,
+}
+
+/// A connected byte stream, handed to the server's network threads, which
+/// split it into an async reading and writing half. `control` acts on the
+/// socket from any thread (shutdown).
 pub struct Stream {
-    pub reader: Box<dyn Read + Send>,
-    pub writer: Box<dyn Write + Send>,
+    io: StreamIo,
     pub control: Arc<dyn StreamControl>,
     pub peer: String,
 }
@@ -79,18 +78,16 @@ impl Stream {
             .map(|a| a.to_string())
             .unwrap_or_else(|_| "tcp".into());
         Ok(Self {
-            reader: Box::new(s.try_clone()?),
             control: Arc::new(s.try_clone()?),
-            writer: Box::new(s),
+            io: StreamIo::Tcp(s),
             peer,
         })
     }
 
     pub fn from_unix(s: UnixStream) -> io::Result<Self> {
         Ok(Self {
-            reader: Box::new(s.try_clone()?),
             control: Arc::new(s.try_clone()?),
-            writer: Box::new(s),
+            io: StreamIo::Unix(s),
             peer: "unix".into(),
         })
     }
@@ -107,14 +104,29 @@ impl Stream {
             s.peer = "stdin".into();
             return Ok(s);
         }
-        let input = std::fs::File::from(io::stdin().as_fd().try_clone_to_owned()?);
-        let output = std::fs::File::from(io::stdout().as_fd().try_clone_to_owned()?);
         Ok(Self {
-            reader: Box::new(input),
-            writer: Box::new(output),
+            io: StreamIo::Stdio,
             control: Arc::new(NoControl),
             peer: "stdio".into(),
         })
+    }
+
+    /// The async halves. Must run on the server's runtime (the sockets are
+    /// registered with its reactor).
+    pub(crate) fn into_async(self) -> io::Result<(AsyncIn, AsyncOut)> {
+        match self.io {
+            StreamIo::Tcp(s) => {
+                s.set_nonblocking(true)?;
+                let (r, w) = tokio::net::TcpStream::from_std(s)?.into_split();
+                Ok((Box::new(r), Box::new(w)))
+            }
+            StreamIo::Unix(s) => {
+                s.set_nonblocking(true)?;
+                let (r, w) = tokio::net::UnixStream::from_std(s)?.into_split();
+                Ok((Box::new(r), Box::new(w)))
+            }
+            StreamIo::Stdio => Ok((Box::new(tokio::io::stdin()), Box::new(tokio::io::stdout()))),
+        }
     }
 }
 
@@ -127,6 +139,21 @@ pub enum Listener {
         listener: UnixListener,
         unlink: Option<PathBuf>,
     },
+}
+
+/// A listener registered with the server's runtime.
+pub(crate) enum AsyncListener {
+    Tcp(tokio::net::TcpListener),
+    Unix(tokio::net::UnixListener),
+}
+
+impl AsyncListener {
+    pub(crate) async fn accept(&self) -> io::Result<Stream> {
+        match self {
+            Self::Tcp(l) => Stream::from_tcp(l.accept().await?.0.into_std()?),
+            Self::Unix(l) => Stream::from_unix(l.accept().await?.0.into_std()?),
+        }
+    }
 }
 
 impl Listener {
@@ -144,32 +171,18 @@ impl Listener {
         }
     }
 
-    pub(crate) fn accept(&self) -> io::Result<Stream> {
-        match self {
-            Self::Tcp(l) => Stream::from_tcp(l.accept()?.0),
-            Self::Unix { listener, .. } => Stream::from_unix(listener.accept()?.0),
-        }
-    }
-
-    /// Connects to the listener so that a blocked `accept` returns.
-    pub(crate) fn wake(&self) {
+    /// Registers the socket with the runtime (must run on it).
+    pub(crate) fn into_async(self) -> io::Result<AsyncListener> {
         match self {
             Self::Tcp(l) => {
-                if let Ok(mut a) = l.local_addr() {
-                    if a.ip().is_unspecified() {
-                        a.set_ip(std::net::Ipv4Addr::LOCALHOST.into());
-                    }
-                    let _ = TcpStream::connect_timeout(&a, Duration::from_millis(200));
-                }
+                l.set_nonblocking(true)?;
+                Ok(AsyncListener::Tcp(tokio::net::TcpListener::from_std(l)?))
             }
             Self::Unix { listener, .. } => {
-                if let Some(p) = listener
-                    .local_addr()
-                    .ok()
-                    .and_then(|a| a.as_pathname().map(|p| p.to_path_buf()))
-                {
-                    let _ = UnixStream::connect(p);
-                }
+                listener.set_nonblocking(true)?;
+                Ok(AsyncListener::Unix(tokio::net::UnixListener::from_std(
+                    listener,
+                )?))
             }
         }
     }

@@ -8,35 +8,44 @@
 //!
 //! # How a session is driven
 //!
-//! A connection is read by one thread and written by another (see
-//! [`crate::conn`]), but a TLS session is one object. Both engines are used
-//! *sans I/O*: the session never touches the socket. It sits behind one
-//! mutex together with nothing else, and the two threads do their own
-//! socket I/O outside it:
-//! * the reader reads ciphertext from the socket with no lock held (so a
-//!   reader blocked on an idle client never blocks replies), then, under
-//!   the lock, feeds it to the session and takes the plaintext out;
-//! * the writer encrypts at most [`WRITE_CHUNK_BYTES`] of plaintext under
-//!   the lock, takes the records, and writes them to the socket after
-//!   releasing it.
+//! A connection is read by one task and written by another on the
+//! server's network threads (see [`crate::conn`]), but a TLS session is
+//! one object. Both engines are used *sans I/O*: the session never touches
+//! the socket. It sits behind one mutex together with the ciphertext it has
+//! made but nobody has taken yet ([`TlsRead`] and [`TlsWrite`] share it):
+//! * the reading half reads ciphertext from the socket with no lock held
+//!   (so a read waiting on an idle client never blocks replies), then,
+//!   under the lock, feeds it to the session and takes the plaintext out.
+//!   Records the session makes while reading (handshake messages, alerts,
+//!   key updates) are appended to the shared outgoing buffer, and the
+//!   connection's writer is woken (a [`Notify`]) to send them;
+//! * the writing half encrypts at most [`WRITE_CHUNK_BYTES`] of plaintext
+//!   under the lock, appending the records to the same buffer, and is the
+//!   only one that writes to the socket: it moves the buffer's contents to
+//!   its own pending bytes (under the lock) and writes those with no lock
+//!   held.
 //!
-//! Records must reach the socket in the order the session made them (the
-//! reader can make some too: handshake messages, alerts, key updates), so
-//! the socket's write half has its own mutex, taken *before* the session's
-//! is released (order: session, then socket). No extra thread, no
-//! non-blocking sockets: the socket keeps its read timeout (idle polling,
-//! handshake deadline) and its send timeout (clients that do not read)
-//! exactly as without TLS. Memory per connection: the session's buffers
-//! (about one record each way), one 16 KiB ciphertext read buffer and, while
-//! a reply is written, one chunk of records.
+//! So records reach the wire in the order the session made them, with one
+//! lock and no lock held across a socket operation or an `.await`. During
+//! the option haggling, where one task both reads and writes, the
+//! handshake's reads flush the writing half whenever the reading half asks
+//! for it (see `server::HandshakeIo`). Memory per connection: the session's
+//! buffers (about one record each way), one 16 KiB ciphertext read buffer
+//! and, while a reply is written, one chunk of records.
 
 use std::collections::HashMap;
 use std::io::{self, IoSlice, Read, Write};
 use std::path::{Path, PathBuf};
+use std::pin::Pin;
 use std::str::FromStr;
 use std::sync::Arc;
+use std::task::{ready, Context, Poll};
 
-use parking_lot::{Mutex, MutexGuard};
+use parking_lot::Mutex;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::sync::Notify;
+
+use crate::stream::{AsyncIn, AsyncOut};
 
 /// Whether and how clients may or must use TLS.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -207,13 +216,15 @@ impl TlsConfig {
 
     /// Wraps a connection's raw halves in a new server session. `ahead`:
     /// bytes already read from the socket after the STARTTLS option (they
-    /// belong to the TLS handshake).
+    /// belong to the TLS handshake). `wake` is notified when the reading
+    /// half made records that the writing half must send.
     pub(crate) fn wrap(
         &self,
-        raw_in: Box<dyn Read + Send>,
-        raw_out: Box<dyn Write + Send>,
+        raw_in: AsyncIn,
+        raw_out: AsyncOut,
         ahead: &[u8],
-    ) -> io::Result<(TlsReader, TlsWriter)> {
+        wake: Arc<Notify>,
+    ) -> io::Result<(TlsRead, TlsWrite)> {
         let engine: Box<dyn Engine> = match &self.creds {
             Creds::X509(cfg) => {
                 let mut c = rustls::ServerConnection::new(cfg.clone())
@@ -233,26 +244,30 @@ impl TlsConfig {
                 })
             }
         };
-        let shared = Arc::new(Shared {
-            engine: Mutex::new(engine),
-            sock_out: Mutex::new(raw_out),
-        });
+        let shared = Arc::new(Mutex::new(Session {
+            engine,
+            out: Vec::new(),
+        }));
         let mut raw = vec![0u8; RAW_READ_BYTES.max(ahead.len())];
         let end = ahead.len();
         if let Some(dst) = raw.get_mut(..end) {
             dst.copy_from_slice(ahead);
         }
         Ok((
-            TlsReader {
+            TlsRead {
                 shared: shared.clone(),
-                sock_in: raw_in,
+                sock: raw_in,
                 raw,
                 start: 0,
                 end,
+                wake,
             },
-            TlsWriter {
+            TlsWrite {
                 shared,
-                broken: false,
+                sock: raw_out,
+                pending: Vec::new(),
+                sent: 0,
+                closed: false,
             },
         ))
     }
@@ -465,101 +480,146 @@ const RAW_READ_BYTES: usize = 16 << 10;
 /// next chunk is taken, so this bounds the writer's buffer).
 pub const WRITE_CHUNK_BYTES: usize = 64 << 10;
 
-struct Shared {
-    engine: Mutex<Box<dyn Engine>>,
-    /// The socket's write half. Taken while `engine` is still held, so
-    /// records reach the wire in the order the session made them.
-    sock_out: Mutex<Box<dyn Write + Send>>,
+/// The session and the records it made that are not yet taken by the
+/// writing half, in the order it made them.
+struct Session {
+    engine: Box<dyn Engine>,
+    out: Vec<u8>,
 }
 
-impl Shared {
-    /// Sends what the session has queued, releasing the session's lock
-    /// before the socket write.
-    fn send_pending(&self, mut engine: MutexGuard<'_, Box<dyn Engine>>) -> io::Result<()> {
-        let mut out = Vec::new();
-        engine.take_outgoing(&mut out)?;
-        if out.is_empty() {
-            return Ok(());
-        }
-        let mut sock = self.sock_out.lock();
-        drop(engine);
-        sock.write_all(&out)?;
-        sock.flush()
+impl Session {
+    /// Moves the session's new records to `out`; true if there were any.
+    fn collect(&mut self) -> io::Result<bool> {
+        let before = self.out.len();
+        self.engine.take_outgoing(&mut self.out)?;
+        Ok(self.out.len() > before)
     }
 }
 
 /// The reading half of a TLS connection.
-pub struct TlsReader {
-    shared: Arc<Shared>,
-    sock_in: Box<dyn Read + Send>,
+pub struct TlsRead {
+    shared: Arc<Mutex<Session>>,
+    sock: AsyncIn,
     /// Ciphertext read but not yet taken by the session: `raw[start..end]`.
     raw: Vec<u8>,
     start: usize,
     end: usize,
+    wake: Arc<Notify>,
 }
 
-impl Read for TlsReader {
-    /// Blocks on the socket at most once per call: if the ciphertext read
-    /// does not complete a record, the call ends `Interrupted`, which every
-    /// caller retries after checking its own deadline (the handshake's, a
-    /// payload's), so a client trickling a record byte by byte cannot hold
-    /// a read past it.
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        if buf.is_empty() {
-            return Ok(0);
+impl AsyncRead for TlsRead {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        if buf.remaining() == 0 {
+            return Poll::Ready(Ok(()));
         }
-        let mut waited = false;
         loop {
-            let mut engine = self.shared.engine.lock();
-            match engine.read_plain(buf) {
+            let mut st = this.shared.lock();
+            match st.engine.read_plain(buf.initialize_unfilled()) {
                 Ok(n) => {
-                    self.shared.send_pending(engine)?;
-                    return Ok(n);
+                    let made = st.collect();
+                    drop(st);
+                    if made? {
+                        this.wake.notify_one();
+                    }
+                    buf.advance(n);
+                    return Poll::Ready(Ok(()));
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                Err(e) => return Err(e),
+                Err(e) => return Poll::Ready(Err(e)),
             }
-            if let Some(pending) = self.raw.get(self.start..self.end).filter(|p| !p.is_empty()) {
-                match engine.feed(pending) {
-                    Ok(0) => return Err(tls_error("the session accepts no more input")),
+            if let Some(pending) = this.raw.get(this.start..this.end).filter(|p| !p.is_empty()) {
+                let fed = st.engine.feed(pending);
+                // On an error the records are alerts telling the peer why
+                // (best effort).
+                let made = st.collect();
+                drop(st);
+                if matches!(made, Ok(true)) {
+                    this.wake.notify_one();
+                }
+                match fed {
+                    Ok(0) => {
+                        return Poll::Ready(Err(tls_error("the session accepts no more input")))
+                    }
                     Ok(n) => {
-                        self.start += n;
-                        self.shared.send_pending(engine)?;
+                        this.start += n;
+                        made?;
                         continue;
                     }
-                    Err(e) => {
-                        // Tell the peer why (an alert), best effort.
-                        let _ = self.shared.send_pending(engine);
-                        return Err(e);
-                    }
+                    Err(e) => return Poll::Ready(Err(e)),
                 }
             }
-            drop(engine);
-            if waited {
-                return Err(io::ErrorKind::Interrupted.into());
-            }
-            waited = true;
+            drop(st);
             // No lock held while waiting for the client.
-            let n = self.sock_in.read(&mut self.raw)?;
+            let mut rb = ReadBuf::new(&mut this.raw);
+            ready!(Pin::new(&mut this.sock).poll_read(cx, &mut rb))?;
+            let n = rb.filled().len();
             if n == 0 {
-                return Ok(0);
+                return Poll::Ready(Ok(())); // end of stream
             }
-            self.start = 0;
-            self.end = n;
+            this.start = 0;
+            this.end = n;
         }
     }
 }
 
-/// The writing half of a TLS connection. Dropping it sends close_notify
-/// (best effort) unless a write failed.
-pub struct TlsWriter {
-    shared: Arc<Shared>,
-    broken: bool,
+/// The writing half of a TLS connection: the only one that writes to the
+/// socket. `shutdown` sends close_notify.
+pub struct TlsWrite {
+    shared: Arc<Mutex<Session>>,
+    sock: AsyncOut,
+    /// Records taken from the session, sent up to `sent`.
+    pending: Vec<u8>,
+    sent: usize,
+    closed: bool,
 }
 
-impl TlsWriter {
-    fn encrypt_and_send(&mut self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
-        let mut engine = self.shared.engine.lock();
+impl TlsWrite {
+    /// Sends every record the session has made so far (by either half).
+    fn poll_drain(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        loop {
+            if self.sent == self.pending.len() {
+                self.pending.clear();
+                self.sent = 0;
+                let mut st = self.shared.lock();
+                if st.out.is_empty() {
+                    return Poll::Ready(Ok(()));
+                }
+                std::mem::swap(&mut self.pending, &mut st.out);
+                continue;
+            }
+            let rest = self.pending.get(self.sent..).unwrap_or_default();
+            let n = ready!(Pin::new(&mut self.sock).poll_write(cx, rest))?;
+            if n == 0 {
+                return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
+            }
+            self.sent += n;
+        }
+    }
+}
+
+impl AsyncWrite for TlsWrite {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        self.poll_write_vectored(cx, &[IoSlice::new(buf)])
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        // Earlier records first: this bounds what waits here to one chunk.
+        ready!(this.poll_drain(cx))?;
+        let mut st = this.shared.lock();
         let mut taken = 0;
         'bufs: for b in bufs {
             let mut rest: &[u8] = b;
@@ -569,7 +629,7 @@ impl TlsWriter {
                     break 'bufs;
                 }
                 let part = rest.get(..rest.len().min(room)).unwrap_or(rest);
-                let n = engine.write_plain(part)?;
+                let n = st.engine.write_plain(part)?;
                 if n == 0 {
                     break 'bufs;
                 }
@@ -577,35 +637,35 @@ impl TlsWriter {
                 rest = rest.get(n..).unwrap_or_default();
             }
         }
-        self.shared.send_pending(engine)?;
-        Ok(taken)
-    }
-}
-
-impl Write for TlsWriter {
-    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        self.write_vectored(&[IoSlice::new(buf)])
-    }
-    fn write_vectored(&mut self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
-        let res = self.encrypt_and_send(bufs);
-        if res.is_err() {
-            self.broken = true;
+        st.collect()?;
+        drop(st);
+        // Send now what the socket takes; the rest goes with the next write
+        // or flush.
+        if let Poll::Ready(Err(e)) = this.poll_drain(cx) {
+            return Poll::Ready(Err(e));
         }
-        res
+        Poll::Ready(Ok(taken))
     }
-    fn flush(&mut self) -> io::Result<()> {
-        Ok(()) // every write already went to the socket
-    }
-}
 
-impl Drop for TlsWriter {
-    fn drop(&mut self) {
-        if self.broken {
-            return;
+    fn is_write_vectored(&self) -> bool {
+        true
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        ready!(this.poll_drain(cx))?;
+        Pin::new(&mut this.sock).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        if !std::mem::replace(&mut this.closed, true) {
+            let mut st = this.shared.lock();
+            st.engine.close();
+            st.collect()?;
         }
-        let mut engine = self.shared.engine.lock();
-        engine.close();
-        let _ = self.shared.send_pending(engine);
+        ready!(this.poll_drain(cx))?;
+        Pin::new(&mut this.sock).poll_shutdown(cx)
     }
 }
 
