@@ -32,7 +32,7 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use crossbeam_utils::CachePadded;
-use jbdev_nbd::backend::{BackendResult, Extent};
+use jbdev_nbd::backend::{BackendResult, Done, Extent};
 use jbdev_nbd::{proto, Backend, ShutdownHandle};
 use jbdev_volume::Volume;
 use prometheus_client::collector::Collector;
@@ -191,39 +191,112 @@ pub struct Instrumented<B> {
 }
 
 impl<B: Backend> Instrumented<B> {
-    /// Times `op` as one request of command `cmd` moving `bytes`.
+    /// Times `op` as one request of command `cmd`.
     fn measure<T>(
         &self,
         cmd: usize,
         fua: bool,
         op: impl FnOnce(&B) -> BackendResult<T>,
     ) -> BackendResult<T> {
-        let shard = self.counters.shard();
-        shard.in_flight.fetch_add(1, Ordering::Relaxed);
-        let start = Instant::now();
+        let start = self.begin();
         let res = op(&self.inner);
-        let ns = u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX);
-        shard.done.fetch_add(1, Ordering::Relaxed);
-        if let Some(c) = shard.commands.get(cmd) {
-            c.requests.fetch_add(1, Ordering::Relaxed);
-            c.latency_ns_sum.fetch_add(ns, Ordering::Relaxed);
-            if let Some(b) = c.latency_buckets.get(bucket_of(ns)) {
-                b.fetch_add(1, Ordering::Relaxed);
-            }
-            if let Err(e) = &res {
-                let slot = ERRNOS
-                    .iter()
-                    .position(|(v, _)| *v == e.errno)
-                    .unwrap_or(ERRNOS.len() - 1);
-                if let Some(n) = c.errors.get(slot) {
-                    n.fetch_add(1, Ordering::Relaxed);
-                }
-            }
-        }
-        if fua {
-            shard.fua_requests.fetch_add(1, Ordering::Relaxed);
-        }
+        record(&self.counters, cmd, fua, start, &res);
         res
+    }
+
+    /// Counts a request as started; its end is [`record`]ed.
+    fn begin(&self) -> Instant {
+        self.counters
+            .shard()
+            .in_flight
+            .fetch_add(1, Ordering::Relaxed);
+        Instant::now()
+    }
+
+    /// `done`, counting the request (command `cmd`, `written` bytes on
+    /// success) from now until it runs.
+    fn measured(&self, cmd: usize, fua: bool, written: u64, done: Done) -> Done {
+        let start = self.begin();
+        let counters = self.counters.clone();
+        Box::new(move |res| {
+            record(&counters, cmd, fua, start, &res);
+            if res.is_ok() && written > 0 {
+                counters
+                    .shard()
+                    .written_bytes
+                    .fetch_add(written, Ordering::Relaxed);
+            }
+            done(res)
+        })
+    }
+
+    /// A `try_*_then` of the inner backend, measured only if it ran: if it
+    /// gives the completion back, the caller gets its own `done` back
+    /// (unwrapped, uncounted), so the blocking retry is counted once.
+    fn measured_try(
+        &self,
+        cmd: usize,
+        fua: bool,
+        written: u64,
+        done: Done,
+        op: impl FnOnce(&B, Done) -> Result<(), Done>,
+    ) -> Result<(), Done> {
+        let slot = Arc::new(Mutex::new(Some(done)));
+        let inner_slot = slot.clone();
+        let wrapped = self.measured(
+            cmd,
+            fua,
+            written,
+            Box::new(move |res| {
+                let done = inner_slot.lock().ok().and_then(|mut d| d.take());
+                if let Some(done) = done {
+                    done(res)
+                }
+            }),
+        );
+        match op(&self.inner, wrapped) {
+            Ok(()) => Ok(()),
+            Err(_unused) => {
+                self.counters
+                    .shard()
+                    .in_flight
+                    .fetch_sub(1, Ordering::Relaxed);
+                let done = slot.lock().ok().and_then(|mut d| d.take());
+                Err(done.expect("a completion given back has not run"))
+            }
+        }
+    }
+}
+
+/// Ends a request [`Instrumented::begin`] started: latency, errors, FUA.
+fn record<T>(
+    counters: &ExportCounters,
+    cmd: usize,
+    fua: bool,
+    start: Instant,
+    res: &BackendResult<T>,
+) {
+    let shard = counters.shard();
+    let ns = u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX);
+    shard.done.fetch_add(1, Ordering::Relaxed);
+    if let Some(c) = shard.commands.get(cmd) {
+        c.requests.fetch_add(1, Ordering::Relaxed);
+        c.latency_ns_sum.fetch_add(ns, Ordering::Relaxed);
+        if let Some(b) = c.latency_buckets.get(bucket_of(ns)) {
+            b.fetch_add(1, Ordering::Relaxed);
+        }
+        if let Err(e) = res {
+            let slot = ERRNOS
+                .iter()
+                .position(|(v, _)| *v == e.errno)
+                .unwrap_or(ERRNOS.len() - 1);
+            if let Some(n) = c.errors.get(slot) {
+                n.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+    if fua {
+        shard.fua_requests.fetch_add(1, Ordering::Relaxed);
     }
 }
 
@@ -256,6 +329,50 @@ impl<B: Backend> Backend for Instrumented<B> {
     }
     fn flush(&self) -> BackendResult<()> {
         self.measure(FLUSH, false, |b| b.flush())
+    }
+    fn write_at_then(&self, buf: &[u8], offset: u64, fua: bool, done: Done) {
+        let done = self.measured(WRITE, fua, buf.len() as u64, done);
+        self.inner.write_at_then(buf, offset, fua, done)
+    }
+    fn flush_then(&self, done: Done) {
+        let done = self.measured(FLUSH, false, 0, done);
+        self.inner.flush_then(done)
+    }
+    fn try_write_at_then(
+        &self,
+        buf: &[u8],
+        offset: u64,
+        fua: bool,
+        done: Done,
+    ) -> Result<(), Done> {
+        self.measured_try(WRITE, fua, buf.len() as u64, done, |b, d| {
+            b.try_write_at_then(buf, offset, fua, d)
+        })
+    }
+    fn try_flush_then(&self, done: Done) -> Result<(), Done> {
+        self.measured_try(FLUSH, false, 0, done, |b, d| b.try_flush_then(d))
+    }
+    fn try_read_at(&self, buf: &mut [u8], offset: u64) -> Option<BackendResult<()>> {
+        let start = self.begin();
+        match self.inner.try_read_at(buf, offset) {
+            None => {
+                self.counters
+                    .shard()
+                    .in_flight
+                    .fetch_sub(1, Ordering::Relaxed);
+                None
+            }
+            Some(res) => {
+                record(&self.counters, READ, false, start, &res);
+                if res.is_ok() {
+                    self.counters
+                        .shard()
+                        .read_bytes
+                        .fetch_add(buf.len() as u64, Ordering::Relaxed);
+                }
+                Some(res)
+            }
+        }
     }
     fn trim(&self, offset: u64, length: u64, fua: bool) -> BackendResult<()> {
         self.measure(TRIM, fua, |b| b.trim(offset, length, fua))
@@ -884,5 +1001,47 @@ mod tests {
             assert!(text.contains(want), "missing {want:?} in\n{text}");
         }
         assert!(text.ends_with("# EOF\n"));
+    }
+
+    /// Writes and flushes through completions, including a try the inner
+    /// backend refuses (the memory backend never runs one in place) and the
+    /// blocking retry with the completion it gave back: each counted once.
+    #[test]
+    fn completion_paths_count_each_request_once() {
+        let m = Arc::new(Metrics::default());
+        let counters = Arc::new(ExportCounters::new("e"));
+        lock(&m.exports).push(counters.clone());
+        let b = Instrumented {
+            inner: MemBackend::new(1 << 20, false),
+            counters,
+        };
+        let ran = Arc::new(AtomicUsize::new(0));
+        let done = |ran: &Arc<AtomicUsize>| -> Done {
+            let ran = ran.clone();
+            Box::new(move |res| {
+                assert!(res.is_ok());
+                ran.fetch_add(1, Ordering::Relaxed);
+            })
+        };
+        let back = b
+            .try_write_at_then(&[1; 4096], 0, true, done(&ran))
+            .expect_err("the memory backend gives the completion back");
+        b.write_at_then(&[1; 4096], 0, true, back);
+        b.write_at_then(&[2; 4096], 4096, false, done(&ran));
+        let back = b.try_flush_then(done(&ran)).expect_err("given back");
+        b.flush_then(back);
+        let mut buf = [0u8; 4096];
+        assert!(b.try_read_at(&mut buf, 0).is_none());
+        assert_eq!(ran.load(Ordering::Relaxed), 3);
+        let text = m.render().unwrap();
+        for want in [
+            "jbdev_nbd_requests_total{export=\"e\",command=\"write\"} 2",
+            "jbdev_nbd_requests_total{export=\"e\",command=\"flush\"} 1",
+            "jbdev_nbd_written_bytes_total{export=\"e\"} 8192",
+            "jbdev_nbd_durability_requests_total{export=\"e\",kind=\"fua\"} 1",
+            "jbdev_nbd_requests_in_flight{export=\"e\"} 0",
+        ] {
+            assert!(text.contains(want), "missing {want:?} in\n{text}");
+        }
     }
 }

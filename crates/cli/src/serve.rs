@@ -49,8 +49,9 @@ pub struct ServeArgs {
     /// Serve a single client on stdin/stdout (libnbd's connect_command).
     #[arg(short = 's', long = "stdio")]
     pub stdio: bool,
-    /// Worker threads shared by all connections (requests in the volume at
-    /// once; default 16 per core, 32 to 128).
+    /// Worker threads shared by all connections, for requests that would
+    /// block a network thread: reads the page cache cannot answer, partial
+    /// writes, waits for journal space (default 8 per core, 16 to 64).
     #[arg(long)]
     pub threads: Option<usize>,
     /// Network threads: all connections' socket I/O (accept, handshake,

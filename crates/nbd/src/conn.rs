@@ -539,35 +539,47 @@ fn read_reply(
     length: u32,
     df: bool,
 ) -> Result<Vec<Part>, BackendError> {
-    let style = conn.style(offset);
-    if !conn.structured {
-        let data = read_data(conn, offset, length)?;
-        return Ok(vec![
-            Part::Bytes(codec::encode_simple_reply(0, cookie).to_vec()),
-            Part::Buf(data),
-        ]);
-    }
-    if length == 0 {
-        return Ok(vec![Part::Bytes(codec::encode_done_chunk(style, cookie))]);
+    if conn.structured && length == 0 {
+        return Ok(vec![Part::Bytes(codec::encode_done_chunk(
+            conn.style(offset),
+            cookie,
+        ))]);
     }
     // IMPORTANT: one backend read for the whole request, then holes found
-    // in the data itself. A separate block-status call before the read (or
-    // several reads for one request) could see a different moment: data
-    // acknowledged in between would go out as zeroes, or a journaled write
-    // would show half old, half new.
+    // in the data itself (see `data_reply`).
     let data = read_data(conn, offset, length)?;
+    Ok(data_reply(conn, cookie, offset, df, data))
+}
+
+/// The reply to a READ whose bytes are `data` (all of them, read at once).
+fn data_reply(conn: &ConnShared, cookie: u64, offset: u64, df: bool, data: PooledBuf) -> Vec<Part> {
+    let style = conn.style(offset);
+    let length = data.len() as u32;
+    if !conn.structured {
+        return vec![
+            Part::Bytes(codec::encode_simple_reply(0, cookie).to_vec()),
+            Part::Buf(data),
+        ];
+    }
+    if length == 0 {
+        return vec![Part::Bytes(codec::encode_done_chunk(style, cookie))];
+    }
+    // Holes are found in the data itself. A separate block-status call
+    // before the read (or several reads for one request) could see a
+    // different moment: data acknowledged in between would go out as
+    // zeroes, or a journaled write would show half old, half new.
     let pieces = if df || length < HOLE_SCAN_MIN_BYTES {
         vec![(0usize, length as usize, false)]
     } else {
         zero_runs(&data, HOLE_GRANULE_BYTES, HOLE_MIN_RUN_BYTES)
     };
     if pieces.len() == 1 && !pieces[0].2 {
-        return Ok(vec![
+        return vec![
             Part::Bytes(codec::encode_data_chunk_head(
                 style, cookie, true, offset, length,
             )),
             Part::Buf(data),
-        ]);
+        ];
     }
     let mut parts = Vec::with_capacity(pieces.len() * 2);
     let last = pieces.len() - 1;
@@ -592,7 +604,7 @@ fn read_reply(
             parts.push(Part::Bytes(data[from..to].to_vec()));
         }
     }
-    Ok(parts)
+    parts
 }
 
 /// Granule of the zero scan of read data.
@@ -609,7 +621,7 @@ fn zero_runs(data: &[u8], granule: usize, min_run: usize) -> Vec<(usize, usize, 
     while pos < data.len() {
         let is_zero = |at: usize| {
             let end = (at + granule).min(data.len());
-            data[at..end].iter().all(|&x| x == 0)
+            jbdev_device::is_zero(&data[at..end])
         };
         if !is_zero(pos) {
             pos += granule;
@@ -933,24 +945,56 @@ impl Reader<'_> {
             _ => None,
         };
         let req = *req;
-        self.res.workers.submit(move || match cmd {
+        // Try on this network thread first: most writes, flushes and cached
+        // reads need no I/O and no wait, and a hand-off to a worker and back
+        // costs two context switches. What would block goes to a worker.
+        let backend = self.conn.backend.clone();
+        match cmd {
             // Writes and flushes complete through the backend's callback, so
-            // a worker does not sit out a commit: with group commit, one
-            // worker puts a whole queue of FUA writes into one commit.
+            // nobody sits out a commit: with group commit, a whole queue of
+            // FUA writes goes into one commit.
             Command::Write { offset, fua, .. } => {
-                let backend = pending.conn.backend.clone();
                 let data: &[u8] = payload.as_deref().unwrap_or(&[]);
-                backend.write_at_then(data, offset, fua, answer_when_done(pending, req));
+                if let Err(done) =
+                    backend.try_write_at_then(data, offset, fua, answer_when_done(pending, req))
+                {
+                    self.res.workers.submit(move || {
+                        let data: &[u8] = payload.as_deref().unwrap_or(&[]);
+                        backend.write_at_then(data, offset, fua, done);
+                    });
+                }
             }
             Command::Flush => {
-                let backend = pending.conn.backend.clone();
-                backend.flush_then(answer_when_done(pending, req));
+                if let Err(done) = backend.try_flush_then(answer_when_done(pending, req)) {
+                    self.res.workers.submit(move || backend.flush_then(done));
+                }
             }
-            _ => {
+            Command::Read { offset, length, df } if length > 0 => {
+                let mut data = self.res.buffers.take_async(length as usize).await;
+                data.vec().resize(length as usize, 0);
+                match backend.try_read_at(&mut data, offset) {
+                    Some(Ok(())) => {
+                        let parts = data_reply(&pending.conn, req.cookie, offset, df, data);
+                        pending.answer(parts);
+                    }
+                    Some(Err(e)) => {
+                        let parts = error_reply(&pending.conn, &req, e.errno, &e.message);
+                        pending.answer(parts);
+                    }
+                    None => self.res.workers.submit(move || {
+                        let parts = match backend.read_at(&mut data, offset) {
+                            Ok(()) => data_reply(&pending.conn, req.cookie, offset, df, data),
+                            Err(e) => error_reply(&pending.conn, &req, e.errno, &e.message),
+                        };
+                        pending.answer(parts);
+                    }),
+                }
+            }
+            _ => self.res.workers.submit(move || {
                 let parts = execute(&pending.conn, &req, cmd);
                 pending.answer(parts);
-            }
-        });
+            }),
+        }
         Ok(())
     }
 }

@@ -97,15 +97,17 @@ pub struct ServerConfig {
     pub tls: Option<Arc<TlsConfig>>,
 }
 
-/// Default worker count: 16 per core, at least 32 and at most 128. A
-/// volume call blocks its worker for a whole commit, so a group commit
-/// gathers at most as many FUA writes as there are workers: with 8 workers
-/// 4 KiB FUA writes at QD32 ran at a third of the rate of 64 workers on the
-/// same run. The async core removes this coupling; until then the count is
-/// fixed here, not by the number of clients.
+/// Default worker count: 8 per core, at least 16 and at most 64. Workers
+/// only run what would block a network thread: reads the page cache cannot
+/// answer (one device read each, so this is the device queue depth of a
+/// read load), partial-block writes (a home read first), writes waiting
+/// for journal space, trims, zeroes and block status. Writes and flushes no
+/// longer keep a worker through their commit (they complete through the
+/// volume's completions), so the count no longer bounds group commit —
+/// it used to be 32-128 for that reason.
 pub fn default_worker_threads() -> usize {
     let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
-    (cores * 16).clamp(32, 128)
+    (cores * 8).clamp(16, 64)
 }
 
 /// Default network thread count: one per core.
