@@ -88,6 +88,18 @@ pub struct ServeArgs {
     /// O_DIRECT and journaled).
     #[arg(long)]
     pub no_read_cache: bool,
+    /// Buffered I/O on the volume's file instead of O_DIRECT: what was
+    /// written stays in the page cache for later reads, like `nbdkit file`
+    /// (durability is the same: every commit and flush ends in fdatasync).
+    #[arg(long)]
+    pub buffered: bool,
+    /// Writes of at least this many bytes go straight to their home
+    /// location (old-or-new per sector until a flush; NBD promises no
+    /// atomicity) instead of through the journal, so bulk copies write their
+    /// data once. `0` or `none`: journal every write that fits in a
+    /// transaction (all-or-nothing).
+    #[arg(long, value_name = "BYTES", default_value = "256K", value_parser = parse_threshold)]
+    pub direct_write_threshold: u64,
     /// Serve Prometheus metrics on http://ADDR:PORT/metrics (a bare PORT
     /// listens on 127.0.0.1).
     #[arg(long, value_name = "ADDR:PORT", value_parser = crate::metrics::parse_metrics_addr)]
@@ -177,7 +189,9 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
         read_only: a.read_only,
         backend: a.backend,
         read_cache: !a.no_read_cache,
+        direct_io: !a.buffered,
         break_lock: a.break_lock,
+        direct_write_threshold: a.direct_write_threshold,
         ..OpenOptions::default()
     };
     let mut exports = Vec::new();
@@ -408,4 +422,13 @@ fn close_volumes(volumes: Vec<(PathBuf, Arc<Volume>)>) -> anyhow::Result<()> {
         tracing::info!("all volumes flushed and closed");
     }
     result
+}
+
+/// `--direct-write-threshold`: a size (`256K`, `1M`, bytes), or `0` / `none`
+/// for "never".
+fn parse_threshold(s: &str) -> Result<u64, String> {
+    match s {
+        "0" | "none" => Ok(u64::MAX),
+        _ => jbdev_bench::cli::parse_size(s),
+    }
 }

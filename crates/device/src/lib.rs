@@ -84,7 +84,8 @@ pub trait BlockDevice: Send + Sync {
     fn read_vectored_at(&self, bufs: &mut [IoSliceMut<'_>], offset: u64) -> Result<()>;
 
     /// Reads `bufs` at `offset` only if that needs no device I/O (the bytes
-    /// are in a cache): `Ok(true)` when read, `Ok(false)` when the read would
+    /// are in a cache: file backends with a read cache or without O_DIRECT):
+    /// `Ok(true)` when read, `Ok(false)` when the read would
     /// have to wait for the device (`bufs` then hold unspecified bytes). For
     /// a caller that must not block. The default never reads.
     fn try_read_cached(&self, bufs: &mut [IoSliceMut<'_>], offset: u64) -> Result<bool> {

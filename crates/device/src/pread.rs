@@ -535,7 +535,7 @@ pub(crate) fn pread_cached(
 }
 
 /// [`crate::BlockDevice::try_read_cached`] for a device with a buffered
-/// reader: one `preadv2(RWF_NOWAIT)`, which fails with EAGAIN (or reads
+/// reader or without O_DIRECT: one `preadv2(RWF_NOWAIT)`, which fails with EAGAIN (or reads
 /// short) instead of waiting for the device when a page is not cached.
 pub(crate) fn try_read_cached(
     f: &DeviceFile,
@@ -549,8 +549,12 @@ pub(crate) fn try_read_cached(
         offset,
         iov_len_mut(bufs),
     )?;
-    let Some(reader) = &f.cached_reader else {
-        return Ok(false);
+    // The buffered reader next to O_DIRECT, or the file itself when it is
+    // buffered (its reads go through the page cache anyway).
+    let reader = match (&f.cached_reader, f.direct) {
+        (Some(r), _) => r,
+        (None, false) => &f.file,
+        (None, true) => return Ok(false),
     };
     let want = iov_len_mut(bufs);
     if want == 0 {
