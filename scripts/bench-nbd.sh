@@ -13,7 +13,8 @@
 # data over the whole export, so no read is answered from a hole).
 #
 # Usage: scripts/bench-nbd.sh [--seconds N] [--size 1G] [--qd 32] [--dir DIR]
-# Environment: CARGO_TARGET_DIR (where release binaries are built).
+# Environment: CARGO_TARGET_DIR (where release binaries are built);
+# JBDEV_SERVE_ARGS (extra `jbdev serve` flags, e.g. "--buffered").
 set -euo pipefail
 
 secs=10
@@ -153,7 +154,8 @@ stop_server
 # 3. jbdev on the same file, formatted as a volume of the same size.
 port=$((port + 1))
 "$jbdev" format "$img" --size "$size" >/dev/null
-"$jbdev" serve "$img" --listen "127.0.0.1:$port" 2>"$dir/jbdev-serve.log" &
+# shellcheck disable=SC2086 # JBDEV_SERVE_ARGS is a list of flags
+"$jbdev" serve "$img" --listen "127.0.0.1:$port" ${JBDEV_SERVE_ARGS:-} 2>"$dir/jbdev-serve.log" &
 server_pid=$!
 wait_port
 measure "jbdev" "nbd://127.0.0.1:$port"
