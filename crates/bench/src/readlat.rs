@@ -421,7 +421,9 @@ fn targets(rep: &mut ScenarioReport) {
                 rep.targets.push(TargetCheck::at_least(
                     format!("read-latency {name} jbdev sync writes with/without reader"),
                     ratio,
-                    0.9,
+                    // The target: sync writes with a streaming reader
+                    // at least 0.7x of alone (this said 0.9x, stricter than asked).
+                    0.7,
                     detail,
                 ));
             } else {
