@@ -874,6 +874,13 @@ impl Collector_ {
         )?;
         family(
             enc,
+            "jbdev_bulk_read_yields",
+            "Reads of at least 256 KiB from home that held back (at most 2 ms) for a commit writers waited for.",
+            MetricType::Counter,
+            &counter(|s| s.bulk_read_yields),
+        )?;
+        family(
+            enc,
             "jbdev_write_buffers_allocated",
             "Journaled-write buffers allocated from the heap (the rest are reused from the pool).",
             MetricType::Counter,

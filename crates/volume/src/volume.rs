@@ -78,6 +78,9 @@ pub struct Stats {
     pub device_flushes: u64,
     /// Times a writer found the journal full and waited for space.
     pub log_space_waits: u64,
+    /// Bulk reads that held back (at most 2 ms) for a commit writers were
+    /// waiting for.
+    pub bulk_read_yields: u64,
     /// Journaled-write buffers freshly allocated from the heap / reused
     /// from the buffer pool, and the bytes the pool keeps for reuse now.
     pub write_buffers_allocated: u64,
@@ -886,6 +889,7 @@ impl Volume {
             commits_pipelined: s.chained_commits,
             device_flushes: e.device_flushes(),
             log_space_waits: s.log_space_waits,
+            bulk_read_yields: s.bulk_read_yields,
             write_buffers_allocated: pool.allocated,
             write_buffers_reused: pool.reused,
             write_buffer_pool_bytes: pool.kept_bytes,

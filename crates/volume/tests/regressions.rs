@@ -464,6 +464,50 @@ fn abort_wakes_a_batching_leader_and_nothing_is_acknowledged_after_it() {
     assert!(vol.flush().is_err(), "a flush acknowledged after the abort");
 }
 
+/// A bulk read from home holds back while a commit that a writer waits for
+/// is on the device (ARCHITECTURE 22a), then proceeds even though that
+/// commit is still held; a small read never holds back.
+#[test]
+fn bulk_reads_yield_to_a_commit_writers_wait_for() {
+    let gate = GateDev::new(fault_volume());
+    let vol = Arc::new(Volume::open_device(gate.clone(), None, &quiet()).unwrap());
+    let mut small = vec![0u8; BS as usize];
+    let mut bulk = vec![0u8; 256 << 10];
+    // Nothing in flight: no yield.
+    vol.read_at(&mut bulk, 0).unwrap();
+    assert_eq!(vol.stats().bulk_read_yields, 0);
+    gate.hold_fua.store(true, Ordering::SeqCst);
+    let writer = {
+        let vol = vol.clone();
+        std::thread::spawn(move || {
+            vol.write_at(
+                &stamped(500, 200 * BS, BS as usize),
+                200 * BS,
+                WriteFlags::FUA,
+            )
+        })
+    };
+    gate.wait_until("the commit to reach the device", |st| st.fua_waiting > 0);
+    vol.read_at(&mut small, 0).unwrap();
+    assert_eq!(
+        vol.stats().bulk_read_yields,
+        0,
+        "a small read does not wait"
+    );
+    vol.read_at(&mut bulk, 0).unwrap();
+    assert_eq!(
+        vol.stats().bulk_read_yields,
+        1,
+        "a bulk read holds back for the commit in flight (and still finishes)"
+    );
+    gate.hold_fua.store(false, Ordering::SeqCst);
+    writer.join().unwrap().expect("the FUA write");
+    assert_eq!(
+        read(&vol, 200 * BS, BS as usize),
+        stamped(500, 200 * BS, BS as usize)
+    );
+}
+
 // ---------------------------------------------------------------- 6. lock order
 
 /// Writers, syncing writers and an abort at once: the old code could

@@ -349,8 +349,16 @@ impl Engine {
             }
             Some((newest, revoke_list, layout)) => {
                 drop(st);
-                // Phase 3.
+                // Phase 3. Bulk reads hold back while a commit somebody
+                // waits for is on the device (see `Engine::yield_to_commits`).
+                let urgent = waiters > 0;
+                if urgent {
+                    self.sync_commits_in_io.fetch_add(1, Ordering::AcqRel);
+                }
                 let res = self.write_commit(tid, &layout, newest, revoke_list, charged);
+                if urgent {
+                    self.sync_commits_in_io.fetch_sub(1, Ordering::AcqRel);
+                }
                 st = self.state();
                 match res {
                     Ok(mut txn) => {

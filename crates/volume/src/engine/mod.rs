@@ -61,7 +61,7 @@
 
 use std::collections::{BTreeMap, VecDeque};
 use std::io::IoSlice;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -246,6 +246,8 @@ pub struct StatsInner {
     /// Commits whose body overlapped an older commit in flight.
     pub chained_commits: u64,
     pub log_space_waits: u64,
+    /// Bulk reads that waited for a commit writers wait for (22a).
+    pub bulk_read_yields: u64,
 }
 
 /// Receives the outcome of a request that did not wait for durability
@@ -303,6 +305,9 @@ pub struct Engine {
     /// Touched only by direct writes and flushes, never by journaled I/O.
     home_written_gen: AtomicU64,
     home_flushed_gen: AtomicU64,
+    /// Commits somebody waits for whose I/O is in progress (bulk reads
+    /// hold back for them: `Engine::yield_to_commits`).
+    sync_commits_in_io: AtomicU32,
     /// Read on every write; written once, when the journal aborts.
     aborted: AtomicBool,
     /// Why the journal aborted. A `OnceLock`, not a field of `st`, so that a
@@ -421,6 +426,7 @@ impl Engine {
             home_lock: RwLock::new(()),
             home_written_gen: AtomicU64::new(0),
             home_flushed_gen: AtomicU64::new(0),
+            sync_commits_in_io: AtomicU32::new(0),
             aborted: AtomicBool::new(false),
             abort_reason: OnceLock::new(),
             pending_id: AtomicU64::new(1),
@@ -439,6 +445,7 @@ impl Engine {
                 direct_writes: 0,
                 chained_commits: 0,
                 log_space_waits: 0,
+                bulk_read_yields: 0,
             }),
             first,
         }

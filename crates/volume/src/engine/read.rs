@@ -4,6 +4,11 @@ use std::io::IoSliceMut;
 
 use super::*;
 
+/// Reads from home of at least this many bytes yield to commits in flight.
+const BULK_READ_BYTES: usize = 256 << 10;
+/// Longest a bulk read waits for commits in flight.
+const BULK_READ_MAX_YIELD: Duration = Duration::from_millis(2);
+
 impl Engine {
     // ----- reads ----------------------------------------------------------
 
@@ -40,6 +45,7 @@ impl Engine {
             }
             let versions: SmallVec<[u64; 8]> = guards.iter().map(|(_, g)| g.version).collect();
             drop(guards);
+            self.yield_to_commits(&home_runs);
             self.read_home_runs(lba, out, &home_runs)?;
             let unchanged = shard_ids
                 .iter()
@@ -50,6 +56,26 @@ impl Engine {
             }
         }
         unreachable!("the locked attempt always returns")
+    }
+
+    /// A bulk read (at least [`BULK_READ_BYTES`] from home) waits, a bounded
+    /// time, while a commit that writers wait for is on the device: a
+    /// stream of large reads queued ahead of it would make every durable
+    /// write wait behind them (the same trade the kernel's I/O schedulers
+    /// make for synchronous writes). Small reads never wait; the wait is at
+    /// most [`BULK_READ_MAX_YIELD`] per read, so a reader always progresses.
+    fn yield_to_commits(&self, home_runs: &[(usize, usize)]) {
+        let blocks: usize = home_runs.iter().map(|&(_, n)| n).sum();
+        if blocks * self.bs < BULK_READ_BYTES
+            || self.sync_commits_in_io.load(Ordering::Acquire) == 0
+        {
+            return;
+        }
+        self.stats.lock().bulk_read_yields += 1;
+        let until = Instant::now() + BULK_READ_MAX_YIELD;
+        while self.sync_commits_in_io.load(Ordering::Acquire) > 0 && Instant::now() < until {
+            std::thread::sleep(Duration::from_micros(50));
+        }
     }
 
     /// [`Engine::read_blocks`] only if no device I/O is needed: every block
