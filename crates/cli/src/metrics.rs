@@ -979,8 +979,8 @@ mod tests {
         assert!(parse_metrics_addr("nonsense").is_err());
     }
 
-    #[test]
-    fn counts_requests_bytes_and_errors() {
+    /// Metrics with one export "e": a counted 1 MiB memory backend.
+    fn counted_mem() -> (Arc<Metrics>, Instrumented<MemBackend>) {
         let m = Arc::new(Metrics::default());
         let counters = Arc::new(ExportCounters::new("e"));
         lock(&m.exports).push(counters.clone());
@@ -988,6 +988,12 @@ mod tests {
             inner: MemBackend::new(1 << 20, false),
             counters,
         };
+        (m, b)
+    }
+
+    #[test]
+    fn counts_requests_bytes_and_errors() {
+        let (m, b) = counted_mem();
         b.write_at(&[1; 4096], 0, true).unwrap();
         let mut buf = [0u8; 512];
         b.read_at(&mut buf, 0).unwrap();
@@ -1015,13 +1021,7 @@ mod tests {
     /// blocking retry with the completion it gave back: each counted once.
     #[test]
     fn completion_paths_count_each_request_once() {
-        let m = Arc::new(Metrics::default());
-        let counters = Arc::new(ExportCounters::new("e"));
-        lock(&m.exports).push(counters.clone());
-        let b = Instrumented {
-            inner: MemBackend::new(1 << 20, false),
-            counters,
-        };
+        let (m, b) = counted_mem();
         let ran = Arc::new(AtomicUsize::new(0));
         let done = |ran: &Arc<AtomicUsize>| -> Done {
             let ran = ran.clone();

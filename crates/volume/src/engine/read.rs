@@ -31,10 +31,7 @@ impl Engine {
         for attempt in 0.. {
             let locked = attempt >= READ_OPTIMISTIC_TRIES;
             home_runs.clear();
-            let guards: ShardGuards<'_> = shard_ids
-                .iter()
-                .map(|&s| (s, self.overlay.lock(s)))
-                .collect();
+            let guards = self.lock_shards(&shard_ids);
             self.resolve_blocks(lba, out, &guards, &mut home_runs);
             if home_runs.is_empty() {
                 return Ok(());
@@ -47,11 +44,7 @@ impl Engine {
             drop(guards);
             self.yield_to_commits(&home_runs);
             self.read_home_runs(lba, out, &home_runs)?;
-            let unchanged = shard_ids
-                .iter()
-                .zip(&versions)
-                .all(|(&s, &v)| self.overlay.lock(s).version == v);
-            if unchanged {
+            if self.versions_unchanged(&shard_ids, &versions) {
                 return Ok(());
             }
         }
@@ -86,10 +79,7 @@ impl Engine {
         let n = out.len() / self.bs;
         let shard_ids = Overlay::shards_for_range(lba, lba + n as u64);
         let mut home_runs: HomeRuns = SmallVec::new();
-        let guards: ShardGuards<'_> = shard_ids
-            .iter()
-            .map(|&s| (s, self.overlay.lock(s)))
-            .collect();
+        let guards = self.lock_shards(&shard_ids);
         self.resolve_blocks(lba, out, &guards, &mut home_runs);
         if home_runs.is_empty() {
             return Ok(true);
@@ -104,10 +94,19 @@ impl Engine {
                 return Ok(false);
             }
         }
-        Ok(shard_ids
-            .iter()
-            .zip(&versions)
-            .all(|(&s, &v)| self.overlay.lock(s).version == v))
+        Ok(self.versions_unchanged(&shard_ids, &versions))
+    }
+
+    /// Locks the shards `ids` (ascending), as a read resolves its range.
+    fn lock_shards(&self, ids: &[usize]) -> ShardGuards<'_> {
+        ids.iter().map(|&s| (s, self.overlay.lock(s))).collect()
+    }
+
+    /// Whether no shard of `ids` changed since it showed `versions`.
+    fn versions_unchanged(&self, ids: &[usize], versions: &[u64]) -> bool {
+        ids.iter()
+            .zip(versions)
+            .all(|(&s, &v)| self.overlay.lock(s).version == v)
     }
 
     /// Copies every block of `[lba, ..)` that has a newer copy than home
