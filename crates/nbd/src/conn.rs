@@ -607,6 +607,11 @@ fn data_reply(conn: &ConnShared, cookie: u64, offset: u64, df: bool, data: Poole
     parts
 }
 
+/// Largest READ or WRITE a network thread runs itself (when it needs no
+/// I/O): a bigger one is a long copy, which would hold up every other
+/// connection on that thread; it goes to a worker.
+const INLINE_MAX_BYTES: u32 = 1 << 20;
+
 /// Granule of the zero scan of read data.
 const HOLE_GRANULE_BYTES: usize = 4096;
 /// Shortest zero run sent as a hole chunk (shorter runs are not worth a chunk).
@@ -953,11 +958,19 @@ impl Reader<'_> {
             // Writes and flushes complete through the backend's callback, so
             // nobody sits out a commit: with group commit, a whole queue of
             // FUA writes goes into one commit.
-            Command::Write { offset, fua, .. } => {
+            Command::Write {
+                offset,
+                fua,
+                length,
+            } => {
                 let data: &[u8] = payload.as_deref().unwrap_or(&[]);
-                if let Err(done) =
-                    backend.try_write_at_then(data, offset, fua, answer_when_done(pending, req))
-                {
+                let done = answer_when_done(pending, req);
+                let tried = if length <= INLINE_MAX_BYTES {
+                    backend.try_write_at_then(data, offset, fua, done)
+                } else {
+                    Err(done)
+                };
+                if let Err(done) = tried {
                     self.res.workers.submit(move || {
                         let data: &[u8] = payload.as_deref().unwrap_or(&[]);
                         backend.write_at_then(data, offset, fua, done);
@@ -972,7 +985,12 @@ impl Reader<'_> {
             Command::Read { offset, length, df } if length > 0 => {
                 let mut data = self.res.buffers.take_async(length as usize).await;
                 data.vec().resize(length as usize, 0);
-                match backend.try_read_at(&mut data, offset) {
+                let tried = if length <= INLINE_MAX_BYTES {
+                    backend.try_read_at(&mut data, offset)
+                } else {
+                    None
+                };
+                match tried {
                     Some(Ok(())) => {
                         let parts = data_reply(&pending.conn, req.cookie, offset, df, data);
                         pending.answer(parts);
