@@ -93,6 +93,10 @@ pub struct ServeArgs {
     /// (durability is the same: every commit and flush ends in fdatasync).
     #[arg(long)]
     pub buffered: bool,
+    /// Group commit's batching wait: adaptive (default), none, or
+    /// fixed:<us> (the seed's comparison).
+    #[arg(long, value_name = "POLICY", default_value = "adaptive")]
+    pub batch_policy: jbdev_volume::BatchPolicy,
     /// Writes of at least this many bytes go straight to their home
     /// location (old-or-new per sector until a flush; NBD promises no
     /// atomicity) instead of through the journal, so bulk copies write their
@@ -190,6 +194,7 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
         backend: a.backend,
         read_cache: !a.no_read_cache,
         direct_io: !a.buffered,
+        batch_policy: a.batch_policy,
         break_lock: a.break_lock,
         direct_write_threshold: a.direct_write_threshold,
         ..OpenOptions::default()
