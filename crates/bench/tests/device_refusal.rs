@@ -4,32 +4,18 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use jbdev_bench::backing::BackingKind;
+mod common;
+
 use jbdev_bench::cli::CommonArgs;
 use jbdev_bench::{run_plans, sync, Plan};
-use jbdev_device::Backend;
 use jbdev_volume::{BatchPolicy, FormatOptions, OpenOptions, Volume};
 
 fn args(device: PathBuf, dir: &Path, force: bool) -> CommonArgs {
     CommonArgs {
-        slow_flush_ms: 2.0,
-        slow_store: jbdev_bench::cli::SlowStore::Ram,
-        backing: vec![BackingKind::Ram],
-        device: Some(device),
-        backing_size: 0,
-        backing_dir: dir.to_path_buf(),
         duration: Some(0.1),
-        quick: true,
         json: None,
-        plot_dir: dir.join("plots"),
-        no_plots: true,
-        journal_size: Some(4 << 20),
-        backend: Backend::Auto,
-        max_batch_us: None,
-        direct_write_threshold: None,
-        pipeline_depth: None,
-        no_progress: true,
         force,
+        ..common::common(device, dir, false)
     }
 }
 

@@ -9,10 +9,7 @@ use jbdev_volume::BatchPolicy;
 #[test]
 fn large_writes_reports_both_sides_targets_and_counters() {
     let dir = tempfile::tempdir().unwrap();
-    let image = dir.path().join("backing.img");
-    let f = std::fs::File::create(&image).unwrap();
-    f.set_len(64 << 20).unwrap();
-    drop(f);
+    let image = common::backing_file(dir.path(), 64 << 20);
     let args = common::common(image, dir.path(), false);
     // A 4 MiB journal: 4 MiB writes exceed a transaction (direct path),
     // 512 KiB ones are journaled — the shape of the real 16 MiB / 1 MiB run.

@@ -3,14 +3,15 @@
 //! teardown on success and on error. Needs root, loop devices and /dev/fuse;
 //! skips with the reason otherwise. No figure is asserted.
 
-use std::path::Path;
+mod common;
+
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use jbdev_bench::backing::{loop_devices_available, Backing, BackingConfig, BackingKind};
 use jbdev_bench::cleanup::{is_mounted, loops_of};
-use jbdev_bench::cli::{CommonArgs, SlowStore};
+use jbdev_bench::cli::CommonArgs;
 use jbdev_bench::{run_plans, sync, BenchError, Plan};
-use jbdev_device::Backend;
 use jbdev_volume::BatchPolicy;
 
 /// Tests in this file share the process id in their resource names; run
@@ -73,23 +74,11 @@ fn slow_backing_runs_both_sides_and_leaves_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let args = CommonArgs {
         backing: vec![BackingKind::Slow],
-        slow_flush_ms: 2.0,
-        slow_store: SlowStore::Ram,
         device: None,
         backing_size: 96 << 20,
-        backing_dir: dir.path().to_path_buf(),
         duration: Some(0.2),
-        quick: true,
         json: Some(dir.path().join("slow.json")),
-        plot_dir: dir.path().join("plots"),
-        no_plots: false,
-        journal_size: Some(4 << 20),
-        backend: Backend::Auto,
-        max_batch_us: None,
-        direct_write_threshold: None,
-        pipeline_depth: None,
-        no_progress: true,
-        force: false,
+        ..common::common(PathBuf::new(), dir.path(), true)
     };
     let plans = vec![
         Plan::SyncWriters(sync::SyncWritersParams {

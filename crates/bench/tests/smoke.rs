@@ -51,10 +51,7 @@ fn tiny_plans() -> Vec<Plan> {
 #[test]
 fn every_scenario_produces_table_json_and_plots() {
     let dir = tempfile::tempdir().unwrap();
-    let image = dir.path().join("backing.img");
-    let f = std::fs::File::create(&image).unwrap();
-    f.set_len(64 << 20).unwrap();
-    drop(f);
+    let image = common::backing_file(dir.path(), 64 << 20);
     let args = common::common(image, dir.path(), true);
     let mut out = Vec::new();
     let report = run_plans(&tiny_plans(), &args, &mut out, false, "smoke").expect("bench run");

@@ -48,6 +48,18 @@ fn spinner(msg: String) -> ProgressBar {
     pb
 }
 
+/// The data area of a volume that fills a whole device of `total` bytes:
+/// what is left after the superblock block and an internal journal.
+fn data_bytes_of(total: u64, bs: u64, a: &FormatArgs) -> u64 {
+    let journal = if a.journal.is_some() {
+        0
+    } else {
+        a.journal_size
+            .unwrap_or_else(|| jbdev_volume::default_journal_bytes(total))
+    };
+    (total.saturating_sub(bs + journal)) / bs * bs
+}
+
 pub fn format(a: FormatArgs) -> anyhow::Result<()> {
     let bs = u64::from(a.block_size);
     let size = match a.size {
@@ -68,14 +80,7 @@ pub fn format(a: FormatArgs) -> anyhow::Result<()> {
                     a.path.display()
                 )
             })?;
-            let total = dev.device.size_bytes();
-            let journal = if a.journal.is_some() {
-                0
-            } else {
-                a.journal_size
-                    .unwrap_or_else(|| jbdev_volume::default_journal_bytes(total))
-            };
-            (total.saturating_sub(bs + journal)) / bs * bs
+            data_bytes_of(dev.device.size_bytes(), bs, &a)
         }
         None => {
             let meta = std::fs::metadata(&a.path).with_context(|| {
@@ -97,14 +102,7 @@ pub fn format(a: FormatArgs) -> anyhow::Result<()> {
                     ..Default::default()
                 },
             )?;
-            let total = dev.device.size_bytes();
-            let journal = if a.journal.is_some() {
-                0
-            } else {
-                a.journal_size
-                    .unwrap_or_else(|| jbdev_volume::default_journal_bytes(total))
-            };
-            (total.saturating_sub(bs + journal)) / bs * bs
+            data_bytes_of(dev.device.size_bytes(), bs, &a)
         }
     };
     anyhow::ensure!(

@@ -592,9 +592,7 @@ impl Volume {
     /// user-lowered `direct_write_threshold`) goes straight home and is
     /// old-or-new per sector until flushed.
     pub fn write_at(&self, buf: &[u8], offset: u64, flags: WriteFlags) -> Result<()> {
-        self.check(offset, buf.len() as u64)?;
-        self.engine.check_writable()?;
-        let Some((mid_start, mid_end)) = self.direct_part(offset, buf.len() as u64) else {
+        let Some((mid_start, mid_end)) = self.route(offset, buf.len() as u64)? else {
             return self
                 .engine
                 .journaled(&[Op::Write { offset, data: buf }], flags.fua);
@@ -626,11 +624,7 @@ impl Volume {
     /// which one thread calling `write_at` in turn cannot. A write too large
     /// for one transaction goes home as in `write_at`, on this thread.
     pub fn write_at_then(&self, buf: &[u8], offset: u64, flags: WriteFlags, done: Completion) {
-        let direct = self
-            .check(offset, buf.len() as u64)
-            .and_then(|()| self.engine.check_writable())
-            .map(|()| self.direct_part(offset, buf.len() as u64));
-        match direct {
+        match self.route(offset, buf.len() as u64) {
             Err(e) => done(Err(e)),
             Ok(None) => {
                 self.engine
@@ -652,17 +646,13 @@ impl Volume {
         offset: u64,
         flags: WriteFlags,
     ) -> Option<Result<Durability>> {
-        if let Err(e) = self
-            .check(offset, buf.len() as u64)
-            .and_then(|()| self.engine.check_writable())
-        {
-            return Some(Err(e));
+        match self.route(offset, buf.len() as u64) {
+            Err(e) => Some(Err(e)),
+            Ok(Some(_)) => None,
+            Ok(None) => self
+                .engine
+                .try_journaled(&[Op::Write { offset, data: buf }], flags.fua),
         }
-        if self.direct_part(offset, buf.len() as u64).is_some() {
-            return None;
-        }
-        self.engine
-            .try_journaled(&[Op::Write { offset, data: buf }], flags.fua)
     }
 
     /// [`Volume::flush`] only if it needs no device I/O on this thread (no
@@ -693,6 +683,15 @@ impl Volume {
             return done(Ok(()));
         }
         self.engine.flush_then(done)
+    }
+
+    /// Checks a mutating request of `len` bytes at `offset` (in range, the
+    /// volume writable) and says where it goes: its aligned middle
+    /// straight home, or None for all of it through the journal.
+    fn route(&self, offset: u64, len: u64) -> Result<Option<(u64, u64)>> {
+        self.check(offset, len)?;
+        self.engine.check_writable()?;
+        Ok(self.direct_part(offset, len))
     }
 
     /// The aligned middle `[start, end)` of a request that goes straight to
@@ -729,9 +728,7 @@ impl Volume {
     /// journal (atomic); larger ones are zeroed in place (hole punch /
     /// BLKZEROOUT) with revokes.
     pub fn write_zeroes(&self, offset: u64, len: u64, flags: WriteFlags) -> Result<()> {
-        self.check(offset, len)?;
-        self.engine.check_writable()?;
-        let Some((mid_start, mid_end)) = self.direct_part(offset, len) else {
+        let Some((mid_start, mid_end)) = self.route(offset, len)? else {
             return self
                 .engine
                 .journaled(&[Op::Zero { offset, len }], flags.fua);

@@ -1,4 +1,5 @@
 //! Shared by the bench crate's integration tests.
+#![allow(dead_code)] // each test binary uses a different part
 
 use std::path::{Path, PathBuf};
 
@@ -29,4 +30,12 @@ pub fn common(device: PathBuf, dir: &Path, plots: bool) -> CommonArgs {
         no_progress: true,
         force: false,
     }
+}
+
+/// A `bytes`-long backing file in `dir` for a `--device` run.
+pub fn backing_file(dir: &Path, bytes: u64) -> PathBuf {
+    let image = dir.join("backing.img");
+    let f = std::fs::File::create(&image).unwrap();
+    f.set_len(bytes).unwrap();
+    image
 }

@@ -30,23 +30,7 @@ impl Engine {
         if st.j.committed() >= tid {
             return Ok(());
         }
-        st.sync_waiters += 1;
-        if st.want_commit < tid {
-            st.want_commit = tid;
-        }
-        st.sync_peak = st.sync_peak.max(st.sync_waiters);
-        if tid == st.j.running() {
-            st.running_waiters += 1;
-        }
-        if tid == st.j.running() && st.running_first_sync.is_none() {
-            st.running_first_sync = Some(Instant::now());
-        }
-        // Wake a batching leader only when its batch is complete (its exit
-        // condition); a wake-up per arrival costs a context switch each, which
-        // on a small machine eats the time batching was meant to save.
-        if st.running_waiters >= Self::batch_target(&st) {
-            self.joined.notify_one();
-        }
+        self.register_sync_waiter(&mut st, tid);
         while st.j.committed() < tid && st.error.is_none() {
             if tid == st.j.running() && self.can_lead(&st) {
                 st = self.commit_once(st, true);
@@ -59,6 +43,26 @@ impl Engine {
             Ok(())
         } else {
             Err(Self::aborted_error(&st))
+        }
+    }
+
+    /// Counts a sync request for transaction `tid` (a sleeping thread or a
+    /// completion) for the batching policy, and wakes a batching leader if
+    /// that completes its batch. Only the arrival that completes the batch
+    /// wakes it (its exit condition): a wake-up per arrival costs a context
+    /// switch each, which on a small machine eats the time batching saves.
+    fn register_sync_waiter(&self, st: &mut JState, tid: Tid) {
+        st.sync_waiters += 1;
+        st.want_commit = st.want_commit.max(tid);
+        st.sync_peak = st.sync_peak.max(st.sync_waiters);
+        if tid == st.j.running() {
+            st.running_waiters += 1;
+            if st.running_first_sync.is_none() {
+                st.running_first_sync = Some(Instant::now());
+            }
+        }
+        if st.running_waiters >= Self::batch_target(st) {
+            self.joined.notify_one();
         }
     }
 
@@ -80,20 +84,9 @@ impl Engine {
             drop(st);
             return done(self.wait_commit(tid).and_then(|()| self.ack()));
         }
-        st.sync_waiters += 1;
-        st.want_commit = st.want_commit.max(tid);
         st.async_want = st.async_want.max(tid);
-        st.sync_peak = st.sync_peak.max(st.sync_waiters);
-        if tid == st.j.running() {
-            st.running_waiters += 1;
-            if st.running_first_sync.is_none() {
-                st.running_first_sync = Some(Instant::now());
-            }
-        }
         st.durable_cbs.push((tid, done));
-        if st.running_waiters >= Self::batch_target(&st) {
-            self.joined.notify_one();
-        }
+        self.register_sync_waiter(&mut st, tid);
         // Only the first completion of a transaction finds the commit thread
         // free to lead (it then holds `cutting`): one wake-up per commit.
         if tid == st.j.running() && self.can_lead(&st) {
