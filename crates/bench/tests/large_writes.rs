@@ -101,16 +101,9 @@ fn large_writes_reports_both_sides_targets_and_counters() {
 
 #[test]
 fn large_writes_arguments() {
-    use clap::Parser;
-    #[derive(Parser)]
-    struct Cli {
-        #[command(subcommand)]
-        cmd: jbdev_bench::cli::BenchCommand,
-    }
-    let parse =
-        |args: &[&str]| Cli::try_parse_from(std::iter::once("bench").chain(args.iter().copied()));
+    let parse = common::parse_bench;
     let cli = parse(&["large-writes", "--quick"]).unwrap();
-    let (plans, _) = jbdev_bench::plans(&cli.cmd).unwrap();
+    let (plans, _) = jbdev_bench::plans(&cli).unwrap();
     let [Plan::LargeWrites(p)] = plans.as_slice() else {
         panic!("{plans:?}");
     };
@@ -125,7 +118,7 @@ fn large_writes_arguments() {
         (16 << 20, 1 << 20, 128 << 20, 5, 2)
     );
     let cli = parse(&["large-writes"]).unwrap();
-    let (plans, _) = jbdev_bench::plans(&cli.cmd).unwrap();
+    let (plans, _) = jbdev_bench::plans(&cli).unwrap();
     let [Plan::LargeWrites(p)] = plans.as_slice() else {
         panic!("{plans:?}");
     };
@@ -134,8 +127,8 @@ fn large_writes_arguments() {
         (512 << 20, 9, 3, true)
     );
     let cli = parse(&["large-writes", "--reps", "0"]).unwrap();
-    assert!(jbdev_bench::plans(&cli.cmd).is_err());
+    assert!(jbdev_bench::plans(&cli).is_err());
     let cli = parse(&["large-writes", "--stream-reps", "0"]).unwrap();
-    assert!(jbdev_bench::plans(&cli.cmd).is_err());
+    assert!(jbdev_bench::plans(&cli).is_err());
     assert!(parse(&["large-writes", "--large-size", "16Q"]).is_err());
 }

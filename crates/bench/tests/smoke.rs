@@ -143,28 +143,21 @@ fn every_scenario_produces_table_json_and_plots() {
 
 #[test]
 fn bad_arguments_are_errors_not_panics() {
-    use clap::Parser;
-    #[derive(Parser)]
-    struct Cli {
-        #[command(subcommand)]
-        cmd: jbdev_bench::cli::BenchCommand,
-    }
-    let parse =
-        |args: &[&str]| Cli::try_parse_from(std::iter::once("bench").chain(args.iter().copied()));
+    let parse = common::parse_bench;
     assert!(parse(&["fsync-batch", "--policies", "sometimes"]).is_err());
     assert!(parse(&["sync-writers", "--backing", "floppy"]).is_err());
     let cli = parse(&["fsync-batch", "--backing", "slow", "--slow-flush-ms", "5"]).unwrap();
-    let (_, common) = jbdev_bench::plans(&cli.cmd).unwrap();
+    let (_, common) = jbdev_bench::plans(&cli).unwrap();
     assert_eq!(common.backing, vec![BackingKind::Slow]);
     assert_eq!(common.slow_flush_ms, 5.0);
     assert!(parse(&["sync-writers", "--backing-size", "12Q"]).is_err());
     let cli = parse(&["sync-writers", "--threads", "0"]).unwrap();
     assert!(matches!(
-        jbdev_bench::plans(&cli.cmd),
+        jbdev_bench::plans(&cli),
         Err(jbdev_bench::BenchError::InvalidArgument(_))
     ));
     let cli = parse(&["all", "--quick"]).unwrap();
-    let (plans, common) = jbdev_bench::plans(&cli.cmd).unwrap();
+    let (plans, common) = jbdev_bench::plans(&cli).unwrap();
     assert_eq!(plans.len(), 6);
     assert!(common.quick);
 }

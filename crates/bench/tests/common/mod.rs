@@ -39,3 +39,14 @@ pub fn backing_file(dir: &Path, bytes: u64) -> PathBuf {
     f.set_len(bytes).unwrap();
     image
 }
+
+/// Parses `jbdev bench ARGS` as the CLI does.
+pub fn parse_bench(args: &[&str]) -> Result<jbdev_bench::cli::BenchCommand, clap::Error> {
+    use clap::Parser;
+    #[derive(Parser)]
+    struct Cli {
+        #[command(subcommand)]
+        cmd: jbdev_bench::cli::BenchCommand,
+    }
+    Cli::try_parse_from(std::iter::once("bench").chain(args.iter().copied())).map(|c| c.cmd)
+}
