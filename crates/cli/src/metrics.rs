@@ -846,6 +846,13 @@ impl Collector_ {
         )?;
         family(
             enc,
+            "jbdev_checkpoint_blocks_skipped",
+            "Block copies checkpoints did not write home because a newer committed copy superseded them.",
+            MetricType::Counter,
+            &counter(|s| s.checkpoint_blocks_skipped),
+        )?;
+        family(
+            enc,
             "jbdev_direct_writes",
             "Writes that went straight home, bypassing the journal.",
             MetricType::Counter,

@@ -69,6 +69,9 @@ pub struct Stats {
     pub checkpoint_lag_transactions: u64,
     pub checkpoints: u64,
     pub checkpoint_blocks: u64,
+    /// Block copies the checkpoint did not write home because a newer copy
+    /// in a committed transaction superseded them (rewrites absorbed).
+    pub checkpoint_blocks_skipped: u64,
     pub direct_writes: u64,
     /// Commits whose descriptor and data blocks were written while an older
     /// commit was still in flight (pipelining at work).
@@ -882,6 +885,7 @@ impl Volume {
             checkpoint_lag_transactions: lag_txns,
             checkpoints: s.checkpoints,
             checkpoint_blocks: s.checkpoint_blocks,
+            checkpoint_blocks_skipped: s.checkpoint_blocks_skipped,
             direct_writes: s.direct_writes,
             commits_pipelined: s.chained_commits,
             device_flushes: e.device_flushes(),

@@ -747,7 +747,9 @@ fn a_read_sees_all_or_none_of_a_journaled_write_across_a_checkpoint() {
 #[test]
 fn failed_direct_write_never_lets_the_checkpoint_drop_a_durable_copy() {
     const BIG_DATA: u64 = 8 << 20;
-    const BIG_JOURNAL: u64 = 16 << 20;
+    // Checkpoint rounds are an eighth of the log: 1024 blocks here, so the
+    // first round holds all 700 blocks below (two chunks).
+    const BIG_JOURNAL: u64 = 32 << 20;
     let fault = Arc::new(FaultDevice::new(
         BIG_DATA + BIG_JOURNAL + 64 * 1024,
         SECTOR as u32,
@@ -783,8 +785,8 @@ fn failed_direct_write_never_lets_the_checkpoint_drop_a_durable_copy() {
     let filler = {
         let vol = vol.clone();
         std::thread::spawn(move || {
-            for i in 0..40u64 {
-                let off = (1610 + i * 10) * BS;
+            for i in 0..120u64 {
+                let off = (1610 + (i % 40) * 10) * BS;
                 let _ = vol.write_at(
                     &stamped(500 + i, off, 10 * BS as usize),
                     off,

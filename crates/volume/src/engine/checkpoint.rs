@@ -1,6 +1,7 @@
 //! The checkpoint thread: committed transactions home, the tail forward.
 
 use super::*;
+use std::collections::{HashMap, HashSet};
 
 /// Shortest run of all-zero blocks the checkpoint punches out of home
 /// instead of writing.
@@ -12,6 +13,7 @@ impl Engine {
     pub fn checkpoint_thread(self: &Arc<Self>) {
         loop {
             let urgent;
+            let round_blocks;
             {
                 let mut st = self.state();
                 loop {
@@ -19,7 +21,9 @@ impl Engine {
                         return;
                     }
                     let have = !self.committed.lock().is_empty();
-                    let fill_high = st.j.space.fill_at_least(1, 4);
+                    let fill_high =
+                        st.j.space
+                            .fill_at_least(CHECKPOINT_START.0, CHECKPOINT_START.1);
                     if have && (st.checkpoint_request || fill_high || st.checkpoint_shutdown) {
                         break;
                     }
@@ -46,26 +50,34 @@ impl Engine {
                     }
                 }
                 urgent = st.space_waiters > 0
-                    || st.j.space.fill_at_least(3, 4)
+                    || st
+                        .j
+                        .space
+                        .fill_at_least(CHECKPOINT_URGENT.0, CHECKPOINT_URGENT.1)
                     || st.checkpoint_shutdown;
                 st.checkpoint_request = false;
+                // A quarter of the log at most, so that when the checkpoint
+                // starts (half full) newer committed transactions stay
+                // behind the round and supersede some of its copies.
+                round_blocks =
+                    (st.j.space.capacity() as usize / 8).clamp(1, CHECKPOINT_ROUND_BLOCKS);
             }
-            let batch: Vec<CommittedTxn> = {
+            let (batch, later) = {
                 let mut q = self.committed.lock();
                 let mut blocks = 0;
                 let mut n = 0;
-                while n < q.len()
-                    && (n == 0 || blocks + q[n].blocks.len() <= CHECKPOINT_ROUND_BLOCKS)
-                {
+                while n < q.len() && (n == 0 || blocks + q[n].blocks.len() <= round_blocks) {
                     blocks += q[n].blocks.len();
                     n += 1;
                 }
-                q.drain(..n).collect()
+                let batch: Vec<CommittedTxn> = q.drain(..n).collect();
+                let later = newer_committed(&batch, q.iter());
+                (batch, later)
             };
             if batch.is_empty() {
                 continue;
             }
-            if let Err(e) = self.checkpoint(batch, urgent) {
+            if let Err(e) = self.checkpoint(batch, &later, urgent) {
                 self.abort(format!("checkpoint failed: {e}"));
                 return;
             }
@@ -74,7 +86,14 @@ impl Engine {
 
     /// Writes the blocks of `batch` (oldest first) home, makes them durable,
     /// advances the journal tail and forgets them.
-    pub(super) fn checkpoint(&self, batch: Vec<CommittedTxn>, urgent: bool) -> Result<()> {
+    /// `later` maps blocks of the batch to a newer version in a committed
+    /// transaction that stays in the log ([`newer_committed`]).
+    pub(super) fn checkpoint(
+        &self,
+        batch: Vec<CommittedTxn>,
+        later: &HashMap<Lba, u64>,
+        urgent: bool,
+    ) -> Result<()> {
         let bs = self.bs;
         let mut writes: BTreeMap<Lba, (u64, BlockRef)> = BTreeMap::new();
         for t in &batch {
@@ -87,13 +106,25 @@ impl Engine {
             .map(|(&b, (v, r))| (b, *v, r.clone()))
             .collect();
         let mut written = 0u64;
+        let mut superseded = 0u64;
         for chunk in all.chunks(CHECKPOINT_CHUNK_BLOCKS) {
             let _home = self.home_lock.write();
             // Validate under the shard locks: skip versions a direct write
-            // superseded (cancel_below) — their revoke protects replay.
+            // superseded (cancel_below) — their revoke protects replay —
+            // and versions a newer copy in a committed transaction
+            // supersedes: that transaction stays in the log (the tail never
+            // passes it) and replays the block after a crash, and its own
+            // checkpoint writes the block home (jbd2 drops a buffer from an
+            // older transaction's checkpoint list the same way). A block
+            // rewritten all the time then goes home about once per log
+            // wrap, not once per round.
             let todo: Vec<&(Lba, u64, BlockRef)> = chunk
                 .iter()
                 .filter(|(b, v, _)| {
+                    if later.get(b).is_some_and(|lv| lv > v) {
+                        superseded += 1;
+                        return false;
+                    }
                     let sh = self.overlay.lock_block(*b);
                     sh.map.get(b).is_some_and(|e| *v >= e.cancel_below)
                 })
@@ -225,8 +256,35 @@ impl Engine {
         let mut s = self.stats.lock();
         s.checkpoints += 1;
         s.checkpoint_blocks += written;
+        s.checkpoint_blocks_skipped += superseded;
         Ok(())
     }
+}
+
+/// For each block of `batch` that a transaction of `rest` (committed, newer,
+/// staying in the log) also holds: the newest version there. Versions grow
+/// with transaction order, so the last one seen is the newest.
+fn newer_committed<'a>(
+    batch: &[CommittedTxn],
+    rest: impl Iterator<Item = &'a CommittedTxn>,
+) -> HashMap<Lba, u64> {
+    let mut later = HashMap::new();
+    let mut rest = rest.peekable();
+    if rest.peek().is_none() {
+        return later;
+    }
+    let in_batch: HashSet<Lba> = batch
+        .iter()
+        .flat_map(|t| t.blocks.iter().map(|(b, _, _)| *b))
+        .collect();
+    for t in rest {
+        for (b, v, _) in &t.blocks {
+            if in_batch.contains(b) {
+                later.insert(*b, *v);
+            }
+        }
+    }
+    later
 }
 
 /// Drops the entry's newest version if it is `ver` (now home), and the

@@ -397,7 +397,11 @@ impl Engine {
                         .record((txn.elapsed.as_micros() as u64).max(1));
                 }
                 self.committed.lock().push_back(txn);
-                if st.j.space.fill_at_least(1, 4) {
+                if st
+                    .j
+                    .space
+                    .fill_at_least(CHECKPOINT_START.0, CHECKPOINT_START.1)
+                {
                     self.checkpoint_kick.notify_one();
                 }
             }

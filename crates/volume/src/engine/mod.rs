@@ -106,9 +106,19 @@ const DIRECT_BUF_MIN_BYTES: usize = 1 << 20;
 /// Blocks validated and written per checkpoint chunk (the home lock is
 /// held for one chunk at a time, so direct writes wait at most that long).
 const CHECKPOINT_CHUNK_BLOCKS: usize = 512;
-/// Blocks per checkpoint round: the tail advances (and space is freed)
-/// after every round instead of after the whole backlog.
+/// Most blocks per checkpoint round (and at most a quarter of the log): the
+/// tail advances (and space is freed) after every round instead of after
+/// the whole backlog.
 const CHECKPOINT_ROUND_BLOCKS: usize = 4096;
+/// The checkpoint starts when committed transactions fill this fraction of
+/// the log (or after `checkpoint_interval`), and takes the oldest round at a
+/// time. Half, not less: the newer half of the log then holds the rewrites
+/// that supersede copies in the round, which the checkpoint skips (a block
+/// rewritten all the time goes home about once per log wrap), and still
+/// leaves room for a transaction of the largest size (a quarter).
+const CHECKPOINT_START: (u64, u64) = (1, 4);
+/// Above this fill the checkpoint's writes go out at urgent priority.
+const CHECKPOINT_URGENT: (u64, u64) = (3, 4);
 /// Condition variables for commit waiters (see `Engine::done`).
 const DONE_SLOTS: usize = 32;
 /// Most commits in flight (also the journal's refusal limit).
@@ -242,6 +252,7 @@ pub struct StatsInner {
     pub commit_latency_us: hdrhistogram::Histogram<u64>,
     pub checkpoints: u64,
     pub checkpoint_blocks: u64,
+    pub checkpoint_blocks_skipped: u64,
     pub direct_writes: u64,
     /// Commits whose body overlapped an older commit in flight.
     pub chained_commits: u64,
@@ -442,6 +453,7 @@ impl Engine {
                     .expect("static histogram bounds"),
                 checkpoints: 0,
                 checkpoint_blocks: 0,
+                checkpoint_blocks_skipped: 0,
                 direct_writes: 0,
                 chained_commits: 0,
                 log_space_waits: 0,
