@@ -30,7 +30,9 @@ pub mod heap;
 #[cfg(any(test, feature = "testing"))]
 pub mod mem;
 pub mod open;
+pub mod pool;
 pub mod pread;
+pub mod queue;
 #[cfg(feature = "rbd")]
 pub mod rbd;
 pub mod uring;
@@ -39,6 +41,7 @@ pub use aligned::AlignedBuf;
 pub use error::{DeviceError, Result};
 pub use flush::FlushCoalescer;
 pub use open::{is_rbd_target, open_device, Backend, OpenOptions, OpenedDevice};
+pub use queue::{IoBuf, IoBufMut, IoDone, IoOp, IoQueue, IoRequest, Refused, QUEUE_DEPTH_MAX};
 
 use std::io::{IoSlice, IoSliceMut};
 
@@ -130,6 +133,21 @@ pub trait BlockDevice: Send + Sync {
 
     /// Makes every completed write durable (a device cache flush).
     fn flush(&self) -> Result<()>;
+
+    /// A request queue of `depth` (1 to [`QUEUE_DEPTH_MAX`]) owned by one
+    /// thread: many requests in flight without a thread each (see
+    /// [`queue`]). io_uring gives each queue its own ring; the portable
+    /// backend runs requests on a small pool shared by the device's queues.
+    /// The default runs each request synchronously when it is submitted and
+    /// holds its completion until `reap`: correct everywhere, concurrent
+    /// nowhere.
+    fn queue(&self, depth: u32) -> Result<Box<dyn IoQueue + '_>> {
+        Ok(Box::new(queue::SyncQueue::new(
+            queue::Synchronous(self),
+            depth,
+            None,
+        )?))
+    }
 
     /// Makes `[offset, offset+len)` read back as zeroes, deallocating it where
     /// the backing can (hole punch, BLKZEROOUT). The range is aligned like any
