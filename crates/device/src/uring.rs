@@ -33,6 +33,8 @@
 //! background commit and checkpoint writes do not starve reads;
 //! [`IoPriority::Urgent`] leaves the task's default (best effort).
 
+mod queue;
+
 use std::cell::RefCell;
 use std::io::{self, IoSlice, IoSliceMut};
 use std::os::unix::io::{AsRawFd, RawFd};
@@ -745,6 +747,24 @@ impl BlockDevice for UringDevice {
 
     fn allocation(&self, offset: u64, len: u64) -> Result<Vec<crate::Extent>> {
         crate::pread::allocation(&self.f, offset, len)
+    }
+
+    /// A queue with its own ring of `depth` entries (see `uring/queue.rs`).
+    /// Where the kernel refuses one more ring, requests run synchronously at
+    /// submit (the default queue), after one warning.
+    fn queue(&self, depth: u32) -> Result<Box<dyn crate::IoQueue + '_>> {
+        match queue::UringQueue::new(self, depth) {
+            Ok(q) => Ok(Box::new(q)),
+            Err(DeviceError::Io { error, .. }) => {
+                log_thread_fallback_once(&error);
+                Ok(Box::new(crate::queue::SyncQueue::new(
+                    crate::queue::Synchronous(self),
+                    depth,
+                    None,
+                )?))
+            }
+            Err(e) => Err(e),
+        }
     }
 
     fn backend_name(&self) -> &'static str {
