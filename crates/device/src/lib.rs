@@ -14,6 +14,14 @@
 //! * `rbd::RbdDevice` (cargo feature `rbd`) — a Ceph RBD image through
 //!   librbd's asynchronous API, opened from `rbd:POOL/IMAGE[:conf=PATH][:id=USER]`.
 //!
+//! Besides the synchronous calls, every device has a request queue
+//! ([`BlockDevice::queue`], see [`queue`]): one thread keeps many requests
+//! in flight with owned buffers and reaps their completions; ordering is
+//! a per-request barrier flag. io_uring gives each queue its own ring; the
+//! portable backend runs queued requests on a pool of at most
+//! [`pool::POOL_THREADS_MAX`] threads per device; the test doubles run them
+//! at submit and complete them in a seeded random order.
+//!
 //! The two test doubles are built only for tests (feature `testing`, which
 //! the dev-dependencies of the crates above turn on).
 //!

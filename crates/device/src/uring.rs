@@ -15,7 +15,9 @@
 //!   completion has been reaped. At most one request per thread is in the
 //!   kernel, so the buffers the SQE points at (the caller's slices, our iovec
 //!   array, or a bounce buffer) are borrowed for the whole time the kernel
-//!   may touch them. Concurrency comes from many threads, not queue depth;
+//!   may touch them. Concurrency comes from many threads, not queue depth —
+//!   for queue depth from one thread, [`BlockDevice::queue`] gives a queue
+//!   with its own ring and owned buffers (`uring/queue.rs`);
 //! * a ring is set up with `SINGLE_ISSUER | COOP_TASKRUN` where the kernel
 //!   allows it (only its own thread ever submits), plain otherwise.
 //!
