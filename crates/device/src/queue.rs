@@ -327,8 +327,11 @@ pub trait IoQueue: Send {
 
     /// Submits what is queued, waits until at least `min` completions are
     /// available (at most [`IoQueue::in_flight`]: it never waits for
-    /// requests that were never pushed), and appends every available
-    /// completion to `out` in completion order. Returns how many it appended.
+    /// requests that were never pushed), and appends completions to `out`
+    /// in completion order: at least `min`, usually all that are available
+    /// (the test doubles hand out a random number from `min` up, so callers
+    /// loop on `in_flight`). Returns how many it appended. On io_uring it
+    /// enters the kernel once per wait (submitting and waiting together).
     /// An `Err` is a failure of the queue itself (the requests stay in flight
     /// and a later `reap` may return them), never of one request.
     fn reap(&mut self, min: u32, out: &mut Vec<IoDone>) -> Result<usize>;

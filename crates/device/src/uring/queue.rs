@@ -341,36 +341,21 @@ impl IoQueue for UringQueue<'_> {
     }
 
     fn submit(&mut self) -> Result<()> {
-        while let Some(&id) = self.queued.front() {
-            let (zeroes, empty) = match self.slots[id as usize].as_mut().map(|s| &mut s.req.op) {
-                Some(IoOp::WriteZeroes { .. }) => (true, false),
-                Some(op) => (false, op.range().is_some_and(|(_, len)| len == 0)),
-                None => (false, true),
-            };
-            if zeroes {
-                self.zero_now(id)?;
-            } else if empty {
-                // Nothing to transfer: done without the kernel.
-                if let Some(slot) = self.slots[id as usize].as_mut() {
-                    slot.result = Some(Ok(()));
-                    self.ready.push_back(id);
-                }
-            } else {
-                self.push_sqe(id)?;
-            }
-            self.queued.pop_front();
-        }
-        self.enter(0)
+        self.prepare()?;
+        self.enter_if_queued()
     }
 
     fn reap(&mut self, min: u32, out: &mut Vec<IoDone>) -> Result<usize> {
-        self.submit()?;
+        self.prepare()?;
         let want = (min as usize).min(self.in_flight() as usize);
         loop {
             self.drain_completions();
             if self.ready.len() >= want || self.in_kernel == 0 {
+                // Nothing to wait for; still hand the kernel what is new.
+                self.enter_if_queued()?;
                 break;
             }
+            // One system call submits everything new and waits.
             let need = (want - self.ready.len()).min(self.in_kernel);
             self.enter(need)?;
         }
@@ -392,6 +377,42 @@ impl IoQueue for UringQueue<'_> {
 
     fn in_flight(&self) -> u32 {
         self.depth - self.free.len() as u32
+    }
+}
+
+impl UringQueue<'_> {
+    /// Submits what is in the submission queue, if anything.
+    fn enter_if_queued(&mut self) -> Result<()> {
+        if self.ring.submission().is_empty() {
+            return Ok(());
+        }
+        self.enter(0)
+    }
+
+    /// Turns every pushed request into an SQE (or runs it now: zeroing,
+    /// empty transfers), in push order; nothing enters the kernel here
+    /// except for a zeroing barrier.
+    fn prepare(&mut self) -> Result<()> {
+        while let Some(&id) = self.queued.front() {
+            let (zeroes, empty) = match self.slots[id as usize].as_mut().map(|s| &mut s.req.op) {
+                Some(IoOp::WriteZeroes { .. }) => (true, false),
+                Some(op) => (false, op.range().is_some_and(|(_, len)| len == 0)),
+                None => (false, true),
+            };
+            if zeroes {
+                self.zero_now(id)?;
+            } else if empty {
+                // Nothing to transfer: done without the kernel.
+                if let Some(slot) = self.slots[id as usize].as_mut() {
+                    slot.result = Some(Ok(()));
+                    self.ready.push_back(id);
+                }
+            } else {
+                self.push_sqe(id)?;
+            }
+            self.queued.pop_front();
+        }
+        Ok(())
     }
 }
 
