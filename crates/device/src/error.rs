@@ -42,6 +42,9 @@ pub enum DeviceError {
     /// coalescer can vouch for data written before that failure.
     #[error("an earlier flush of this device failed ({0}); writes before it may be lost, so no flush can succeed until the device is reopened")]
     FlushFailed(String),
+    /// A request queue already holds as many requests as its depth.
+    #[error("the request queue is full ({depth} requests in flight); reap completions before pushing more")]
+    QueueFull { depth: u32 },
     /// Bad argument when opening (size, path kind, block size).
     #[error("{0}")]
     Invalid(String),
@@ -64,6 +67,7 @@ impl DeviceError {
             Self::OutOfRange { .. } => libc::ENOSPC,
             Self::Io { error, .. } => error.raw_os_error().unwrap_or(libc::EIO),
             Self::Busy(_) => libc::EBUSY,
+            Self::QueueFull { .. } => libc::EAGAIN,
             Self::PowerCut | Self::Injected(_) | Self::FlushFailed(_) => libc::EIO,
         }
     }

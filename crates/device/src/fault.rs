@@ -47,6 +47,20 @@
 //!   them, and the cut hits all of them at the same moment (a volume and its
 //!   external journal losing power together).
 //!
+//! # Queues
+//!
+//! A queue ([`BlockDevice::queue`]) runs each request at submit time, in
+//! push order, through the same code as the synchronous calls (so power
+//! cuts, injected failures and tearing apply to queued requests alike),
+//! and hands completions back in a seeded random order. For flushes it
+//! models the freedom a real queue has: until the caller has *reaped* a
+//! queued write's completion, the write may still be in flight, so a flush
+//! does not cover it — except an [`crate::IoRequest::ordered`] flush of the
+//! same queue, which starts only after every earlier request completed. A
+//! write a flush did not cover stays unflushed (a crash may lose it), as
+//! does every later write overlapping it, so older data never lands on
+//! newer. Callers that forget the ordered flag lose data in crash tests.
+//!
 //! One mutex guards the whole state: this is a test device, and a single lock
 //! makes "writes completed before the flush" exact.
 
@@ -55,6 +69,7 @@ use std::io::{IoSlice, IoSliceMut};
 
 use parking_lot::Mutex;
 
+use crate::queue::SplitMix64;
 use crate::{check_request, iov_len, iov_len_mut, BlockDevice, DeviceError, IoPriority, Result};
 
 /// Relative weights of what [`FaultDevice::crash_image`] does with each
@@ -171,6 +186,10 @@ struct PendingWrite {
     /// image — a device does not write back stale cache over newer durable
     /// data.
     fua: bool,
+    /// Set for a write that came through a queue: the id under which the
+    /// device waits to hear that the caller reaped its completion (see
+    /// "Queues" in the module docs).
+    queued_id: Option<u64>,
 }
 
 impl PendingWrite {
@@ -218,6 +237,10 @@ struct State {
     /// Byte ranges every read touching fails.
     unreadable: Vec<(u64, u64)>,
     odds: CrashOdds,
+    /// Queued writes that completed but whose completion the caller has not
+    /// reaped yet: write id -> id of the queue.
+    unreaped: std::collections::BTreeMap<u64, u64>,
+    next_write_id: u64,
 }
 
 /// A fault-injecting in-memory block device (see the module documentation).
@@ -226,6 +249,10 @@ pub struct FaultDevice {
     power: std::sync::Arc<PowerDomain>,
     sector_size: u32,
     size_bytes: u64,
+    /// Ids of the queues made so far (they key `State::unreaped`).
+    next_queue: std::sync::atomic::AtomicU64,
+    /// Seeds the completion order of queues (see [`FaultDevice::set_queue_seed`]).
+    queue_seed: std::sync::atomic::AtomicU64,
 }
 
 /// What happens to a mutating operation before it touches the images.
@@ -302,10 +329,14 @@ impl FaultDevice {
                 fail_at_reads: BTreeSet::new(),
                 unreadable: Vec::new(),
                 odds: CrashOdds::default(),
+                unreaped: std::collections::BTreeMap::new(),
+                next_write_id: 0,
             }),
             power,
             sector_size,
             size_bytes,
+            next_queue: std::sync::atomic::AtomicU64::new(0),
+            queue_seed: std::sync::atomic::AtomicU64::new(0),
         }
     }
 
@@ -381,6 +412,12 @@ impl FaultDevice {
     /// Forgets every bad range.
     pub fn clear_unreadable(&self) {
         self.state.lock().unreadable.clear();
+    }
+
+    /// Seeds the order in which queues made from now on deliver completions.
+    pub fn set_queue_seed(&self, seed: u64) {
+        self.queue_seed
+            .store(seed, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Sets the odds [`FaultDevice::crash_image`] uses.
@@ -494,14 +531,48 @@ impl FaultDevice {
         payload: Payload,
         fua: bool,
     ) -> Result<()> {
-        check_request(self.size_bytes, self.sector_size, offset, len)?;
+        self.mutate_queued(what, offset, len, payload, fua, None).0
+    }
+
+    /// A write-like op; for one from queue `queue`, also the id its
+    /// completion must be acknowledged with (see "Queues" in the module docs).
+    fn mutate_queued(
+        &self,
+        what: &'static str,
+        offset: u64,
+        len: u64,
+        payload: Payload,
+        fua: bool,
+        queue: Option<u64>,
+    ) -> (Result<()>, Option<u64>) {
+        if let Err(e) = check_request(self.size_bytes, self.sector_size, offset, len) {
+            return (Err(e), None);
+        }
         let mut st = self.state.lock();
+        let queued_id = queue.map(|q| {
+            let id = st.next_write_id;
+            st.next_write_id += 1;
+            st.unreaped.insert(id, q);
+            id
+        });
         let w = PendingWrite {
             offset,
             payload,
             fua,
+            queued_id,
         };
-        match self.admit(&mut st) {
+        let res = self.mutate_locked(&mut st, what, w);
+        if res.is_err() && !matches!(res, Err(DeviceError::Injected(_))) {
+            // Nothing of it is in the unflushed list to be covered or not.
+            if let Some(id) = queued_id {
+                st.unreaped.remove(&id);
+            }
+        }
+        (res, queued_id)
+    }
+
+    fn mutate_locked(&self, st: &mut State, what: &'static str, w: PendingWrite) -> Result<()> {
+        match self.admit(st) {
             Admission::InjectedTorn(seed) => {
                 // Runs of the sectors that made it, each an unflushed write.
                 let mut rng = SplitMix64::new(seed);
@@ -519,6 +590,7 @@ impl FaultDevice {
                                 Payload::Zeroes(_) => Payload::Zeroes(to - from),
                             },
                             fua: false,
+                            queued_id: w.queued_id,
                         };
                         piece.apply(&mut st.live);
                         st.unflushed.push(piece);
@@ -616,6 +688,37 @@ impl BlockDevice for FaultDevice {
     }
 
     fn flush(&self) -> Result<()> {
+        self.flush_from(None)
+    }
+
+    fn write_zeroes(&self, offset: u64, len: u64) -> Result<()> {
+        self.mutate("write_zeroes", offset, len, Payload::Zeroes(len))
+    }
+
+    fn queue(&self, depth: u32) -> Result<Box<dyn crate::IoQueue + '_>> {
+        let queue_id = self
+            .next_queue
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let seed = self.queue_seed.load(std::sync::atomic::Ordering::Relaxed);
+        Ok(Box::new(crate::queue::SyncQueue::new(
+            FaultQueueRun {
+                dev: self,
+                queue_id,
+            },
+            depth,
+            Some(seed ^ queue_id.wrapping_mul(0x9E37_79B9_7F4A_7C15)),
+        )?))
+    }
+
+    fn backend_name(&self) -> &'static str {
+        "fault"
+    }
+}
+
+impl FaultDevice {
+    /// A flush; `from` names the queue it came from and whether it was
+    /// ordered (see "Queues" in the module docs).
+    fn flush_from(&self, from: Option<(u64, bool)>) -> Result<()> {
         let mut st = self.state.lock();
         let flush_no = st.flushes;
         st.flushes += 1;
@@ -629,44 +732,84 @@ impl BlockDevice for FaultDevice {
                 // IMPORTANT: the lock is held from admission to here, so
                 // exactly the writes completed before this flush become durable.
                 let pending = std::mem::take(&mut st.unflushed);
-                for w in &pending {
-                    w.apply(&mut st.durable);
+                // Held back: queued writes the flush may have overtaken,
+                // and (so that no older data lands on newer) every later
+                // write overlapping one of them.
+                let mut held: Vec<PendingWrite> = Vec::new();
+                for w in pending {
+                    let overtaken = w.queued_id.is_some_and(|id| {
+                        st.unreaped
+                            .get(&id)
+                            .is_some_and(|&q| from != Some((q, true)))
+                    });
+                    let overlaps_held = held
+                        .iter()
+                        .any(|h| w.offset < h.offset + h.len() && h.offset < w.offset + w.len());
+                    if overtaken || overlaps_held {
+                        held.push(w);
+                    } else {
+                        w.apply(&mut st.durable);
+                    }
                 }
+                st.unflushed = held;
                 st.ops += 1;
                 Ok(())
             }
         }
     }
-
-    fn write_zeroes(&self, offset: u64, len: u64) -> Result<()> {
-        self.mutate("write_zeroes", offset, len, Payload::Zeroes(len))
-    }
-
-    fn backend_name(&self) -> &'static str {
-        "fault"
-    }
 }
 
-/// A tiny deterministic generator (SplitMix64): crash images must not change
-/// when a dependency's RNG algorithm does.
-struct SplitMix64(u64);
+/// How a [`FaultDevice`] queue runs its requests: at submit, in push order,
+/// through the same code as the synchronous calls.
+struct FaultQueueRun<'a> {
+    dev: &'a FaultDevice,
+    queue_id: u64,
+}
 
-impl SplitMix64 {
-    fn new(seed: u64) -> Self {
-        Self(seed)
+impl crate::queue::RunNow for FaultQueueRun<'_> {
+    fn size_bytes(&self) -> u64 {
+        self.dev.size_bytes
     }
 
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
+    fn logical_block_size(&self) -> u32 {
+        self.dev.sector_size
     }
 
-    /// A value in `[0, n)`; `n > 0`. The modulo bias is irrelevant here.
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
+    fn run(&mut self, req: &mut crate::IoRequest) -> (Result<()>, Option<u64>) {
+        use crate::IoOp;
+        let q = Some(self.queue_id);
+        match &mut req.op {
+            IoOp::Read { offset, buf } => (self.dev.read_at(buf.bytes_mut(), *offset), None),
+            IoOp::Write {
+                offset,
+                buf,
+                durable,
+            } => {
+                let data = buf.bytes().to_vec();
+                let (what, len) = match durable {
+                    true => ("write (FUA)", data.len() as u64),
+                    false => ("write", data.len() as u64),
+                };
+                self.dev
+                    .mutate_queued(what, *offset, len, Payload::Bytes(data), *durable, q)
+            }
+            IoOp::WriteZeroes { offset, len } => self.dev.mutate_queued(
+                "write_zeroes",
+                *offset,
+                *len,
+                Payload::Zeroes(*len),
+                false,
+                q,
+            ),
+            IoOp::Flush => (
+                self.dev.flush_from(Some((self.queue_id, req.ordered))),
+                None,
+            ),
+        }
+    }
+
+    fn acknowledge(&mut self, id: u64) {
+        self.dev.state.lock().unreaped.remove(&id);
     }
 }
 

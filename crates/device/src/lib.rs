@@ -14,6 +14,14 @@
 //! * `rbd::RbdDevice` (cargo feature `rbd`) — a Ceph RBD image through
 //!   librbd's asynchronous API, opened from `rbd:POOL/IMAGE[:conf=PATH][:id=USER]`.
 //!
+//! Besides the synchronous calls, every device has a request queue
+//! ([`BlockDevice::queue`], see [`queue`]): one thread keeps many requests
+//! in flight with owned buffers and reaps their completions; ordering is
+//! a per-request barrier flag. io_uring gives each queue its own ring; the
+//! portable backend runs queued requests on a pool of at most
+//! [`pool::POOL_THREADS_MAX`] threads per device; the test doubles run them
+//! at submit and complete them in a seeded random order.
+//!
 //! The two test doubles are built only for tests (feature `testing`, which
 //! the dev-dependencies of the crates above turn on).
 //!
@@ -30,7 +38,9 @@ pub mod heap;
 #[cfg(any(test, feature = "testing"))]
 pub mod mem;
 pub mod open;
+pub mod pool;
 pub mod pread;
+pub mod queue;
 #[cfg(feature = "rbd")]
 pub mod rbd;
 pub mod uring;
@@ -39,6 +49,7 @@ pub use aligned::AlignedBuf;
 pub use error::{DeviceError, Result};
 pub use flush::FlushCoalescer;
 pub use open::{is_rbd_target, open_device, Backend, OpenOptions, OpenedDevice};
+pub use queue::{IoBuf, IoBufMut, IoDone, IoOp, IoQueue, IoRequest, Refused, QUEUE_DEPTH_MAX};
 
 use std::io::{IoSlice, IoSliceMut};
 
@@ -130,6 +141,21 @@ pub trait BlockDevice: Send + Sync {
 
     /// Makes every completed write durable (a device cache flush).
     fn flush(&self) -> Result<()>;
+
+    /// A request queue of `depth` (1 to [`QUEUE_DEPTH_MAX`]) owned by one
+    /// thread: many requests in flight without a thread each (see
+    /// [`queue`]). io_uring gives each queue its own ring; the portable
+    /// backend runs requests on a small pool shared by the device's queues.
+    /// The default runs each request synchronously when it is submitted and
+    /// holds its completion until `reap`: correct everywhere, concurrent
+    /// nowhere.
+    fn queue(&self, depth: u32) -> Result<Box<dyn IoQueue + '_>> {
+        Ok(Box::new(queue::SyncQueue::new(
+            queue::Synchronous(self),
+            depth,
+            None,
+        )?))
+    }
 
     /// Makes `[offset, offset+len)` read back as zeroes, deallocating it where
     /// the backing can (hole punch, BLKZEROOUT). The range is aligned like any

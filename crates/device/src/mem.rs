@@ -2,6 +2,8 @@
 
 use std::io::{IoSlice, IoSliceMut};
 
+use std::sync::atomic::{AtomicU64, Ordering};
+
 use parking_lot::RwLock;
 
 use crate::{check_request, iov_len, iov_len_mut, BlockDevice, IoPriority, Result};
@@ -11,6 +13,8 @@ use crate::{check_request, iov_len, iov_len_mut, BlockDevice, IoPriority, Result
 pub struct MemDevice {
     data: RwLock<Vec<u8>>,
     block_size: u32,
+    /// Seeds the completion order of queues; bumped by every queue made.
+    queue_seed: AtomicU64,
 }
 
 impl MemDevice {
@@ -20,6 +24,7 @@ impl MemDevice {
         Self {
             data: RwLock::new(vec![0; size as usize]),
             block_size,
+            queue_seed: AtomicU64::new(0),
         }
     }
 
@@ -33,7 +38,13 @@ impl MemDevice {
         Self {
             data: RwLock::new(image),
             block_size,
+            queue_seed: AtomicU64::new(0),
         }
+    }
+
+    /// Seeds the order in which queues made from now on deliver completions.
+    pub fn set_queue_seed(&self, seed: u64) {
+        self.queue_seed.store(seed, Ordering::Relaxed);
     }
 
     /// A copy of the whole content.
@@ -93,6 +104,19 @@ impl BlockDevice for MemDevice {
         check_request(data.len() as u64, self.block_size, offset, len)?;
         data[offset as usize..(offset + len) as usize].fill(0);
         Ok(())
+    }
+
+    /// Runs each request at submit with the synchronous calls; completions
+    /// come back in a seeded random order (see [`crate::queue`]).
+    fn queue(&self, depth: u32) -> Result<Box<dyn crate::IoQueue + '_>> {
+        let seed = self
+            .queue_seed
+            .fetch_add(0x9E37_79B9_7F4A_7C15, Ordering::Relaxed);
+        Ok(Box::new(crate::queue::SyncQueue::new(
+            crate::queue::Synchronous(self),
+            depth,
+            Some(seed),
+        )?))
     }
 
     fn backend_name(&self) -> &'static str {

@@ -629,12 +629,18 @@ pub(crate) fn pread_all(f: &DeviceFile, bufs: &mut [IoSliceMut<'_>], offset: u64
 
 /// The portable backend.
 pub struct PreadDevice {
-    f: DeviceFile,
+    f: std::sync::Arc<DeviceFile>,
+    /// Runs the requests of this device's queues; started with the first
+    /// queue (see [`crate::pool`]).
+    pool: std::sync::OnceLock<crate::pool::Pool>,
 }
 
 impl PreadDevice {
     pub fn new(f: DeviceFile) -> Self {
-        Self { f }
+        Self {
+            f: std::sync::Arc::new(f),
+            pool: std::sync::OnceLock::new(),
+        }
     }
 }
 
@@ -684,6 +690,15 @@ impl BlockDevice for PreadDevice {
     fn allocation(&self, offset: u64, len: u64) -> Result<Vec<crate::Extent>> {
         allocation(&self.f, offset, len)
     }
+    /// A queue on the device's thread pool (at most
+    /// [`crate::pool::POOL_THREADS_MAX`] threads for all its queues).
+    fn queue(&self, depth: u32) -> Result<Box<dyn crate::IoQueue + '_>> {
+        let pool = self
+            .pool
+            .get_or_init(|| crate::pool::Pool::new(self.f.clone()));
+        Ok(Box::new(crate::pool::PoolQueue::new(&self.f, pool, depth)?))
+    }
+
     fn backend_name(&self) -> &'static str {
         "pread"
     }

@@ -15,7 +15,9 @@
 //!   completion has been reaped. At most one request per thread is in the
 //!   kernel, so the buffers the SQE points at (the caller's slices, our iovec
 //!   array, or a bounce buffer) are borrowed for the whole time the kernel
-//!   may touch them. Concurrency comes from many threads, not queue depth;
+//!   may touch them. Concurrency comes from many threads, not queue depth —
+//!   for queue depth from one thread, [`BlockDevice::queue`] gives a queue
+//!   with its own ring and owned buffers (`uring/queue.rs`);
 //! * a ring is set up with `SINGLE_ISSUER | COOP_TASKRUN` where the kernel
 //!   allows it (only its own thread ever submits), plain otherwise.
 //!
@@ -32,6 +34,8 @@
 //! [`IoPriority::Background`] sets the SQE's `ioprio` to the idle class so
 //! background commit and checkpoint writes do not starve reads;
 //! [`IoPriority::Urgent`] leaves the task's default (best effort).
+
+mod queue;
 
 use std::cell::RefCell;
 use std::io::{self, IoSlice, IoSliceMut};
@@ -745,6 +749,24 @@ impl BlockDevice for UringDevice {
 
     fn allocation(&self, offset: u64, len: u64) -> Result<Vec<crate::Extent>> {
         crate::pread::allocation(&self.f, offset, len)
+    }
+
+    /// A queue with its own ring of `depth` entries (see `uring/queue.rs`).
+    /// Where the kernel refuses one more ring, requests run synchronously at
+    /// submit (the default queue), after one warning.
+    fn queue(&self, depth: u32) -> Result<Box<dyn crate::IoQueue + '_>> {
+        match queue::UringQueue::new(self, depth) {
+            Ok(q) => Ok(Box::new(q)),
+            Err(DeviceError::Io { error, .. }) => {
+                log_thread_fallback_once(&error);
+                Ok(Box::new(crate::queue::SyncQueue::new(
+                    crate::queue::Synchronous(self),
+                    depth,
+                    None,
+                )?))
+            }
+            Err(e) => Err(e),
+        }
     }
 
     fn backend_name(&self) -> &'static str {
