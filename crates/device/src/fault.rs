@@ -782,10 +782,15 @@ impl crate::queue::RunNow for FaultQueueRun<'_> {
             IoOp::Read { offset, buf } => (self.dev.read_at(buf.bytes_mut(), *offset), None),
             IoOp::Write {
                 offset,
-                buf,
+                bufs,
                 durable,
             } => {
-                let data = buf.bytes().to_vec();
+                // One op however many buffers: a vectored write is one
+                // request to the device (failed, cut or torn as a whole).
+                let mut data = Vec::with_capacity(crate::queue::write_len(bufs) as usize);
+                for b in bufs.iter() {
+                    data.extend_from_slice(b.bytes());
+                }
                 let (what, len) = match durable {
                     true => ("write (FUA)", data.len() as u64),
                     false => ("write", data.len() as u64),

@@ -49,7 +49,9 @@ pub use aligned::AlignedBuf;
 pub use error::{DeviceError, Result};
 pub use flush::FlushCoalescer;
 pub use open::{is_rbd_target, open_device, Backend, OpenOptions, OpenedDevice};
-pub use queue::{IoBuf, IoBufMut, IoDone, IoOp, IoQueue, IoRequest, Refused, QUEUE_DEPTH_MAX};
+pub use queue::{
+    IoBuf, IoBufMut, IoDone, IoOp, IoQueue, IoRequest, Refused, IOV_MAX, QUEUE_DEPTH_MAX,
+};
 
 use std::io::{IoSlice, IoSliceMut};
 

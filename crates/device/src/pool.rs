@@ -21,7 +21,7 @@
 //! Lock order: one lock (the pool's job list); no other lock is taken under it.
 
 use std::collections::VecDeque;
-use std::io::{IoSlice, IoSliceMut};
+use std::io::IoSliceMut;
 use std::sync::mpsc;
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -29,7 +29,9 @@ use std::thread::JoinHandle;
 use parking_lot::{Condvar, Mutex};
 
 use crate::pread::{check_writable, pread_all, pwrite_all, zero_range, DeviceFile};
-use crate::queue::{check_depth, check_push, IoDone, IoOp, IoQueue, IoRequest, Refused};
+use crate::queue::{
+    check_depth, check_push, write_slices, IoDone, IoOp, IoQueue, IoRequest, Refused,
+};
 use crate::{DeviceError, Result};
 
 /// Most threads the pool of one device runs.
@@ -174,10 +176,10 @@ pub(crate) fn run_on_file(f: &DeviceFile, req: &mut IoRequest) -> Result<()> {
         }
         IoOp::Write {
             offset,
-            buf,
+            bufs,
             durable,
         } => {
-            pwrite_all(f, &[IoSlice::new(buf.bytes())], *offset)?;
+            pwrite_all(f, &write_slices(bufs), *offset)?;
             if *durable {
                 fdatasync()?;
             }

@@ -353,7 +353,7 @@ pub(crate) fn allocation(f: &DeviceFile, offset: u64, len: u64) -> Result<Vec<cr
 
 /// Most iovecs one `preadv`/`pwritev` (or io_uring readv/writev) may carry
 /// (Linux `UIO_MAXIOV`).
-pub(crate) const IOV_MAX: usize = 1024;
+pub const IOV_MAX: usize = 1024;
 
 /// Retries of a syscall failing with `EINTR`/`EAGAIN` before giving up.
 const RETRIES_MAX: u32 = 100;

@@ -58,8 +58,10 @@
 
 use std::any::Any;
 use std::collections::VecDeque;
+use std::io::IoSlice;
 use std::sync::Arc;
 
+pub use crate::pread::IOV_MAX;
 use crate::{check_request, AlignedBuf, BlockDevice, DeviceError, IoPriority, Result};
 
 /// The largest depth a queue may have (io_uring rings get this many entries;
@@ -141,11 +143,14 @@ impl IoBufMut for AlignedBuf {
 pub enum IoOp {
     /// Fills `buf` from `offset`.
     Read { offset: u64, buf: Box<dyn IoBufMut> },
-    /// Writes `buf` at `offset`; with `durable` (force unit access) the
-    /// write completes only once this data is durable.
+    /// Writes `bufs` back to back from `offset` (one buffer, or several as
+    /// one vectored write: at most [`IOV_MAX`], so it is one request to the
+    /// device); with `durable` (force unit access) the write completes only
+    /// once this data is durable. The total length is checked like any
+    /// request's; the single buffers need not be block multiples.
     Write {
         offset: u64,
-        buf: Box<dyn IoBuf>,
+        bufs: Vec<Box<dyn IoBuf>>,
         durable: bool,
     },
     /// Makes every write that completed before the flush started durable.
@@ -159,7 +164,7 @@ impl IoOp {
     pub fn range(&mut self) -> Option<(u64, u64)> {
         match self {
             IoOp::Read { offset, buf } => Some((*offset, buf.bytes_mut().len() as u64)),
-            IoOp::Write { offset, buf, .. } => Some((*offset, buf.bytes().len() as u64)),
+            IoOp::Write { offset, bufs, .. } => Some((*offset, write_len(bufs))),
             IoOp::WriteZeroes { offset, len } => Some((*offset, *len)),
             IoOp::Flush => None,
         }
@@ -227,9 +232,15 @@ impl IoRequest {
 
     /// Writes `buf` at `offset`.
     pub fn write(offset: u64, buf: impl IoBuf) -> Self {
+        Self::write_v(offset, vec![Box::new(buf)])
+    }
+
+    /// Writes `bufs` back to back from `offset`: one vectored write (at
+    /// most [`IOV_MAX`] buffers; their total length is what must be aligned).
+    pub fn write_v(offset: u64, bufs: Vec<Box<dyn IoBuf>>) -> Self {
         Self::new(IoOp::Write {
             offset,
-            buf: Box::new(buf),
+            bufs,
             durable: false,
         })
     }
@@ -238,7 +249,7 @@ impl IoRequest {
     pub fn write_durable(offset: u64, buf: impl IoBuf) -> Self {
         Self::new(IoOp::Write {
             offset,
-            buf: Box::new(buf),
+            bufs: vec![Box::new(buf)],
             durable: true,
         })
     }
@@ -265,11 +276,21 @@ impl IoRequest {
         self
     }
 
-    /// The write buffer, if this is a write, downcast to the type pushed.
+    /// The write buffer, if this is a write of one buffer, downcast to the
+    /// type pushed.
     pub fn into_write_buf<T: IoBuf>(self) -> Option<T> {
-        match self.op {
-            IoOp::Write { buf, .. } => buf.into_any().downcast::<T>().ok().map(|b| *b),
+        let mut bufs = self.into_write_bufs();
+        match (bufs.pop(), bufs.is_empty()) {
+            (Some(buf), true) => buf.into_any().downcast::<T>().ok().map(|b| *b),
             _ => None,
+        }
+    }
+
+    /// The buffers of a write, in order (empty for any other request).
+    pub fn into_write_bufs(self) -> Vec<Box<dyn IoBuf>> {
+        match self.op {
+            IoOp::Write { bufs, .. } => bufs,
+            _ => Vec::new(),
         }
     }
 
@@ -350,8 +371,20 @@ pub(crate) fn check_depth(depth: u32) -> Result<()> {
     Ok(())
 }
 
+/// Total length of a write's buffers.
+pub(crate) fn write_len(bufs: &[Box<dyn IoBuf>]) -> u64 {
+    bufs.iter().map(|b| b.bytes().len() as u64).sum()
+}
+
+/// A write's buffers as slices for the vectored synchronous calls.
+pub(crate) fn write_slices(bufs: &[Box<dyn IoBuf>]) -> Vec<IoSlice<'_>> {
+    bufs.iter().map(|b| IoSlice::new(b.bytes())).collect()
+}
+
 /// The checks every `push` makes: room in the queue, and the request
-/// contract of the device (alignment, range, and a length one SQE carries).
+/// contract of the device (alignment of the offset and of the total length,
+/// range, and what one SQE carries: a length that fits `u32`, at most
+/// [`IOV_MAX`] buffers).
 pub(crate) fn check_push(
     req: &mut IoRequest,
     in_flight: u32,
@@ -361,6 +394,14 @@ pub(crate) fn check_push(
 ) -> Result<()> {
     if in_flight >= depth {
         return Err(DeviceError::QueueFull { depth });
+    }
+    if let IoOp::Write { bufs, .. } = &req.op {
+        if bufs.len() > IOV_MAX {
+            return Err(DeviceError::Invalid(format!(
+                "a queued write carries at most {IOV_MAX} buffers, not {}",
+                bufs.len()
+            )));
+        }
     }
     if let Some((offset, len)) = req.op.range() {
         check_request(dev_size, lbs, offset, len)?;
@@ -380,16 +421,14 @@ pub(crate) fn run_sync<D: BlockDevice + ?Sized>(dev: &D, req: &mut IoRequest) ->
         IoOp::Read { offset, buf } => dev.read_at(buf.bytes_mut(), *offset),
         IoOp::Write {
             offset,
-            buf,
+            bufs,
             durable: false,
-        } => dev.write_at(buf.bytes(), *offset, req.prio),
+        } => dev.write_vectored_at(&write_slices(bufs), *offset, req.prio),
         IoOp::Write {
             offset,
-            buf,
+            bufs,
             durable: true,
-        } => {
-            dev.write_vectored_durable_at(&[std::io::IoSlice::new(buf.bytes())], *offset, req.prio)
-        }
+        } => dev.write_vectored_durable_at(&write_slices(bufs), *offset, req.prio),
         IoOp::Flush => dev.flush(),
         IoOp::WriteZeroes { offset, len } => dev.write_zeroes(*offset, *len),
     }

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use jbdev_device::fault::{CrashOdds, FaultDevice};
 use jbdev_device::mem::MemDevice;
 use jbdev_device::{
-    open_device, AlignedBuf, Backend, BlockDevice, DeviceError, IoDone, IoOp, IoPriority,
+    open_device, AlignedBuf, Backend, BlockDevice, DeviceError, IoBuf, IoDone, IoOp, IoPriority,
     IoRequest, OpenOptions,
 };
 use rand::rngs::StdRng;
@@ -125,8 +125,43 @@ fn reap(
     }
 }
 
-/// Pushes a random mix of reads, writes (plain and FUA, aligned and
-/// unaligned memory), flushes and zeroings, reaping at random points, and
+/// `data` at `offset` as one vectored write of up to 6 buffers: either
+/// whole blocks in aligned memory (the zero-copy path) or pieces of any
+/// length in plain vectors (gathered into a bounce buffer under O_DIRECT),
+/// some of them empty.
+fn vectored_write(
+    rng: &mut StdRng,
+    offset: u64,
+    data: &[u8],
+    lbs: usize,
+    durable: bool,
+) -> IoRequest {
+    let aligned = rng.gen_bool(0.5);
+    let unit = if aligned { lbs } else { 1 };
+    let mut cuts: Vec<usize> = (0..rng.gen_range(0..6))
+        .map(|_| rng.gen_range(0..=data.len() / unit) * unit)
+        .collect();
+    cuts.extend([0, data.len()]);
+    cuts.sort_unstable();
+    let bufs: Vec<Box<dyn IoBuf>> = cuts
+        .windows(2)
+        .map(|w| -> Box<dyn IoBuf> {
+            let piece = &data[w[0]..w[1]];
+            match aligned {
+                true => Box::new(AlignedBuf::from_slice(piece)),
+                false => Box::new(piece.to_vec()),
+            }
+        })
+        .collect();
+    let mut req = IoRequest::write_v(offset, bufs);
+    if let IoOp::Write { durable: d, .. } = &mut req.op {
+        *d = durable;
+    }
+    req
+}
+
+/// Pushes a random mix of reads, writes (plain and FUA, one buffer or
+/// vectored, aligned and unaligned memory), flushes and zeroings, reaping at random points, and
 /// checks every read and the final image against a model of the bytes. A
 /// request overlapping one still in flight (either of them mutating) is
 /// pushed ordered, so the model is exact; a few more are ordered at random.
@@ -171,6 +206,10 @@ fn random_mix(s: &Subject, depth: u32, seed: u64) {
                 } else {
                     IoRequest::read(offset, vec![0u8; len as usize])
                 }
+            }
+            4..=7 if rng.gen_bool(0.4) => {
+                model[offset as usize..(offset + len) as usize].copy_from_slice(&data);
+                vectored_write(&mut rng, offset, &data, lbs as usize, kind == 7)
             }
             4..=7 => {
                 model[offset as usize..(offset + len) as usize].copy_from_slice(&data);
@@ -258,6 +297,10 @@ fn bad_requests_are_refused_whole_and_change_nothing() {
             IoRequest::write_zeroes(size - lbs, 2 * lbs),
             IoRequest::write_zeroes(0, lbs + 1),
             IoRequest::write_zeroes(u64::MAX - lbs + 1, lbs),
+            // Vectored: the total decides, not the pieces.
+            IoRequest::write_v(0, vec![Box::new(block()), Box::new(vec![1u8; 1])]),
+            IoRequest::write_v(1, vec![Box::new(block()), Box::new(block())]),
+            IoRequest::write_v(size - lbs, vec![Box::new(block()), Box::new(block())]),
         ];
         for (tag, req) in bad.into_iter().enumerate() {
             let shown = format!("{:?}", req.op);
@@ -271,8 +314,8 @@ fn bad_requests_are_refused_whole_and_change_nothing() {
                 s.name,
                 r.error
             );
-            // The buffer comes back untouched.
-            if let IoOp::Write { buf, .. } = &r.req.op {
+            // The buffers come back untouched.
+            for buf in r.req.into_write_bufs() {
                 assert!(
                     buf.bytes().iter().all(|&b| b == 0xEE || b == 1),
                     "{}",
@@ -280,6 +323,25 @@ fn bad_requests_are_refused_whole_and_change_nothing() {
                 );
             }
         }
+        // More buffers than one vectored request carries.
+        let many: Vec<Box<dyn IoBuf>> = (0..=jbdev_device::IOV_MAX)
+            .map(|i| -> Box<dyn IoBuf> {
+                match i {
+                    0 => Box::new(block()),
+                    _ => Box::new(Vec::<u8>::new()),
+                }
+            })
+            .collect();
+        let r = q
+            .push(IoRequest::write_v(0, many), 99)
+            .expect_err("too many buffers");
+        assert!(
+            matches!(r.error, DeviceError::Invalid(_)),
+            "{}: {}",
+            s.name,
+            r.error
+        );
+        assert_eq!(r.req.into_write_bufs().len(), jbdev_device::IOV_MAX + 1);
         assert_eq!(q.in_flight(), 0);
         let mut out = Vec::new();
         assert_eq!(
@@ -514,6 +576,66 @@ fn fault_injection_applies_to_queued_requests() {
         partial |= landed > 0 && landed < 8;
     }
     assert!(partial, "no seed tore a queued write");
+    // A vectored write is one op: it meets a cut, fails, or tears as a whole.
+    let vec_write = |at: u64, ids: &[u8]| {
+        IoRequest::write_v(
+            at,
+            ids.iter()
+                .map(|&i| -> Box<dyn IoBuf> { Box::new(sector(i)) })
+                .collect(),
+        )
+    };
+    let d = FaultDevice::new(8192, 512);
+    d.crash_after_ops(1);
+    let r = results(
+        &d,
+        vec![
+            vec_write(0, &[1, 2]),
+            vec_write(1024, &[3, 4, 5]),
+            vec_write(4096, &[6]),
+        ],
+    );
+    assert!(r[0].is_ok());
+    assert!(matches!(r[1], Err(DeviceError::PowerCut)));
+    assert!(matches!(r[2], Err(DeviceError::PowerCut)));
+    assert_eq!(d.ops(), 1);
+    let img = d.crash_image_with(0, CrashOdds::KEEP_ALL);
+    assert_eq!(
+        &img[..2560],
+        &[sector(1), sector(2), sector(3), sector(4), sector(5)].concat()[..]
+    );
+    assert_eq!(&img[4096..4608], &[0u8; 512][..]);
+    let img = d.crash_image_with(0, CrashOdds::LOSE_ALL);
+    assert_eq!(&img[..2560], &[0u8; 2560][..]);
+    let d = FaultDevice::new(8192, 512);
+    d.fail_op(2);
+    let r = results(
+        &d,
+        vec![
+            vec_write(0, &[1, 2]),
+            vec_write(1024, &[3, 4]),
+            IoRequest::flush().ordered(),
+        ],
+    );
+    assert!(r[0].is_ok() && r[2].is_ok());
+    assert!(matches!(r[1], Err(DeviceError::Injected("write"))));
+    assert_eq!(
+        &d.durable_image()[..2048],
+        &[sector(1), sector(2), vec![0; 1024]].concat()[..]
+    );
+    let mut partial = false;
+    for seed in 0..16 {
+        let d = FaultDevice::from_image(vec![9u8; 8192], 512);
+        d.fail_op_torn(1, seed);
+        let r = results(&d, vec![vec_write(0, &[1; 8])]);
+        assert!(r[0].is_err());
+        let landed = d.live_image()[..4096]
+            .chunks(512)
+            .filter(|c| c[0] == 1)
+            .count();
+        partial |= landed > 0 && landed < 8;
+    }
+    assert!(partial, "no seed tore a queued vectored write");
     // A failed flush covers nothing.
     let d = FaultDevice::new(8192, 512);
     d.fail_flush(1);

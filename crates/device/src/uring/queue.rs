@@ -9,7 +9,10 @@
 //! waits with one `io_uring_enter` for as many completions as it needs, and
 //! resubmits the rest of a request that completed short (or with `EINTR` /
 //! `EAGAIN`) before reporting it. [`crate::IoRequest::ordered`] is
-//! `IOSQE_IO_DRAIN`.
+//! `IOSQE_IO_DRAIN`. A write of one buffer is `IORING_OP_WRITE`; a vectored
+//! write is `IORING_OP_WRITEV` with its iovec array owned by the request's
+//! slot (one SQE, at most `IOV_MAX` iovecs); unaligned memory of either is
+//! gathered into one bounce buffer.
 //!
 //! The ring is not set up `SINGLE_ISSUER` (unlike the per-thread rings):
 //! a queue is `Send`, so its owner may move it to another thread.
@@ -36,16 +39,32 @@ use std::os::unix::io::AsRawFd;
 use io_uring::{opcode, squeue, types, IoUring};
 
 use super::{ioprio_of, is_transient, UringDevice, RETRIES_MAX};
-use crate::pread::{check_writable, needs_bounce, zero_range};
-use crate::queue::{check_depth, check_push, IoDone, IoOp, IoQueue, IoRequest, Refused};
+use crate::pread::{advance_iovecs, check_writable, gather, needs_bounce, zero_range};
+use crate::queue::{
+    check_depth, check_push, write_len, write_slices, IoDone, IoOp, IoQueue, IoRequest, Refused,
+};
 use crate::{AlignedBuf, DeviceError, Result};
+
+/// The iovec array of a vectored write in the kernel (`IORING_OP_WRITEV`
+/// may read it until the request completes, not only at submission).
+struct Iovecs(Vec<libc::iovec>);
+
+// SAFETY: the pointers in the array point into the buffers of the same
+// slot's request (boxed `IoBuf`s, which are `Send`); only the thread that
+// owns the queue builds the array, and only the kernel reads it. Nothing is
+// shared between threads through it.
+unsafe impl Send for Iovecs {}
 
 /// A request the queue holds, from push to reap.
 struct Slot {
     req: IoRequest,
     tag: u64,
-    /// The aligned copy an O_DIRECT request of unaligned memory goes through.
+    /// The aligned copy an O_DIRECT request of unaligned memory goes through
+    /// (all buffers of a vectored write gathered into one).
     bounce: Option<AlignedBuf>,
+    /// A vectored write's iovecs (past what already completed), kept alive
+    /// and untouched while its SQE is in the kernel.
+    iovecs: Iovecs,
     /// Bytes transferred so far (a request may complete short).
     done_bytes: usize,
     retries: u32,
@@ -129,28 +148,47 @@ impl<'a> UringQueue<'a> {
             }
             IoOp::Write {
                 offset,
-                buf,
+                bufs,
                 durable,
             } => {
-                let mem = buf.bytes();
-                if slot.bounce.is_none() && needs_bounce(f, [mem]) {
-                    slot.bounce = Some(AlignedBuf::from_slice(mem));
+                if slot.bounce.is_none() && needs_bounce(f, bufs.iter().map(|b| b.bytes())) {
+                    slot.bounce = Some(gather(&write_slices(bufs)));
                 }
-                let mem: &[u8] = match &slot.bounce {
-                    Some(b) => b,
-                    None => mem,
-                };
-                let rest = &mem[from..];
+                let fd = types::Fd(f.file.as_raw_fd());
+                let at = *offset + from as u64;
                 let rw_flags = if *durable { libc::RWF_DSYNC } else { 0 };
-                opcode::Write::new(
-                    types::Fd(f.file.as_raw_fd()),
-                    rest.as_ptr(),
-                    rest.len() as u32,
-                )
-                .offset(*offset + from as u64)
-                .ioprio(ioprio)
-                .rw_flags(rw_flags)
-                .build()
+                let one: Option<&[u8]> = match (&slot.bounce, bufs.as_slice()) {
+                    (Some(b), _) => Some(b),
+                    (None, [buf]) => Some(buf.bytes()),
+                    (None, _) => None,
+                };
+                match one {
+                    Some(mem) => {
+                        let rest = &mem[from..];
+                        opcode::Write::new(fd, rest.as_ptr(), rest.len() as u32)
+                            .offset(at)
+                            .ioprio(ioprio)
+                            .rw_flags(rw_flags)
+                            .build()
+                    }
+                    None => {
+                        // Rebuilt from the buffers at every (re)submission:
+                        // the kernel is not using the old array then.
+                        let iovs = &mut slot.iovecs.0;
+                        iovs.clear();
+                        iovs.extend(bufs.iter().map(|b| libc::iovec {
+                            iov_base: b.bytes().as_ptr() as *mut libc::c_void,
+                            iov_len: b.bytes().len(),
+                        }));
+                        let idx = advance_iovecs(iovs, 0, from);
+                        let rest = &iovs[idx..];
+                        opcode::Writev::new(fd, rest.as_ptr(), rest.len() as u32)
+                            .offset(at)
+                            .ioprio(ioprio)
+                            .rw_flags(rw_flags)
+                            .build()
+                    }
+                }
             }
             IoOp::Flush => opcode::Fsync::new(types::Fd(f.file.as_raw_fd()))
                 .flags(types::FsyncFlags::DATASYNC)
@@ -168,10 +206,12 @@ impl<'a> UringQueue<'a> {
         };
         let entry = entry.flags(flags).user_data(u64::from(id));
         // SAFETY: the entry points into the slot's buffer (the request's
-        // boxed buffer or its bounce buffer: heap memory that does not move
-        // when the slot does) or at no memory (fsync). The slot keeps it,
-        // untouched, until the entry's completion is reaped, and Drop waits
-        // for that or leaks it (see the module docs). The submission queue
+        // boxed buffers or its bounce buffer: heap memory that does not move
+        // when the slot does), at the slot's iovec array (heap memory too,
+        // pointing into those buffers) or at no memory (fsync). The slot
+        // keeps all of it, untouched, until the entry's completion is
+        // reaped, and Drop waits for that or leaks it (see the module docs).
+        // The submission queue
         // has room: it has at least `depth` entries and each request has at
         // most one entry in it or in the kernel.
         let pushed = unsafe { self.ring.submission().push(&entry) };
@@ -226,7 +266,7 @@ impl<'a> UringQueue<'a> {
         let slot = self.slots.get_mut(id as usize)?.as_mut()?;
         let (total, op) = match &mut slot.req.op {
             IoOp::Read { buf, .. } => (buf.bytes_mut().len(), "io_uring read (queue)"),
-            IoOp::Write { buf, .. } => (buf.bytes().len(), "io_uring write (queue)"),
+            IoOp::Write { bufs, .. } => (write_len(bufs) as usize, "io_uring write (queue)"),
             IoOp::Flush => (0, "io_uring fsync (queue)"),
             IoOp::WriteZeroes { .. } => (0, "write_zeroes"),
         };
@@ -332,6 +372,7 @@ impl IoQueue for UringQueue<'_> {
             req,
             tag,
             bounce: None,
+            iovecs: Iovecs(Vec::new()),
             done_bytes: 0,
             retries: 0,
             result: None,
