@@ -113,9 +113,9 @@ impl Engine {
                         .fill_at_least(CHECKPOINT_URGENT.0, CHECKPOINT_URGENT.1)
                     || st.checkpoint_shutdown;
                 st.checkpoint_request = false;
-                // A quarter of the log at most, so that when the checkpoint
-                // starts (half full) newer committed transactions stay
-                // behind the round and supersede some of its copies.
+                // An eighth of the log at most, so that when the checkpoint
+                // starts (a quarter full) newer committed transactions stay
+                // behind the round and supersede some of its copies (22b).
                 round_blocks =
                     (st.j.space.capacity() as usize / 8).clamp(1, CHECKPOINT_ROUND_BLOCKS);
             }
@@ -170,10 +170,9 @@ impl Engine {
                 writes.insert(*b, (*v, r.clone()));
             }
         }
-        let all: Vec<(Lba, u64, BlockRef)> = writes
-            .iter()
-            .map(|(&b, (v, r))| (b, *v, r.clone()))
-            .collect();
+        // The newest version of each block in the batch, in block order.
+        let all: Vec<(Lba, u64, BlockRef)> =
+            writes.into_iter().map(|(b, (v, r))| (b, v, r)).collect();
         let mut written = 0u64;
         let mut superseded = 0u64;
         for chunk in all.chunks(CHECKPOINT_CHUNK_BLOCKS) {
@@ -213,17 +212,13 @@ impl Engine {
                 HomeQueue::Ready(q) => self.write_streamed(q.as_mut(), &todo, &runs, prio),
                 _ => self.write_batched(&todo, &runs, prio),
             };
-            if res.is_err() {
-                if let HomeQueue::Ready(q) = queue {
-                    if q.in_flight() > 0 {
-                        // Only when the queue itself failed: dropping it
-                        // waits for what the device still has, before the
-                        // home lock lets a direct write near those blocks.
-                        *queue = HomeQueue::Unavailable;
-                    }
-                }
-            }
             if let Err(e) = res {
+                if matches!(queue, HomeQueue::Ready(q) if q.in_flight() > 0) {
+                    // Only when the queue itself failed: dropping it waits
+                    // for what the device still has, before the home lock
+                    // lets a direct write near those blocks.
+                    *queue = HomeQueue::Unavailable;
+                }
                 // Abort at once: no write may be acknowledged after a
                 // failure is seen (a streamed chunk aborted already).
                 if self.ack().is_ok() {
@@ -276,7 +271,7 @@ impl Engine {
         // Forget versions that are now home and durable, and tombstones
         // whose revoke records left the log.
         let last_tid = last.tid;
-        for (b, (v, _)) in &writes {
+        for (b, v, _) in &all {
             let mut sh = self.overlay.lock_block(*b);
             forget(&mut sh, *b, Some(*v), last_tid);
         }
