@@ -60,21 +60,25 @@ fn data_bytes_of(total: u64, bs: u64, a: &FormatArgs) -> u64 {
     (total.saturating_sub(bs + journal)) / bs * bs
 }
 
+/// Opens an existing device read-only and shared, to learn its size.
+fn open_to_size(path: &std::path::Path) -> jbdev_device::Result<jbdev_device::OpenedDevice> {
+    jbdev_device::open_device(
+        path,
+        &jbdev_device::OpenOptions {
+            read_only: true,
+            exclusive: false,
+            ..Default::default()
+        },
+    )
+}
+
 pub fn format(a: FormatArgs) -> anyhow::Result<()> {
     let bs = u64::from(a.block_size);
     let size = match a.size {
         Some(s) => s,
         None if jbdev_device::is_rbd_target(&a.path) => {
             // An existing image: all of it, like a block device.
-            let dev = jbdev_device::open_device(
-                &a.path,
-                &jbdev_device::OpenOptions {
-                    read_only: true,
-                    exclusive: false,
-                    ..Default::default()
-                },
-            )
-            .with_context(|| {
+            let dev = open_to_size(&a.path).with_context(|| {
                 format!(
                     "{}: give --size to create the image, or create it first",
                     a.path.display()
@@ -94,14 +98,7 @@ pub fn format(a: FormatArgs) -> anyhow::Result<()> {
                 meta.file_type().is_block_device(),
                 "--size is required for an image file (e.g. --size 1G)"
             );
-            let dev = jbdev_device::open_device(
-                &a.path,
-                &jbdev_device::OpenOptions {
-                    read_only: true,
-                    exclusive: false,
-                    ..Default::default()
-                },
-            )?;
+            let dev = open_to_size(&a.path)?;
             data_bytes_of(dev.device.size_bytes(), bs, &a)
         }
     };
