@@ -97,6 +97,11 @@ pub struct ServeArgs {
     /// fixed:<us> (the seed's comparison).
     #[arg(long, value_name = "POLICY", default_value = "adaptive")]
     pub batch_policy: jbdev_volume::BatchPolicy,
+    /// Commits that may be on the device at once (1 ..= 16; 1: each commit
+    /// starts after the previous one is durable).
+    #[arg(long, value_name = "N", default_value_t = jbdev_volume::OpenOptions::default().pipeline_depth,
+          value_parser = clap::value_parser!(u32).range(1..=16))]
+    pub pipeline_depth: u32,
     /// Writes of at least this many bytes go straight to their home
     /// location (old-or-new per sector until a flush; NBD promises no
     /// atomicity) instead of through the journal, so bulk copies write their
@@ -195,6 +200,7 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
         read_cache: !a.no_read_cache,
         direct_io: !a.buffered,
         batch_policy: a.batch_policy,
+        pipeline_depth: a.pipeline_depth,
         break_lock: a.break_lock,
         direct_write_threshold: a.direct_write_threshold,
         ..OpenOptions::default()

@@ -136,8 +136,11 @@ mod sb {
 mod commit {
     pub const CHKSUM_TYPE: usize = 12;
     pub const CHKSUM_SIZE: usize = 13;
-    /// `h_chksum[0]`; `h_chksum[1..8]` stay zero.
+    /// `h_chksum[0]`; `h_chksum[1..4]` carry the data digest (see
+    /// `writer`), `h_chksum[4]` the overlap, `h_chksum[5..8]` stay zero.
     pub const CHKSUM0: usize = 16;
+    /// `h_chksum[4]`: jbdev's commit overlap (see [`super::CommitBlock::overlap`]).
+    pub const OVERLAP: usize = 32;
     pub const COMMIT_SEC: usize = 48;
     pub const COMMIT_NSEC: usize = 56;
 }
@@ -844,7 +847,17 @@ pub struct CommitBlock {
     pub commit_sec: u64,
     /// `h_commit_nsec`: nanoseconds, below 1e9.
     pub commit_nsec: u32,
+    /// jbdev, `h_chksum[4]`: how many transactions just before this one may
+    /// not yet have been durable when this block was written (0 ..=
+    /// [`MAX_COMMIT_OVERLAP`]). A verified commit block proves every
+    /// transaction before `sequence - overlap` was durable; jbd2 leaves the
+    /// word zero, which claims exactly what jbd2's ordering guarantees.
+    pub overlap: u32,
 }
+
+/// The largest [`CommitBlock::overlap`] a commit block may carry (one less
+/// than the deepest commit pipeline a superblock may record).
+pub const MAX_COMMIT_OVERLAP: u32 = 15;
 
 impl CommitBlock {
     /// Writes the commit block into `block` (zero-filled first) with
@@ -861,6 +874,7 @@ impl CommitBlock {
         block[commit::CHKSUM_SIZE] = 0;
         put_be64(block, commit::COMMIT_SEC, self.commit_sec);
         put_be32(block, commit::COMMIT_NSEC, self.commit_nsec);
+        put_be32(block, commit::OVERLAP, self.overlap);
         // IMPORTANT: checksum last, over the final image with h_chksum[0] = 0.
         let csum = commit_block_checksum(csum_seed, block);
         put_be32(block, commit::CHKSUM0, csum);
@@ -883,10 +897,15 @@ impl CommitBlock {
         if commit_nsec >= 1_000_000_000 {
             return invalid(format_args!("commit time nanoseconds {commit_nsec}"));
         }
+        let overlap = get_be32(block, commit::OVERLAP);
+        if overlap > MAX_COMMIT_OVERLAP {
+            return invalid(format_args!("commit overlap {overlap}"));
+        }
         Ok(Self {
             sequence: header.sequence,
             commit_sec: get_be64(block, commit::COMMIT_SEC),
             commit_nsec,
+            overlap,
         })
     }
 }
@@ -1138,8 +1157,16 @@ mod tests {
             sequence: 9,
             commit_sec: 1,
             commit_nsec: 2,
+            overlap: 3,
         };
         let mut block = vec![0u8; 1024];
+        let too_deep = CommitBlock {
+            overlap: MAX_COMMIT_OVERLAP + 1,
+            ..c
+        };
+        too_deep.encode(seed, &mut block);
+        let bad = decode_log_block(&block, seed).unwrap().record.unwrap_err();
+        assert!(bad.contains("commit overlap 16"), "{bad}");
         c.encode(seed, &mut block);
         let v = decode_log_block(&block, seed).unwrap();
         assert_eq!(v.header.sequence, 9);

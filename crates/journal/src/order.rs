@@ -48,9 +48,11 @@ pub struct Cut {
     pub tid: Tid,
     /// Where it goes in the log (None for an empty transaction).
     pub placement: Option<Placement>,
-    /// An older transaction is still in flight: the body may be written now,
-    /// but the commit block only once that one is published.
-    pub chained: bool,
+    /// How many older transactions are still in flight (cut, not yet
+    /// published): this one may be written whole now, and its commit block
+    /// records this count ([`crate::format::CommitBlock::overlap`]) so that
+    /// recovery does not take it as proof that they were durable.
+    pub overlap: u32,
 }
 
 /// The journal's core state (see the module docs).
@@ -111,6 +113,11 @@ impl<T: LogCost> Journal<T> {
         self.in_flight
     }
 
+    /// At most this many transactions in flight at once.
+    pub fn depth(&self) -> u32 {
+        self.depth
+    }
+
     /// Whether a transaction may be cut now: fewer than `depth` in flight
     /// and nothing failed.
     pub fn has_room(&self) -> bool {
@@ -131,7 +138,7 @@ impl<T: LogCost> Journal<T> {
         Cut {
             tid,
             placement: log_blocks.map(|k| self.space.lay_out(tid, k)),
-            chained: self.in_flight > 1,
+            overlap: self.in_flight - 1,
         }
     }
 
@@ -218,7 +225,7 @@ mod tests {
         let b = j.cut(None);
         let c = j.cut(Some(5));
         assert_eq!((a.tid, b.tid, c.tid), (1, 2, 3));
-        assert!(!a.chained && b.chained && c.chained);
+        assert_eq!((a.overlap, b.overlap, c.overlap), (0, 1, 2));
         assert!(!j.has_room(), "depth 3 reached");
         assert_eq!(a.placement.unwrap().sequence, 40);
         assert_eq!(

@@ -24,12 +24,14 @@
 //! written after its predecessor is durable, so any verified later block
 //! proves S was complete once and has since been damaged — even when the
 //! damage hit S's first block, which otherwise looks exactly like the end of
-//! the log. With a deeper pipeline the descriptor and data blocks of later
-//! transactions may be written while S still is, but a commit block only
-//! once its predecessor is published (durable): then only a verified later
-//! commit block is proof. Later transactions without one are the rest of a
-//! crashed pipeline and are discarded with S — none of them was
-//! acknowledged, since commits are acknowledged in order. An unreadable block could hide such a later transaction, so it
+//! the log. With a deeper pipeline, up to `depth - 1` later transactions may
+//! be written whole, commit block included, while S still is; each commit
+//! block records how many transactions before it may not have been durable
+//! when it was written (its *overlap*, `h_chksum[4]`). Then only a verified
+//! later commit block of sequence T with overlap w such that S < T − w is
+//! proof. Later transactions without one are the rest of a crashed pipeline
+//! and are discarded with S — none of them was acknowledged, since commits
+//! are acknowledged in order. An unreadable block could hide such a later transaction, so it
 //! cannot be judged: the read-write open is refused rather than risk
 //! dropping acknowledged transactions.
 //!
@@ -370,6 +372,13 @@ fn walk_log(
                          (a data block is torn or stale)"
                         .into())
                 }
+                LogRecord::Commit(c) if c.overlap >= sb.pipeline_depth => {
+                    break bad(format!(
+                        "commit block claims {} commits in flight before it, more than \
+                         the pipeline depth {} allows",
+                        c.overlap, sb.pipeline_depth
+                    ))
+                }
                 LogRecord::Commit(c) => {
                     txn.commit_sec = c.commit_sec;
                     txn.end_pos = pos;
@@ -440,11 +449,18 @@ fn survey_log(
             if out.max_sequence.is_none_or(|m| is_after(h.sequence, m)) {
                 out.max_sequence = Some(h.sequence);
             }
-            // IMPORTANT: with commits in flight at once, descriptor and data
-            // blocks of later transactions may be written while S still is;
-            // only a later COMMIT block proves S was durable (a commit block
-            // is written only once its predecessor is published).
-            let proves = sb.pipeline_depth <= 1 || matches!(view.record, Ok(LogRecord::Commit(_)));
+            // IMPORTANT: with commits in flight at once, later transactions
+            // may be written, commit block included, while S still is; only
+            // a later COMMIT block whose overlap does not reach back to S
+            // proves S was durable (see `CommitBlock::overlap`).
+            let proves = match &view.record {
+                _ if sb.pipeline_depth <= 1 => true,
+                Ok(LogRecord::Commit(c)) => {
+                    c.overlap < sb.pipeline_depth
+                        && is_after(h.sequence.wrapping_sub(c.overlap), failed_sequence)
+                }
+                _ => false,
+            };
             if out.later_at.is_none() && is_after(h.sequence, failed_sequence) && proves {
                 out.later_at = Some((pos + i, h.sequence));
             }
@@ -593,7 +609,24 @@ mod tests {
     /// Writes transaction `sb.sequence` with one data block for home block
     /// 9 at `sb.start`; returns the position of the data block.
     fn write_txn(region: &JournalRegion, sb: &JournalSuperblock, data: &[u8]) -> u32 {
-        let log = writer::build_transaction(sb, sb.sequence, &[(9, data)], &[], SystemTime::now());
+        write_txn_overlapping(region, sb, data, 0)
+    }
+
+    /// [`write_txn`] with a commit block that claims `overlap`.
+    fn write_txn_overlapping(
+        region: &JournalRegion,
+        sb: &JournalSuperblock,
+        data: &[u8],
+        overlap: u32,
+    ) -> u32 {
+        let log = writer::build_transaction(
+            sb,
+            sb.sequence,
+            overlap,
+            &[(9, data)],
+            &[],
+            SystemTime::now(),
+        );
         writer::write_log_blocks(
             region,
             sb.first,
@@ -682,22 +715,32 @@ mod tests {
         );
     }
 
-    /// With a pipeline, a later transaction's descriptor and data may be on
-    /// disk while the earlier one is torn (crash mid-pipeline): that is the
-    /// torn end. Only a later commit block proves the earlier one was
-    /// durable (then it is damage).
+    /// With a pipeline, a later transaction may be on disk, commit block
+    /// included, while the earlier one is torn (crash mid-pipeline): that is
+    /// the torn end. Only a later commit block whose overlap does not reach
+    /// back to the earlier transaction proves it was durable (then it is
+    /// damage).
     #[test]
-    fn pipelined_log_needs_a_later_commit_block_to_prove_damage() {
-        for later_commit in [false, true] {
+    fn pipelined_log_needs_a_later_commit_block_that_does_not_overlap_to_prove_damage() {
+        // (commit block of the later transaction, its overlap, depth, damage?)
+        let cases = [
+            (false, 0, 2, false),
+            (true, 1, 2, false),
+            (true, 0, 2, true),
+            (true, 1, 3, false),
+            // Claims more overlap than the depth allows: it does not verify.
+            (true, 2, 2, false),
+        ];
+        for (later_commit, overlap, depth, damage) in cases {
             let (region, mut sb) = journal();
-            sb.pipeline_depth = 2;
+            sb.pipeline_depth = depth;
             region.write_superblock_full(&sb).unwrap();
             let first_start = sb.start;
             write_txn(&region, &sb, &framed(1));
             let mut next = sb.clone();
             next.start += 3;
             next.sequence += 1;
-            write_txn(&region, &next, &framed(2));
+            write_txn_overlapping(&region, &next, &framed(2), overlap);
             if !later_commit {
                 // The second transaction's commit block never made it.
                 region
@@ -717,14 +760,32 @@ mod tests {
                 )
                 .unwrap();
             let s = scan(&region, &mut |_| {}).unwrap();
-            assert!(s.txns.is_empty());
-            match (&s.end, later_commit) {
+            let case = (later_commit, overlap, depth);
+            assert!(s.txns.is_empty(), "{case:?}");
+            match (&s.end, damage) {
                 (ScanEnd::TornTail { sequence: 40, .. }, false) => {}
                 (ScanEnd::CorruptMiddle { sequence: 40, .. }, true) => {}
-                (other, _) => panic!("later commit {later_commit}: {other:?}"),
+                (other, _) => panic!("{case:?}: {other:?}"),
             }
             assert!(s.next_sequence > 41, "{}", s.next_sequence);
         }
+    }
+
+    /// An intact log written by a pipeline replays whole, whatever overlap
+    /// its commit blocks claim within the depth.
+    #[test]
+    fn overlapping_commits_replay_when_intact() {
+        let (region, mut sb) = journal();
+        sb.pipeline_depth = 2;
+        region.write_superblock_full(&sb).unwrap();
+        write_txn(&region, &sb, &framed(1));
+        let mut next = sb.clone();
+        next.start += 3;
+        next.sequence += 1;
+        write_txn_overlapping(&region, &next, &framed(2), 1);
+        let s = scan(&region, &mut |_| {}).unwrap();
+        assert_eq!(s.txns.len(), 2);
+        assert!(matches!(s.end, ScanEnd::End), "{:?}", s.end);
     }
 
     #[test]
@@ -768,6 +829,7 @@ mod tests {
             sequence: sb.sequence,
             commit_sec: 1,
             commit_nsec: 2,
+            overlap: 0,
         }
         .encode(sb.csum_seed(), &mut c);
         assert!(writer::commit_digest(&c).is_none());

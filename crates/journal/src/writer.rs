@@ -157,10 +157,13 @@ pub fn commit_digest(commit_block: &[u8]) -> Option<u64> {
 }
 
 /// Builds the blocks of transaction `sequence`: `data` is (home block number,
-/// block content) in the order to log them; `revokes` are home block numbers.
+/// block content) in the order to log them; `revokes` are home block numbers;
+/// `overlap` is how many transactions before it may still be in flight when
+/// it is written ([`CommitBlock::overlap`]).
 pub fn build_transaction<'a>(
     sb: &JournalSuperblock,
     sequence: u32,
+    overlap: u32,
     data: &[(u64, &'a [u8])],
     revokes: &[u64],
     now: SystemTime,
@@ -212,6 +215,7 @@ pub fn build_transaction<'a>(
         sequence,
         commit_sec: since.as_secs(),
         commit_nsec: since.subsec_nanos(),
+        overlap,
     }
     .encode(seed, &mut c);
     // IMPORTANT: the digest goes inside the area the commit checksum covers,

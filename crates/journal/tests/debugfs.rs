@@ -117,6 +117,7 @@ fn build_journal(
             sequence: txn.sequence,
             commit_sec: 1_700_000_000 + u64::from(txn.sequence),
             commit_nsec: 123_456_789,
+            overlap: 0,
         };
         c.encode(seed, &mut image[block_at(next)]);
         placement.commits.push((txn.sequence, next));

@@ -7,7 +7,7 @@ use jbdev_journal::format::{
     block_tail_checksum, commit_block_checksum, csum_seed, data_block_checksum, escape,
     needs_escape, read_header, unescape, BlockTag, CommitBlock, DescriptorBlock, FormatError,
     JournalSuperblock, RevokeBlock, BLOCKTYPE_COMMIT, BLOCKTYPE_DESCRIPTOR, BLOCKTYPE_REVOKE,
-    JBD2_MAGIC, MAX_USERS, TAG_FLAG_DELETED, TAG_FLAG_ESCAPE,
+    JBD2_MAGIC, MAX_COMMIT_OVERLAP, MAX_USERS, TAG_FLAG_DELETED, TAG_FLAG_ESCAPE,
 };
 use proptest::prelude::*;
 
@@ -58,13 +58,18 @@ fn revoke() -> impl Strategy<Value = (usize, RevokeBlock)> {
 }
 
 fn commit() -> impl Strategy<Value = CommitBlock> {
-    (any::<u32>(), any::<u64>(), 0u32..1_000_000_000).prop_map(
-        |(sequence, commit_sec, commit_nsec)| CommitBlock {
+    (
+        any::<u32>(),
+        any::<u64>(),
+        0u32..1_000_000_000,
+        0..=MAX_COMMIT_OVERLAP,
+    )
+        .prop_map(|(sequence, commit_sec, commit_nsec, overlap)| CommitBlock {
             sequence,
             commit_sec,
             commit_nsec,
-        },
-    )
+            overlap,
+        })
 }
 
 /// A valid superblock: any values where decode checks nothing, valid ones
@@ -375,6 +380,7 @@ fn descriptor_at_full_capacity_and_errors() {
         sequence: 5,
         commit_sec: 1,
         commit_nsec: 2,
+        overlap: 0,
     };
     c.encode(seed, &mut block);
     assert!(matches!(

@@ -73,8 +73,8 @@ pub struct Stats {
     /// in a committed transaction superseded them (rewrites absorbed).
     pub checkpoint_blocks_skipped: u64,
     pub direct_writes: u64,
-    /// Commits whose descriptor and data blocks were written while an older
-    /// commit was still in flight (pipelining at work).
+    /// Commits written (whole, commit block included) while an older commit
+    /// was still in flight (pipelining at work).
     pub commits_pipelined: u64,
     /// Cache flushes issued to the home and journal devices (shared by
     /// concurrent callers; single-write FUA commits need none).
@@ -467,15 +467,23 @@ impl Volume {
         let engine = Arc::new(engine);
         let mut threads = Vec::new();
         if !opts.read_only {
-            let e = engine.clone();
-            threads.push(
-                std::thread::Builder::new()
-                    .name("jbdev-commit".into())
-                    .spawn(move || e.commit_thread())
-                    .map_err(|e| {
-                        VolumeError::InvalidArgument(format!("cannot start the commit thread: {e}"))
-                    })?,
-            );
+            // One commit thread per commit that may be in flight: completions
+            // (which never lead, see `Engine::when_durable`) then keep the
+            // pipeline as full as sleeping writers do. Fixed by the options,
+            // never by the number of clients.
+            for i in 0..engine.pipeline_depth() {
+                let e = engine.clone();
+                threads.push(
+                    std::thread::Builder::new()
+                        .name(format!("jbdev-commit-{i}"))
+                        .spawn(move || e.commit_thread())
+                        .map_err(|e| {
+                            VolumeError::InvalidArgument(format!(
+                                "cannot start a commit thread: {e}"
+                            ))
+                        })?,
+                );
+            }
             let e = engine.clone();
             threads.push(
                 std::thread::Builder::new()

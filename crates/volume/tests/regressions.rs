@@ -92,6 +92,9 @@ struct GateDev {
     changed: Condvar,
     /// Hold every FUA write while set.
     hold_fua: AtomicBool,
+    /// The next FUA write (one only) is held until `release_first_fua`.
+    hold_first_fua: AtomicBool,
+    release_first_fua: AtomicBool,
     /// `allocation()` calls wait (after computing their answer) until this
     /// many flushes have been seen after a write at `alloc_wait_for_write`.
     alloc_hold: AtomicBool,
@@ -118,6 +121,8 @@ struct GateState {
     read_entered: bool,
     write_held: bool,
     fua_waiting: u64,
+    /// FUA writes that reached the device below.
+    fua_done: u64,
 }
 
 const NONE: u64 = u64::MAX;
@@ -129,6 +134,8 @@ impl GateDev {
             state: Mutex::new(GateState::default()),
             changed: Condvar::new(),
             hold_fua: AtomicBool::new(false),
+            hold_first_fua: AtomicBool::new(false),
+            release_first_fua: AtomicBool::new(false),
             alloc_hold: AtomicBool::new(false),
             alloc_wait_for_write: AtomicU64::new(NONE),
             read_hold_at: AtomicU64::new(NONE),
@@ -260,9 +267,17 @@ impl BlockDevice for GateDev {
             }
             st.fua_waiting -= 1;
         }
+        if self.hold_first_fua.swap(false, Ordering::SeqCst) {
+            self.state.lock().fua_waiting += 1;
+            self.changed.notify_all();
+            self.wait_quietly(|_| self.release_first_fua.load(Ordering::SeqCst));
+            self.state.lock().fua_waiting -= 1;
+        }
         self.inner.write_vectored_durable_at(bufs, offset, prio)?;
         let len: u64 = bufs.iter().map(|b| b.len() as u64).sum();
         self.note_write(offset, len, true);
+        self.state.lock().fua_done += 1;
+        self.changed.notify_all();
         Ok(())
     }
     fn flush(&self) -> jbdev_device::Result<()> {
@@ -464,6 +479,73 @@ fn abort_wakes_a_batching_leader_and_nothing_is_acknowledged_after_it() {
     assert!(vol.flush().is_err(), "a flush acknowledged after the abort");
 }
 
+/// Pipelined commits (ARCHITECTURE 13): a commit written while an older
+/// one is still on the device can reach the media first. A crash then leaves
+/// the newer commit whole and the older one absent. Recovery must take that
+/// for the end of the log (the newer commit block records its overlap), not
+/// refuse the volume as damaged; neither write was acknowledged, and the
+/// newer one is not replayed without the older.
+#[test]
+fn a_newer_commit_durable_before_an_older_one_is_the_end_of_the_log_after_a_crash() {
+    let fault = fault_volume();
+    let gate = GateDev::new(fault.clone());
+    let opts = OpenOptions {
+        pipeline_depth: 2,
+        ..quiet()
+    };
+    let vol = Arc::new(Volume::open_device(gate.clone(), None, &opts).unwrap());
+    let old = stamped(1, 3 * BS, BS as usize);
+    vol.write_at(&old, 3 * BS, WriteFlags::FUA).unwrap();
+    gate.hold_first_fua.store(true, Ordering::SeqCst);
+    let writer = |i: u64| {
+        let vol = vol.clone();
+        std::thread::spawn(move || {
+            vol.write_at(
+                &stamped(600 + i, i * BS, BS as usize),
+                i * BS,
+                WriteFlags::FUA,
+            )
+        })
+    };
+    let a = writer(0);
+    gate.wait_until("the older commit to reach the device", |st| {
+        st.fua_waiting > 0
+    });
+    let done_before = gate.state.lock().fua_done;
+    let b = writer(1);
+    gate.wait_until("the newer commit to be written", |st| {
+        st.fua_done > done_before
+    });
+    assert!(
+        !b.is_finished(),
+        "a commit was acknowledged before its predecessor was durable"
+    );
+    assert_eq!(vol.stats().commits_pipelined, 1);
+    fault.cut_power();
+    let image = fault.durable_image();
+    {
+        let _st = gate.state.lock();
+        gate.release_first_fua.store(true, Ordering::SeqCst);
+        gate.changed.notify_all();
+    }
+    let (ra, rb) = (a.join().unwrap(), b.join().unwrap());
+    assert!(ra.is_err() && rb.is_err(), "{ra:?} {rb:?}");
+    drop(vol);
+    let vol = Volume::open_device(on_image(image), None, &quiet())
+        .expect("recovery refused a log whose newer commit overlapped the lost one");
+    assert_eq!(
+        read(&vol, 3 * BS, BS as usize),
+        old,
+        "acknowledged write lost"
+    );
+    assert_eq!(
+        read(&vol, BS, BS as usize),
+        vec![0u8; BS as usize],
+        "the newer commit was replayed without the older one"
+    );
+    assert_eq!(read(&vol, 0, BS as usize), vec![0u8; BS as usize]);
+}
+
 /// A bulk read from home holds back while a commit that a writer waits for
 /// is on the device (ARCHITECTURE 22a), then proceeds even though that
 /// commit is still held; a small read never holds back.
@@ -621,6 +703,7 @@ fn replay_refuses_home_blocks_outside_the_volume() {
     let log = jbdev_volume::journal::writer::build_transaction(
         &sb,
         sb.sequence,
+        0,
         &[(far, &block[..])],
         &[],
         std::time::SystemTime::now(),

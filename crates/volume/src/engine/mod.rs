@@ -189,9 +189,9 @@ impl jbdev_journal::LogCost for CommittedTxn {
 struct Layout {
     sequence: u32,
     head: u32,
-    /// An older transaction was in flight at the cut: write the body now
-    /// but the commit block only once that one is published.
-    chained: bool,
+    /// Older transactions in flight at the cut: this one is written at once
+    /// all the same, and its commit block says so (see `Cut::overlap`).
+    overlap: u32,
 }
 
 /// State shared by writers, the commit thread and the checkpoint thread.
@@ -254,7 +254,7 @@ pub struct StatsInner {
     pub checkpoint_blocks: u64,
     pub checkpoint_blocks_skipped: u64,
     pub direct_writes: u64,
-    /// Commits whose body overlapped an older commit in flight.
+    /// Commits written while an older commit was in flight.
     pub chained_commits: u64,
     pub log_space_waits: u64,
     /// Bulk reads that waited for a commit writers wait for (22a).
