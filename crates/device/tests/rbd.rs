@@ -121,10 +121,11 @@ fn a_missing_image_without_create_is_a_clear_error() {
 /// still spread over several RADOS objects).
 const QUEUE_BYTES: u64 = 256 * 1024;
 
-/// librbd's writeback cache, on from the first write (not writethrough
+/// librbd's writeback cache (not the default writearound policy, which
+/// sends every write at once), on from the first write (not writethrough
 /// until the first flush), and dirty data kept for 30 s unless flushed.
-const WRITEBACK: &str =
-    ":rbd_cache=true:rbd_cache_writethrough_until_flush=false:rbd_cache_max_dirty_age=30";
+const WRITEBACK: &str = ":rbd_cache=true:rbd_cache_policy=writeback\
+    :rbd_cache_writethrough_until_flush=false:rbd_cache_max_dirty_age=30";
 
 /// A fresh image of `QUEUE_BYTES` opened read-write; `options` are appended
 /// to its target. Returns the subject and the plain target (no options).
