@@ -384,8 +384,9 @@ impl Drop for RbdQueue<'_> {
     fn drop(&mut self) {
         // librbd still reads or fills the buffers of running requests: wait
         // for each before its memory is freed (each Completion's drop would
-        // too; this does not depend on field order). A durable write whose
-        // write completed is not flushed: nobody will see its completion.
+        // too; this does not depend on field order). A durable write still
+        // in its write stage gets no flush after it: nobody will see its
+        // completion.
         for r in &mut self.running {
             r.comp.wait_done();
         }
