@@ -9,7 +9,9 @@
 //!
 //! Every request is an `rbd_aio_*` call with its own completion; a
 //! [`BlockDevice::write_batch`] submits all its writes before waiting for any,
-//! so librbd keeps them all in flight (the device queue). librbd's own cache
+//! so librbd keeps them all in flight (the device queue), and
+//! [`BlockDevice::queue`] is a native queue on the same calls (see
+//! [`queue`]: many requests in flight from one thread). librbd's own cache
 //! is off unless the target asks for it (`:rbd_cache=true`): the volume
 //! batches and flushes itself, and with the cache off a completed write is
 //! already committed by the OSDs. A flush is still `rbd_aio_flush`, so the
@@ -30,12 +32,15 @@
 //! `rados/librados.h` and `rbd/librbd.h`; every function used exists since
 //! Ceph 14 (`rbd_aio_write_zeroes` since 15).
 
+mod queue;
+
 use std::ffi::{c_char, c_int, CStr, CString};
 use std::io::{self, IoSlice, IoSliceMut};
 use std::ptr;
 
 use crate::{
-    check_request, iov_len, iov_len_mut, BlockDevice, DeviceError, IoPriority, Result, WriteReq,
+    check_request, iov_len, iov_len_mut, BlockDevice, DeviceError, IoPriority, IoQueue, Result,
+    WriteReq,
 };
 
 #[allow(non_camel_case_types)]
@@ -113,6 +118,7 @@ mod ffi {
             complete_cb: rbd_callback_t,
             c: *mut rbd_completion_t,
         ) -> c_int;
+        pub fn rbd_aio_is_complete(c: rbd_completion_t) -> c_int;
         pub fn rbd_aio_wait_for_complete(c: rbd_completion_t) -> c_int;
         pub fn rbd_aio_get_return_value(c: rbd_completion_t) -> isize;
         pub fn rbd_aio_release(c: rbd_completion_t);
@@ -150,6 +156,11 @@ pub const RBD_BLOCK_SIZE: u32 = 512;
 /// Most iovecs one request passes to librbd; longer vectors are bounced
 /// through one buffer.
 const MAX_IOV: usize = 1024;
+
+/// Largest range one `rbd_aio_write_zeroes` call zeroes: larger ones are
+/// split (librbd takes a `size_t` length, and one call per GiB keeps each
+/// request's work bounded).
+const ZEROES_STEP: u64 = 1 << 30;
 
 /// A parsed `rbd:POOL/IMAGE[:conf=PATH][:id=USER][:KEY=VALUE]...` target.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -329,10 +340,39 @@ impl Completion {
 
     /// Waits for the request and returns its result (bytes or 0).
     fn wait(&mut self, op: &'static str, what: &str) -> Result<u64> {
-        // SAFETY: `c` is a live completion that was handed to a request.
-        unsafe { ffi::rbd_aio_wait_for_complete(self.c) };
+        self.wait_done();
+        self.result(op, what)
+    }
+
+    /// Waits until the submitted request completed (at once if it did).
+    fn wait_done(&mut self) {
+        if self.submitted && !self.waited {
+            // SAFETY: `c` is a live completion that was handed to a request.
+            unsafe { ffi::rbd_aio_wait_for_complete(self.c) };
+        }
         self.waited = true;
-        // SAFETY: the request completed; reading its value is allowed until release.
+    }
+
+    /// Whether the submitted request completed, without blocking. Once it
+    /// says yes, librbd is done with the request's memory, as after
+    /// `rbd_aio_wait_for_complete` (both wait for the same final state).
+    fn is_complete(&mut self) -> bool {
+        if !self.submitted {
+            return false;
+        }
+        if !self.waited {
+            // SAFETY: `c` is a live completion that was handed to a request.
+            self.waited = unsafe { ffi::rbd_aio_is_complete(self.c) } != 0;
+        }
+        self.waited
+    }
+
+    /// The result of a completed request (bytes or 0). Call only after
+    /// `wait_done` or a `true` from `is_complete`.
+    fn result(&self, op: &'static str, what: &str) -> Result<u64> {
+        debug_assert!(self.submitted && self.waited);
+        // SAFETY: the request completed (callers waited or saw it complete);
+        // reading its value is allowed until release.
         let r = unsafe { ffi::rbd_aio_get_return_value(self.c) };
         if r < 0 {
             return Err(rbd_err(op, what, c_int::try_from(r).unwrap_or(-libc::EIO)));
@@ -371,8 +411,9 @@ struct Image(ffi::rbd_image_t);
 impl Drop for Image {
     fn drop(&mut self) {
         // SAFETY: from a successful rbd_open; every request on it has
-        // completed (each call waits for its completions before returning);
-        // closed once. Closing releases the exclusive lock.
+        // completed (each call waits for its completions before returning,
+        // and a queue, which borrows the device, waits for its requests when
+        // it is dropped); closed once. Closing releases the exclusive lock.
         unsafe { ffi::rbd_close(self.0) };
     }
 }
@@ -797,11 +838,9 @@ impl BlockDevice for RbdDevice {
     fn write_zeroes(&self, offset: u64, len: u64) -> Result<()> {
         check_request(self.size, RBD_BLOCK_SIZE, offset, len)?;
         self.check_writable()?;
-        // librbd takes a size_t length: split very large ranges.
-        let step = 1u64 << 30;
         let mut done = 0;
         while done < len {
-            let n = (len - done).min(step);
+            let n = (len - done).min(ZEROES_STEP);
             let mut c = Completion::new(&self.name)?;
             // SAFETY: an open image and a fresh completion; no buffer involved.
             let r = unsafe {
@@ -812,6 +851,12 @@ impl BlockDevice for RbdDevice {
             done += n;
         }
         Ok(())
+    }
+
+    /// A native queue: every request an `rbd_aio_*` call of its own, up to
+    /// `depth` in flight at once (see [`queue`]).
+    fn queue(&self, depth: u32) -> Result<Box<dyn IoQueue + '_>> {
+        Ok(Box::new(queue::RbdQueue::new(self, depth)?))
     }
 
     fn backend_name(&self) -> &'static str {

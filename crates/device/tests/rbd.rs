@@ -1,12 +1,24 @@
 //! The RBD backend against a real (throwaway, single-node) Ceph cluster:
-//! the backend conformance suite, the exclusive lock, breaking it.
+//! the backend conformance suite, the exclusive lock, breaking it, and the
+//! native request queue (the model checks every backend gets, requests in
+//! flight at once, barriers, FUA).
 #![cfg(feature = "rbd")]
 
 mod common;
+mod queue_model;
+
+use std::path::Path;
+use std::process::Command;
+use std::sync::{mpsc, Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
 
 use common::{conformance, Traits};
 use jbdev_device::rbd::test_cluster;
-use jbdev_device::{open_device, DeviceError, OpenOptions};
+use jbdev_device::{
+    open_device, AlignedBuf, DeviceError, IoDone, IoPriority, IoQueue, IoRequest, OpenOptions,
+};
+use queue_model::Subject;
 
 const SIZE_BYTES: u64 = 8 << 20;
 
@@ -102,4 +114,371 @@ fn a_missing_image_without_create_is_a_clear_error() {
         msg.contains("rbd_open") && msg.contains("No such file"),
         "{msg}"
     );
+}
+
+/// The queue checks' image size: as small as the local backends' (so that
+/// requests clash often and run ordered), in 64 KiB objects (so that they
+/// still spread over several RADOS objects).
+const QUEUE_BYTES: u64 = 256 * 1024;
+
+/// librbd's writeback cache (not the default writearound policy, which
+/// sends every write at once), on from the first write (not writethrough
+/// until the first flush), and dirty data kept for 30 s unless flushed.
+const WRITEBACK: &str = ":rbd_cache=true:rbd_cache_policy=writeback\
+    :rbd_cache_writethrough_until_flush=false:rbd_cache_max_dirty_age=30";
+
+/// A fresh image of `QUEUE_BYTES` opened read-write; `options` are appended
+/// to its target. Returns the subject and the plain target (no options).
+fn queue_subject(conf: &Path, prefix: &str, options: &str) -> (Subject, String) {
+    let plain = test_cluster::target(conf, &test_cluster::unique_image(prefix));
+    let t = format!("{plain}:rbd_default_order=16{options}");
+    let opts = OpenOptions {
+        create_size: Some(QUEUE_BYTES),
+        ..OpenOptions::default()
+    };
+    let dev = open_device(t.as_ref(), &opts).unwrap().device;
+    assert_eq!(dev.backend_name(), "rbd");
+    let name = format!(
+        "rbd {prefix}{}",
+        if options.is_empty() { "" } else { " (cache)" }
+    );
+    let s = Subject {
+        name,
+        dev,
+        dir: None,
+    };
+    (s, plain)
+}
+
+fn drain(q: &mut dyn IoQueue) -> Vec<IoDone> {
+    let mut out = Vec::new();
+    while q.in_flight() > 0 {
+        q.reap(1, &mut out).unwrap();
+    }
+    out
+}
+
+#[test]
+fn rbd_queue_random_mixes_match_the_model() {
+    let Some(conf) = cluster() else { return };
+    // librbd's cache off (the default) and writeback.
+    for options in ["", WRITEBACK] {
+        let (s, _) = queue_subject(&conf, "qmix", options);
+        queue_model::random_mixes(&s);
+    }
+}
+
+#[test]
+fn rbd_queue_refuses_bad_requests_and_bounds_depth() {
+    let Some(conf) = cluster() else { return };
+    let (s, _) = queue_subject(&conf, "qbad", "");
+    queue_model::refuses_bad_requests(&s);
+    queue_model::bounds_depth(&s);
+}
+
+#[test]
+fn rbd_queue_on_a_read_only_image_refuses_mutations_at_push() {
+    let Some(conf) = cluster() else { return };
+    let (s, plain) = queue_subject(&conf, "qro", "");
+    s.dev.write_at(&[3u8; 4096], 0, IoPriority::Urgent).unwrap();
+    s.dev.flush().unwrap();
+    drop(s);
+    let ro = OpenOptions {
+        read_only: true,
+        ..OpenOptions::default()
+    };
+    let dev = open_device(plain.as_ref(), &ro).unwrap().device;
+    let mut q = dev.queue(8).unwrap();
+    for req in [
+        IoRequest::write(0, vec![1u8; 512]),
+        IoRequest::write_durable(0, vec![1u8; 512]),
+        IoRequest::write_zeroes(0, 512),
+    ] {
+        let r = q.push(req, 0).expect_err("a mutation of a read-only image");
+        assert!(
+            matches!(&r.error, DeviceError::Io { error, .. } if error.raw_os_error() == Some(libc::EROFS)),
+            "{}",
+            r.error
+        );
+        assert!(r.req.op.is_mutating(), "the request is handed back");
+    }
+    assert_eq!(q.in_flight(), 0);
+    q.push(IoRequest::read(0, vec![0u8; 4096]), 1).unwrap();
+    q.push(IoRequest::flush(), 2).unwrap();
+    let out = drain(&mut *q);
+    assert!(out.iter().all(|d| d.result.is_ok()));
+    let read = out.into_iter().find(|d| d.tag == 1).unwrap();
+    assert_eq!(
+        read.req.into_read_buf::<Vec<u8>>().unwrap(),
+        vec![3u8; 4096]
+    );
+}
+
+/// The OSD of the test cluster stopped (SIGSTOP), so that nothing sent to it
+/// completes, until this is dropped (SIGCONT). A watchdog resumes it after
+/// `WATCHDOG` whatever happens, so that a queue that waits for the OSD in
+/// `submit` fails the test instead of hanging it. One at a time (FREEZE).
+struct FrozenOsd {
+    pid: String,
+    stop: Option<mpsc::Sender<()>>,
+    watchdog: Option<JoinHandle<bool>>,
+    _one: std::sync::MutexGuard<'static, ()>,
+}
+
+static FREEZE: Mutex<()> = Mutex::new(());
+const WATCHDOG: Duration = Duration::from_secs(15);
+
+fn signal(sig: &str, pid: &str) {
+    let ok = Command::new("kill")
+        .args([sig, pid])
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(ok, "kill {sig} {pid} failed");
+}
+
+impl FrozenOsd {
+    fn new() -> Self {
+        let one = FREEZE.lock().unwrap_or_else(|e| e.into_inner());
+        let pids = std::fs::read_to_string(test_cluster::dir().join("pids")).unwrap();
+        let pid = pids
+            .lines()
+            .find_map(|l| l.strip_prefix("osd "))
+            .expect("the cluster's OSD pid")
+            .trim()
+            .to_string();
+        signal("-STOP", &pid);
+        let (stop, rx) = mpsc::channel::<()>();
+        let p = pid.clone();
+        let watchdog = std::thread::spawn(move || {
+            let fired = rx.recv_timeout(WATCHDOG) == Err(mpsc::RecvTimeoutError::Timeout);
+            if fired {
+                signal("-CONT", &p);
+            }
+            fired
+        });
+        Self {
+            pid,
+            stop: Some(stop),
+            watchdog: Some(watchdog),
+            _one: one,
+        }
+    }
+
+    /// Resumes the OSD; false if the watchdog had to.
+    fn thaw(mut self) -> bool {
+        self.resume()
+    }
+
+    fn resume(&mut self) -> bool {
+        drop(self.stop.take());
+        let fired = self
+            .watchdog
+            .take()
+            .is_some_and(|w| w.join().unwrap_or(true));
+        signal("-CONT", &self.pid);
+        !fired
+    }
+}
+
+impl Drop for FrozenOsd {
+    fn drop(&mut self) {
+        if self.watchdog.is_some() {
+            self.resume();
+        }
+    }
+}
+
+/// At depth 32, all 32 writes are in librbd at once: `submit` returns while
+/// the OSD is stopped (a queue that ran them one by one would wait for the
+/// first), none has completed, and once the OSD runs again all 32 complete
+/// and are on the image.
+#[test]
+fn rbd_queue_keeps_32_requests_in_flight_at_once() {
+    let Some(conf) = cluster() else { return };
+    let (s, _) = queue_subject(&conf, "qdepth", "");
+    let dev = &*s.dev;
+    // Objects exist beforehand, so the writes are plain overwrites.
+    dev.write_at(&vec![0u8; QUEUE_BYTES as usize], 0, IoPriority::Urgent)
+        .unwrap();
+    let mut q = dev.queue(32).unwrap();
+    let frozen = FrozenOsd::new();
+    for tag in 0..32u64 {
+        let data = AlignedBuf::from_slice(&[tag as u8 + 1; 4096]);
+        q.push(IoRequest::write(tag * 8192, data), tag).unwrap();
+    }
+    q.submit().unwrap();
+    assert_eq!(q.in_flight(), 32);
+    let mut out = Vec::new();
+    assert_eq!(
+        q.reap(0, &mut out).unwrap(),
+        0,
+        "a write completed with the OSD stopped"
+    );
+    assert!(
+        frozen.thaw(),
+        "submit waited for the OSD: requests ran one by one"
+    );
+    out.extend(drain(&mut *q));
+    assert_eq!(out.len(), 32);
+    assert!(out.iter().all(|d| d.result.is_ok()));
+    let mut tags: Vec<u64> = out.iter().map(|d| d.tag).collect();
+    tags.sort_unstable();
+    assert_eq!(tags, (0..32).collect::<Vec<_>>());
+    let image = queue_model::read_all(dev);
+    for tag in 0..32usize {
+        let at = tag * 8192;
+        assert!(
+            image[at..at + 4096].iter().all(|&b| b == tag as u8 + 1),
+            "write {tag}"
+        );
+    }
+}
+
+/// An ordered read does not start before the earlier write of its queue
+/// completed. With the OSD stopped, a write to a fresh object cannot
+/// complete (librbd first marks the object in the object map, an OSD
+/// update), while a read of that object is answered at once from the
+/// in-memory object map (zeroes, "does not exist yet"): the unordered read
+/// completes, stale, and the ordered one waits and sees the write's data.
+#[test]
+fn rbd_queue_ordered_read_waits_for_the_earlier_write() {
+    let Some(conf) = cluster() else { return };
+    let (s, _) = queue_subject(&conf, "qorder", "");
+    let dev = &*s.dev;
+    let mut q = dev.queue(8).unwrap();
+    for (object, ordered) in [(0u64, false), (1, true)] {
+        let at = object * 65536;
+        let frozen = FrozenOsd::new();
+        q.push(IoRequest::write(at, vec![7u8; 4096]), 0).unwrap();
+        let read = IoRequest::read(at, vec![1u8; 4096]);
+        q.push(if ordered { read.ordered() } else { read }, 1)
+            .unwrap();
+        q.submit().unwrap();
+        let mut early = Vec::new();
+        q.reap(0, &mut early).unwrap();
+        if !ordered {
+            // The control: without the flag the read overtakes the write
+            // (else this test could not tell a held read from a started one).
+            while early.is_empty() {
+                std::thread::yield_now();
+                q.reap(0, &mut early).unwrap();
+            }
+            assert_eq!(early.len(), 1);
+            assert_eq!(early[0].tag, 1, "the write completed with the OSD stopped");
+        } else {
+            assert!(
+                early.is_empty(),
+                "{} request(s) completed with the OSD stopped: the ordered read started before the write completed",
+                early.len()
+            );
+        }
+        assert!(frozen.thaw(), "submit waited for the OSD");
+        early.extend(drain(&mut *q));
+        assert!(early.iter().all(|d| d.result.is_ok()));
+        // Deterministic even if the early look above came too soon: a read
+        // that started before the write completed read zeroes.
+        let read = early.into_iter().find(|d| d.tag == 1).unwrap();
+        let got = read.req.into_read_buf::<Vec<u8>>().unwrap();
+        let want = if ordered { 7u8 } else { 0 };
+        assert!(
+            got.iter().all(|&b| b == want),
+            "ordered {ordered}: the read saw {}, not {want}",
+            got[0]
+        );
+    }
+}
+
+/// A durable (FUA) write completes only once its data is on the OSDs, even
+/// with librbd's writeback cache on: another client (no cache) reads it as
+/// soon as the completion is reaped. The control: a plain write, reaped,
+/// is still only in the writer's cache; an ordered flush puts it out.
+#[test]
+fn rbd_queue_durable_write_is_on_the_osds_when_it_completes() {
+    let Some(conf) = cluster() else { return };
+    let (s, plain) = queue_subject(&conf, "qfua", WRITEBACK);
+    let reader = open_device(
+        plain.as_ref(),
+        &OpenOptions {
+            read_only: true,
+            ..OpenOptions::default()
+        },
+    )
+    .unwrap()
+    .device;
+    let seen = |at: u64| {
+        let mut b = vec![0u8; 4096];
+        reader.read_at(&mut b, at).unwrap();
+        b[0]
+    };
+    let mut q = s.dev.queue(32).unwrap();
+    // Control: a plain write completes into the cache only.
+    q.push(IoRequest::write(0, vec![5u8; 4096]), 0).unwrap();
+    drain(&mut *q);
+    assert_eq!(
+        seen(0),
+        0,
+        "the cache is not writeback: this test would prove nothing"
+    );
+    q.push(IoRequest::flush().ordered(), 0).unwrap();
+    drain(&mut *q);
+    assert_eq!(seen(0), 5, "a completed flush left a write in the cache");
+    // Rounds of FUA writes among plain ones, 16 in flight.
+    for round in 1..=4u8 {
+        for i in 0..16u64 {
+            let at = i * 16384 + 4096;
+            let data = vec![round * 16 + i as u8; 4096];
+            let req = if i % 2 == 0 {
+                IoRequest::write_durable(at, data)
+            } else {
+                IoRequest::write(at, data)
+            };
+            q.push(req, i).unwrap();
+        }
+        let mut out = Vec::new();
+        while q.in_flight() > 0 {
+            q.reap(1, &mut out).unwrap();
+            for d in out.drain(..) {
+                assert!(d.result.is_ok());
+                if d.tag % 2 == 0 {
+                    let at = d.tag * 16384 + 4096;
+                    assert_eq!(
+                        seen(at),
+                        round * 16 + d.tag as u8,
+                        "round {round}: a FUA write completed before it was flushed"
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// Dropping a queue with requests in librbd waits for them: the writes are
+/// on the image afterwards, and no buffer is freed under librbd.
+#[test]
+fn rbd_queue_dropped_with_requests_in_flight_waits_for_them() {
+    let Some(conf) = cluster() else { return };
+    let (s, _) = queue_subject(&conf, "qdrop", "");
+    let dev = Arc::clone(&s.dev);
+    for round in 1..=3u8 {
+        let mut q = dev.queue(64).unwrap();
+        for i in 0..32u64 {
+            q.push(IoRequest::write(i * 8192, vec![round + i as u8; 8192]), i)
+                .unwrap();
+            q.push(
+                IoRequest::read(i * 8192 + 4096, AlignedBuf::zeroed(4096)),
+                100 + i,
+            )
+            .unwrap();
+        }
+        q.submit().unwrap();
+        drop(q);
+        let image = queue_model::read_all(&*dev);
+        for i in 0..32usize {
+            let at = i * 8192;
+            assert!(
+                image[at..at + 8192].iter().all(|&b| b == round + i as u8),
+                "round {round}: write {i}"
+            );
+        }
+    }
 }
