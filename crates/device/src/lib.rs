@@ -147,8 +147,8 @@ pub trait BlockDevice: Send + Sync {
     /// A request queue of `depth` (1 to [`QUEUE_DEPTH_MAX`]) owned by one
     /// thread: many requests in flight without a thread each (see
     /// [`queue`]). io_uring gives each queue its own ring; the portable
-    /// backend runs requests on a small pool shared by the device's queues.
-    /// The default runs each request synchronously when it is submitted and
+    /// backend runs requests on a small pool shared by the device's queues;
+    /// Ceph RBD issues each as its own librbd aio request. The default runs each request synchronously when it is submitted and
     /// holds its completion until `reap`: correct everywhere, concurrent
     /// nowhere.
     fn queue(&self, depth: u32) -> Result<Box<dyn IoQueue + '_>> {
