@@ -519,11 +519,7 @@ impl FaultDevice {
     }
 
     /// Runs a write-like op (`what` names it for injected errors).
-    fn mutate(&self, what: &'static str, offset: u64, len: u64, payload: Payload) -> Result<()> {
-        self.mutate_with(what, offset, len, payload, false)
-    }
-
-    fn mutate_with(
+    fn mutate(
         &self,
         what: &'static str,
         offset: u64,
@@ -669,7 +665,7 @@ impl BlockDevice for FaultDevice {
         for b in bufs {
             data.extend_from_slice(b);
         }
-        self.mutate("write", offset, len, Payload::Bytes(data))
+        self.mutate("write", offset, len, Payload::Bytes(data), false)
     }
 
     fn write_vectored_durable_at(
@@ -684,7 +680,7 @@ impl BlockDevice for FaultDevice {
         for b in bufs {
             data.extend_from_slice(b);
         }
-        self.mutate_with("write (FUA)", offset, len, Payload::Bytes(data), true)
+        self.mutate("write (FUA)", offset, len, Payload::Bytes(data), true)
     }
 
     fn flush(&self) -> Result<()> {
@@ -692,7 +688,7 @@ impl BlockDevice for FaultDevice {
     }
 
     fn write_zeroes(&self, offset: u64, len: u64) -> Result<()> {
-        self.mutate("write_zeroes", offset, len, Payload::Zeroes(len))
+        self.mutate("write_zeroes", offset, len, Payload::Zeroes(len), false)
     }
 
     fn queue(&self, depth: u32) -> Result<Box<dyn crate::IoQueue + '_>> {

@@ -30,7 +30,8 @@ use parking_lot::{Condvar, Mutex};
 
 use crate::pread::{check_writable, pread_all, pwrite_all, zero_range, DeviceFile};
 use crate::queue::{
-    check_depth, check_push, write_slices, IoDone, IoOp, IoQueue, IoRequest, Refused,
+    check_depth, check_mutation, check_push, write_slices, IoDone, IoOp, IoQueue, IoRequest,
+    Refused,
 };
 use crate::{DeviceError, Result};
 
@@ -269,13 +270,8 @@ impl IoQueue for PoolQueue<'_> {
 
     fn push(&mut self, mut req: IoRequest, tag: u64) -> std::result::Result<(), Refused> {
         let (size, lbs) = (self.f.size_bytes, self.f.logical_block_size);
-        let checked =
-            check_push(&mut req, self.in_flight(), self.depth, size, lbs).and_then(|()| {
-                match req.op.is_mutating() && !matches!(req.op, IoOp::Flush) {
-                    true => check_writable(self.f),
-                    false => Ok(()),
-                }
-            });
+        let checked = check_push(&mut req, self.in_flight(), self.depth, size, lbs)
+            .and_then(|()| check_mutation(&req.op, || check_writable(self.f)));
         match checked {
             Ok(()) => {
                 self.queued.push_back((req, tag));

@@ -415,6 +415,16 @@ pub(crate) fn check_push(
     Ok(())
 }
 
+/// For a device that may refuse changes (read-only): `writable`'s verdict
+/// for a request that changes the device (a flush does not), Ok otherwise.
+pub(crate) fn check_mutation(op: &IoOp, writable: impl FnOnce() -> Result<()>) -> Result<()> {
+    if op.is_mutating() && !matches!(op, IoOp::Flush) {
+        writable()
+    } else {
+        Ok(())
+    }
+}
+
 /// Runs one request with the synchronous calls of `dev`.
 pub(crate) fn run_sync<D: BlockDevice + ?Sized>(dev: &D, req: &mut IoRequest) -> Result<()> {
     match &mut req.op {

@@ -426,6 +426,22 @@ fn block_status_never_reports_journaled_data_as_a_hole() {
 
 // ---------------------------------------------------------------- 3/5. abort
 
+/// Writes block `block`, stamped with `version`, with FUA on a new thread.
+fn fua_write_in_thread(
+    vol: &Arc<Volume>,
+    block: u64,
+    version: u64,
+) -> std::thread::JoinHandle<Result<(), VolumeError>> {
+    let vol = vol.clone();
+    std::thread::spawn(move || {
+        vol.write_at(
+            &stamped(version, block * BS, BS as usize),
+            block * BS,
+            WriteFlags::FUA,
+        )
+    })
+}
+
 /// A batching leader waiting for joiners was not woken by an abort and went
 /// on to commit and acknowledge FUA writes after it.
 #[test]
@@ -441,16 +457,7 @@ fn abort_wakes_a_batching_leader_and_nothing_is_acknowledged_after_it() {
     // Commit 1 is held in its FUA write while two more syncing writers
     // arrive, so the leader of commit 2 batches (several writers syncing).
     gate.hold_fua.store(true, Ordering::SeqCst);
-    let writer = |i: u64| {
-        let vol = vol.clone();
-        std::thread::spawn(move || {
-            vol.write_at(
-                &stamped(300 + i, i * BS, BS as usize),
-                i * BS,
-                WriteFlags::FUA,
-            )
-        })
-    };
+    let writer = |i: u64| fua_write_in_thread(&vol, i, 300 + i);
     let a = writer(0);
     gate.wait_until("commit 1 to reach the device", |st| st.fua_waiting > 0);
     let b = writer(1);
@@ -497,16 +504,7 @@ fn a_newer_commit_durable_before_an_older_one_is_the_end_of_the_log_after_a_cras
     let old = stamped(1, 3 * BS, BS as usize);
     vol.write_at(&old, 3 * BS, WriteFlags::FUA).unwrap();
     gate.hold_first_fua.store(true, Ordering::SeqCst);
-    let writer = |i: u64| {
-        let vol = vol.clone();
-        std::thread::spawn(move || {
-            vol.write_at(
-                &stamped(600 + i, i * BS, BS as usize),
-                i * BS,
-                WriteFlags::FUA,
-            )
-        })
-    };
+    let writer = |i: u64| fua_write_in_thread(&vol, i, 600 + i);
     let a = writer(0);
     gate.wait_until("the older commit to reach the device", |st| {
         st.fua_waiting > 0

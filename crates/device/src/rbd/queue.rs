@@ -33,7 +33,9 @@ use std::ffi::{c_int, c_void};
 use std::io;
 
 use super::{ffi, Completion, RbdDevice, MAX_IOV, ZEROES_STEP};
-use crate::queue::{check_depth, check_push, IoDone, IoOp, IoQueue, IoRequest, Refused, IOV_MAX};
+use crate::queue::{
+    check_depth, check_mutation, check_push, IoDone, IoOp, IoQueue, IoRequest, Refused, IOV_MAX,
+};
 use crate::{DeviceError, Result};
 
 // Every queued write fits one `rbd_aio_writev` (check_push refuses more
@@ -327,12 +329,7 @@ impl IoQueue for RbdQueue<'_> {
             self.dev.size,
             super::RBD_BLOCK_SIZE,
         )
-        .and_then(
-            |()| match req.op.is_mutating() && !matches!(req.op, IoOp::Flush) {
-                true => self.dev.check_writable(),
-                false => Ok(()),
-            },
-        );
+        .and_then(|()| check_mutation(&req.op, || self.dev.check_writable()));
         match checked {
             Ok(()) => {
                 self.queued.push_back((req, tag));
