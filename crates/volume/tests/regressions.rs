@@ -111,6 +111,8 @@ struct GateDev {
 
 #[derive(Default)]
 struct GateState {
+    /// Every read: its device offset and length.
+    reads: Vec<(u64, usize)>,
     /// Device offsets of 4 KiB blocks that were ever written with data.
     allocated: BTreeSet<u64>,
     /// Offsets written, in order, and how many flushes followed each.
@@ -215,6 +217,8 @@ impl BlockDevice for GateDev {
         offset: u64,
     ) -> jbdev_device::Result<()> {
         let r = self.inner.read_vectored_at(bufs, offset);
+        let len = bufs.iter().map(|b| b.len()).sum();
+        self.state.lock().reads.push((offset, len));
         if offset == self.read_hold_at.load(Ordering::SeqCst) {
             self.read_hold_at.store(NONE, Ordering::SeqCst);
             {
@@ -546,16 +550,26 @@ fn a_newer_commit_durable_before_an_older_one_is_the_end_of_the_log_after_a_cras
 
 /// A bulk read from home holds back while a commit that a writer waits for
 /// is on the device (ARCHITECTURE 22a), then proceeds even though that
-/// commit is still held; a small read never holds back.
+/// commit is still held, in pieces of 128 KiB; a small read never holds
+/// back, and without sync writers a bulk read goes out whole.
 #[test]
 fn bulk_reads_yield_to_a_commit_writers_wait_for() {
     let gate = GateDev::new(fault_volume());
     let vol = Arc::new(Volume::open_device(gate.clone(), None, &quiet()).unwrap());
     let mut small = vec![0u8; BS as usize];
     let mut bulk = vec![0u8; 256 << 10];
-    // Nothing in flight: no yield.
+    let reads_since = |n: usize| gate.state.lock().reads[n..].to_vec();
+    // Nothing in flight: no yield, one device read.
+    let before = gate.state.lock().reads.len();
     vol.read_at(&mut bulk, 0).unwrap();
     assert_eq!(vol.stats().bulk_read_yields, 0);
+    let home = reads_since(before);
+    assert_eq!(
+        home.len(),
+        1,
+        "a bulk read without sync writers goes out whole: {home:?}"
+    );
+    assert_eq!(home[0].1, 256 << 10);
     gate.hold_fua.store(true, Ordering::SeqCst);
     let writer = {
         let vol = vol.clone();
@@ -574,12 +588,20 @@ fn bulk_reads_yield_to_a_commit_writers_wait_for() {
         0,
         "a small read does not wait"
     );
+    let before = gate.state.lock().reads.len();
     vol.read_at(&mut bulk, 0).unwrap();
     assert_eq!(
         vol.stats().bulk_read_yields,
         1,
         "a bulk read holds back for the commit in flight (and still finishes)"
     );
+    let pieces = reads_since(before);
+    assert_eq!(
+        pieces.iter().map(|&(_, len)| len).collect::<Vec<_>>(),
+        vec![128 << 10, 128 << 10],
+        "while sync writers are active a bulk read goes out in pieces"
+    );
+    assert_eq!(pieces[1].0, pieces[0].0 + (128 << 10));
     gate.hold_fua.store(false, Ordering::SeqCst);
     writer.join().unwrap().expect("the FUA write");
     assert_eq!(

@@ -348,10 +348,12 @@ impl Engine {
             Some((newest, revoke_list, layout)) => {
                 drop(st);
                 // Phase 3. Bulk reads hold back while a commit somebody
-                // waits for is on the device (see `Engine::yield_to_commits`).
+                // waits for is on the device (see `Engine::read_home_runs_yielding`).
                 let urgent = waiters > 0;
                 if urgent {
                     self.sync_commits_in_io.fetch_add(1, Ordering::AcqRel);
+                    self.last_sync_commit_us
+                        .fetch_max(self.micros_since_born(), Ordering::AcqRel);
                 }
                 let res = self.write_commit(tid, &layout, newest, revoke_list, charged);
                 if urgent {

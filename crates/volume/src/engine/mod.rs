@@ -317,8 +317,13 @@ pub struct Engine {
     home_written_gen: AtomicU64,
     home_flushed_gen: AtomicU64,
     /// Commits somebody waits for whose I/O is in progress (bulk reads
-    /// hold back for them: `Engine::yield_to_commits`).
+    /// hold back for them: `Engine::read_home_runs_yielding`).
     sync_commits_in_io: AtomicU32,
+    /// When the last such commit started, in microseconds since `born`:
+    /// while sync writers are active, bulk reads go out in pieces.
+    last_sync_commit_us: AtomicU64,
+    /// The engine's time base for `last_sync_commit_us`.
+    born: Instant,
     /// Read on every write; written once, when the journal aborts.
     aborted: AtomicBool,
     /// Why the journal aborted. A `OnceLock`, not a field of `st`, so that a
@@ -438,6 +443,8 @@ impl Engine {
             home_written_gen: AtomicU64::new(0),
             home_flushed_gen: AtomicU64::new(0),
             sync_commits_in_io: AtomicU32::new(0),
+            last_sync_commit_us: AtomicU64::new(0),
+            born: Instant::now(),
             aborted: AtomicBool::new(false),
             abort_reason: OnceLock::new(),
             pending_id: AtomicU64::new(1),

@@ -6,6 +6,11 @@ use super::*;
 
 /// Reads from home of at least this many bytes yield to commits in flight.
 const BULK_READ_BYTES: usize = 256 << 10;
+/// Piece size of a bulk read (see [`Engine::read_home_runs_yielding`]).
+const BULK_READ_CHUNK_BYTES: usize = 128 << 10;
+/// How recently a sync commit must have started for bulk reads to go out
+/// in pieces.
+const SYNC_ACTIVE_WINDOW_US: u64 = 5_000;
 /// Longest a bulk read waits for commits in flight.
 const BULK_READ_MAX_YIELD: Duration = Duration::from_millis(2);
 
@@ -42,8 +47,7 @@ impl Engine {
             }
             let versions: SmallVec<[u64; 8]> = guards.iter().map(|(_, g)| g.version).collect();
             drop(guards);
-            self.yield_to_commits(&home_runs);
-            self.read_home_runs(lba, out, &home_runs)?;
+            self.read_home_runs_yielding(lba, out, &home_runs)?;
             if self.versions_unchanged(&shard_ids, &versions) {
                 return Ok(());
             }
@@ -51,24 +55,73 @@ impl Engine {
         unreachable!("the locked attempt always returns")
     }
 
-    /// A bulk read (at least [`BULK_READ_BYTES`] from home) waits, a bounded
-    /// time, while a commit that writers wait for is on the device: a
-    /// stream of large reads queued ahead of it would make every durable
-    /// write wait behind them (the same trade the kernel's I/O schedulers
-    /// make for synchronous writes). Small reads never wait; the wait is at
-    /// most [`BULK_READ_MAX_YIELD`] per read, so a reader always progresses.
-    fn yield_to_commits(&self, home_runs: &[(usize, usize)]) {
-        let blocks: usize = home_runs.iter().map(|&(_, n)| n).sum();
-        if blocks * self.bs < BULK_READ_BYTES
-            || self.sync_commits_in_io.load(Ordering::Acquire) == 0
-        {
-            return;
+    /// Reads `runs` from home like [`Engine::read_home_runs`], giving way
+    /// to sync writers. A stream of large reads queued ahead of a commit
+    /// makes every durable write wait behind them (the trade the kernel's
+    /// I/O schedulers make for synchronous writes), so while sync writers
+    /// are active (a commit somebody waits for started within
+    /// [`SYNC_ACTIVE_WINDOW_US`]) a bulk read (at least [`BULK_READ_BYTES`]
+    /// from home) goes out in pieces of [`BULK_READ_CHUNK_BYTES`] and,
+    /// before each piece, waits while such a commit is on the device: a
+    /// commit then waits behind at most one piece. Otherwise the read goes
+    /// out whole (pieces one after another would multiply its latency
+    /// behind background writeback). Small reads never wait; a bulk read
+    /// waits at most [`BULK_READ_MAX_YIELD`] in all, so it always
+    /// progresses.
+    fn read_home_runs_yielding(
+        &self,
+        lba: Lba,
+        out: &mut [u8],
+        runs: &[(usize, usize)],
+    ) -> Result<()> {
+        let bs = self.bs;
+        let blocks: usize = runs.iter().map(|&(_, n)| n).sum();
+        if blocks * bs < BULK_READ_BYTES {
+            return self.read_home_runs(lba, out, runs);
         }
-        self.stats.lock().bulk_read_yields += 1;
         let until = Instant::now() + BULK_READ_MAX_YIELD;
-        while self.sync_commits_in_io.load(Ordering::Acquire) > 0 && Instant::now() < until {
-            std::thread::sleep(Duration::from_micros(50));
+        let mut yielded = false;
+        let piece = (BULK_READ_CHUNK_BYTES / bs).max(1);
+        for &(s, len) in runs {
+            let mut done = 0;
+            while done < len {
+                let n = if self.sync_writers_active() {
+                    while self.sync_commits_in_io.load(Ordering::Acquire) > 0
+                        && Instant::now() < until
+                    {
+                        yielded = true;
+                        std::thread::sleep(Duration::from_micros(50));
+                    }
+                    piece.min(len - done)
+                } else {
+                    len - done
+                };
+                let first = s + done;
+                self.home.read_at(
+                    &mut out[first * bs..(first + n) * bs],
+                    self.home_offset(lba + first as u64),
+                )?;
+                done += n;
+            }
         }
+        if yielded {
+            self.stats.lock().bulk_read_yields += 1;
+        }
+        Ok(())
+    }
+
+    /// Whether a commit somebody waits for is on the device or started
+    /// within [`SYNC_ACTIVE_WINDOW_US`].
+    fn sync_writers_active(&self) -> bool {
+        let last = self.last_sync_commit_us.load(Ordering::Acquire);
+        self.sync_commits_in_io.load(Ordering::Acquire) > 0
+            || (last != 0 && self.micros_since_born() - last < SYNC_ACTIVE_WINDOW_US)
+    }
+
+    /// Microseconds since the engine was created, plus one (0 in
+    /// `last_sync_commit_us` means no sync commit yet).
+    pub(super) fn micros_since_born(&self) -> u64 {
+        self.born.elapsed().as_micros() as u64 + 1
     }
 
     /// [`Engine::read_blocks`] only if no device I/O is needed: every block
