@@ -83,9 +83,12 @@ pub struct ServeArgs {
     /// I/O backend of the volume: auto, uring or pread.
     #[arg(long, default_value = "auto")]
     pub backend: jbdev_device::Backend,
-    /// Read home blocks with O_DIRECT only, bypassing the page cache (by
-    /// default reads go through it, like `nbdkit file`; writes are always
-    /// O_DIRECT and journaled).
+    /// Keep the page cache out of the home area: O_DIRECT reads and home
+    /// writes only. By default home reads go through the page cache, like
+    /// `nbdkit file`, and so do the home writes (checkpoint and large
+    /// direct writes), so what was written reads back without device I/O;
+    /// the journal is always written with O_DIRECT, and every flush still
+    /// ends in fdatasync.
     #[arg(long)]
     pub no_read_cache: bool,
     /// Buffered I/O on the volume's file instead of O_DIRECT: what was

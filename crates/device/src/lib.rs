@@ -106,6 +106,28 @@ pub trait BlockDevice: Send + Sync {
         Ok(false)
     }
 
+    /// Whether [`BlockDevice::write_cached`] works: a file backend opened
+    /// with O_DIRECT and [`OpenOptions::read_cache`], writable.
+    fn has_write_cache(&self) -> bool {
+        false
+    }
+
+    /// Writes `bufs` at `offset` through the kernel's page cache (the
+    /// buffered descriptor next to O_DIRECT), so later reads through the
+    /// read cache find the bytes without device I/O. Returns when the
+    /// kernel holds the bytes; like any write, durable only after a later
+    /// [`BlockDevice::flush`] (fdatasync writes the descriptor's dirty
+    /// pages back, whichever descriptor dirtied them). An O_DIRECT write or
+    /// zeroing of the same range later writes those pages back first (or
+    /// drops them), so the newer bytes win. The default refuses.
+    fn write_cached(&self, bufs: &[IoSlice<'_>], offset: u64) -> Result<()> {
+        let _ = (bufs, offset);
+        Err(DeviceError::Invalid(format!(
+            "{} has no write cache",
+            self.backend_name()
+        )))
+    }
+
     /// Writes `bufs` back to back starting at `offset`.
     fn write_vectored_at(&self, bufs: &[IoSlice<'_>], offset: u64, prio: IoPriority) -> Result<()>;
 

@@ -23,9 +23,10 @@ pub struct DeviceFile {
     pub direct: bool,
     /// True if opened without write access; writes are refused.
     pub read_only: bool,
-    /// A buffered read-only descriptor reads go through (see
-    /// [`OpenOptions::read_cache`]).
-    pub cached_reader: Option<File>,
+    /// A buffered descriptor next to O_DIRECT (see
+    /// [`OpenOptions::read_cache`]): reads go through it, and so do
+    /// `write_cached` writes when the device is writable.
+    pub cached: Option<File>,
 }
 
 impl DeviceFile {
@@ -133,10 +134,11 @@ pub fn open_file(path: &Path, opts: &OpenOptions) -> Result<DeviceFile> {
         }
     }
     let size_bytes = size_bytes - size_bytes % u64::from(logical_block_size);
-    let cached_reader = if opts.read_cache && direct {
+    let cached = if opts.read_cache && direct {
         Some(
             FsOpenOptions::new()
                 .read(true)
+                .write(!opts.read_only)
                 .open(path)
                 .map_err(|e| DeviceError::io("open (read cache)", what.clone(), e))?,
         )
@@ -151,7 +153,7 @@ pub fn open_file(path: &Path, opts: &OpenOptions) -> Result<DeviceFile> {
         is_block_device,
         direct,
         read_only: opts.read_only,
-        cached_reader,
+        cached,
     })
 }
 
@@ -414,8 +416,18 @@ enum Dir {
 ///
 /// Every iovec must describe memory valid for the whole call: readable for
 /// `Dir::Write`, writable and not otherwise accessed for `Dir::Read`.
-unsafe fn transfer(
+unsafe fn transfer(f: &DeviceFile, dir: Dir, iovs: &mut [libc::iovec], offset: u64) -> Result<()> {
+    // SAFETY: forwarded from this function's contract.
+    unsafe { transfer_on(f, f.file.as_raw_fd(), dir, iovs, offset) }
+}
+
+/// [`transfer`] on descriptor `fd` of `f` (the file or its buffered twin).
+///
+/// # Safety
+/// As [`transfer`].
+unsafe fn transfer_on(
     f: &DeviceFile,
+    fd: std::os::fd::RawFd,
     dir: Dir,
     iovs: &mut [libc::iovec],
     mut offset: u64,
@@ -424,7 +436,6 @@ unsafe fn transfer(
         Dir::Read => "preadv",
         Dir::Write => "pwritev",
     };
-    let fd = f.file.as_raw_fd();
     let mut idx = 0;
     let mut retries = 0;
     while idx < iovs.len() {
@@ -493,6 +504,30 @@ pub(crate) fn pwrite_all(f: &DeviceFile, bufs: &[IoSlice<'_>], offset: u64) -> R
     unsafe { transfer(f, Dir::Write, &mut iovs, offset) }
 }
 
+/// [`crate::BlockDevice::write_cached`] for the file backends: `bufs`
+/// through the buffered descriptor (no bounce: the page cache takes any
+/// alignment of memory).
+pub(crate) fn pwrite_cached(f: &DeviceFile, bufs: &[IoSlice<'_>], offset: u64) -> Result<()> {
+    check_request(f.size_bytes, f.logical_block_size, offset, iov_len(bufs))?;
+    check_writable(f)?;
+    let Some(cached) = &f.cached else {
+        return Err(DeviceError::Invalid(format!(
+            "{}: no write cache",
+            f.what()
+        )));
+    };
+    let mut iovs: Vec<libc::iovec> = bufs
+        .iter()
+        .map(|b| libc::iovec {
+            // pwritev only reads through the iovec.
+            iov_base: b.as_ptr().cast_mut().cast(),
+            iov_len: b.len(),
+        })
+        .collect();
+    // SAFETY: the iovecs describe `bufs`, borrowed for the whole call.
+    unsafe { transfer_on(f, cached.as_raw_fd(), Dir::Write, &mut iovs, offset) }
+}
+
 /// The bytes of `bufs` back to back in one aligned buffer: the bounce an
 /// O_DIRECT write of unaligned memory goes through.
 pub(crate) fn gather(bufs: &[IoSlice<'_>]) -> AlignedBuf {
@@ -551,7 +586,7 @@ pub(crate) fn try_read_cached(
     )?;
     // The buffered reader next to O_DIRECT, or the file itself when it is
     // buffered (its reads go through the page cache anyway).
-    let reader = match (&f.cached_reader, f.direct) {
+    let reader = match (&f.cached, f.direct) {
         (Some(r), _) => r,
         (None, false) => &f.file,
         (None, true) => return Ok(false),
@@ -600,7 +635,7 @@ pub(crate) fn try_read_cached(
 /// Reads all of `bufs` at `offset`, bouncing through an aligned buffer if
 /// O_DIRECT needs it.
 pub(crate) fn pread_all(f: &DeviceFile, bufs: &mut [IoSliceMut<'_>], offset: u64) -> Result<()> {
-    if let Some(reader) = &f.cached_reader {
+    if let Some(reader) = &f.cached {
         return pread_cached(f, reader, bufs, offset);
     }
     if needs_bounce(f, bufs.iter().map(|b| &**b)) {
@@ -662,6 +697,14 @@ impl BlockDevice for PreadDevice {
     }
     fn try_read_cached(&self, bufs: &mut [IoSliceMut<'_>], offset: u64) -> Result<bool> {
         try_read_cached(&self.f, bufs, offset)
+    }
+
+    fn has_write_cache(&self) -> bool {
+        self.f.cached.is_some() && !self.f.read_only
+    }
+
+    fn write_cached(&self, bufs: &[IoSlice<'_>], offset: u64) -> Result<()> {
+        pwrite_cached(&self.f, bufs, offset)
     }
     fn write_vectored_at(
         &self,

@@ -670,7 +670,7 @@ impl BlockDevice for UringDevice {
         if iov_len_mut(bufs) == 0 {
             return Ok(());
         }
-        if let Some(reader) = &self.f.cached_reader {
+        if let Some(reader) = &self.f.cached {
             return crate::pread::pread_cached(&self.f, reader, bufs, offset);
         }
         // Only a thread that cannot have a ring uses the portable path.
@@ -682,6 +682,14 @@ impl BlockDevice for UringDevice {
 
     fn try_read_cached(&self, bufs: &mut [IoSliceMut<'_>], offset: u64) -> Result<bool> {
         crate::pread::try_read_cached(&self.f, bufs, offset)
+    }
+
+    fn has_write_cache(&self) -> bool {
+        self.f.cached.is_some() && !self.f.read_only
+    }
+
+    fn write_cached(&self, bufs: &[IoSlice<'_>], offset: u64) -> Result<()> {
+        crate::pread::pwrite_cached(&self.f, bufs, offset)
     }
 
     fn write_vectored_at(&self, bufs: &[IoSlice<'_>], offset: u64, prio: IoPriority) -> Result<()> {

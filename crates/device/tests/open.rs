@@ -257,3 +257,61 @@ fn try_read_cached_reads_hits_only() {
         }
     }
 }
+
+/// `write_cached` (O_DIRECT with a read cache, writable) puts the bytes in
+/// the page cache — a cached read hits without I/O — and an O_DIRECT write
+/// of the same range later wins over them; without a read cache, or
+/// read-only, there is no write cache and `write_cached` refuses.
+#[test]
+fn write_cached_goes_through_the_page_cache_and_direct_writes_win() {
+    use std::io::{IoSlice, IoSliceMut};
+    let dir = temp_dir();
+    let path = image_path(dir.path());
+    for b in backends() {
+        let _ = std::fs::remove_file(&path);
+        let mut o = opts(b);
+        o.create_size = Some(1 << 20);
+        o.read_cache = true;
+        let opened = open_device(&path, &o).expect("open");
+        if !opened.direct {
+            eprintln!("SKIP {b:?}: O_DIRECT refused here");
+            continue;
+        }
+        let dev = opened.device;
+        assert!(dev.has_write_cache(), "{b:?}");
+        let cached = vec![0x5au8; 8192];
+        dev.write_cached(&[IoSlice::new(&cached)], 512 << 10)
+            .expect("write_cached");
+        dev.flush().expect("flush");
+        let mut got = vec![0u8; 8192];
+        assert!(
+            dev.try_read_cached(&mut [IoSliceMut::new(&mut got)], 512 << 10)
+                .expect("try_read_cached"),
+            "{b:?}: what write_cached wrote is in the page cache"
+        );
+        assert_eq!(got, cached, "{b:?}");
+        let mut newer = jbdev_device::AlignedBuf::zeroed(8192);
+        newer.fill(0xa5);
+        dev.write_at(&newer, 512 << 10, IoPriority::Urgent)
+            .expect("O_DIRECT write");
+        dev.read_at(&mut got, 512 << 10).expect("read");
+        assert_eq!(got, &newer[..], "{b:?}: the later O_DIRECT write wins");
+        drop(dev);
+        let mut plain = vec![0u8; 8192];
+        std::fs::File::open(&path)
+            .and_then(|f| std::os::unix::fs::FileExt::read_exact_at(&f, &mut plain, 512 << 10))
+            .expect("read the file");
+        assert_eq!(plain, &newer[..], "{b:?}: the file holds the newer bytes");
+        for (read_cache, read_only) in [(false, false), (true, true)] {
+            let mut o = opts(b);
+            o.read_cache = read_cache;
+            o.read_only = read_only;
+            let dev = open_device(&path, &o).expect("reopen").device;
+            assert!(
+                !dev.has_write_cache(),
+                "{b:?} read_cache {read_cache} read_only {read_only}"
+            );
+            assert!(dev.write_cached(&[IoSlice::new(&cached)], 0).is_err());
+        }
+    }
+}

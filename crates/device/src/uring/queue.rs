@@ -128,7 +128,7 @@ impl<'a> UringQueue<'a> {
         let from = slot.done_bytes;
         let entry = match &mut slot.req.op {
             IoOp::Read { offset, buf } => {
-                let (fd, direct) = match &f.cached_reader {
+                let (fd, direct) = match &f.cached {
                     Some(r) => (r.as_raw_fd(), false),
                     None => (f.file.as_raw_fd(), f.direct),
                 };

@@ -70,6 +70,11 @@ impl Engine {
         }
         // Step 2.
         let res = match &data {
+            // Through the page cache when there is one (ARCHITECTURE 22c):
+            // durable, like the O_DIRECT write, only after a home flush.
+            Some(buf) if self.home.has_write_cache() => self
+                .home
+                .write_cached(&[IoSlice::new(buf)], self.home_offset(start)),
             Some(buf) => self
                 .home
                 .write_at(buf, self.home_offset(start), IoPriority::Urgent),
