@@ -83,12 +83,12 @@ pub struct ServeArgs {
     /// I/O backend of the volume: auto, uring or pread.
     #[arg(long, default_value = "auto")]
     pub backend: jbdev_device::Backend,
-    /// Keep the page cache out of the home area: O_DIRECT reads and home
-    /// writes only. By default home reads go through the page cache, like
-    /// `nbdkit file`, and so do the home writes (checkpoint and large
-    /// direct writes), so what was written reads back without device I/O;
-    /// the journal is always written with O_DIRECT, and every flush still
-    /// ends in fdatasync.
+    /// Keep the page cache out of the home area: O_DIRECT reads and writes
+    /// only. By default home reads go through the page cache, like `nbdkit
+    /// file`, and so do large direct writes (at least
+    /// --direct-write-threshold), so a bulk copy reads back without device
+    /// I/O; the journal and the checkpoint always use O_DIRECT, and every
+    /// flush ends in fdatasync.
     #[arg(long)]
     pub no_read_cache: bool,
     /// Buffered I/O on the volume's file instead of O_DIRECT: what was
@@ -201,6 +201,7 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
         read_only: a.read_only,
         backend: a.backend,
         read_cache: !a.no_read_cache,
+        write_cache: !a.no_read_cache,
         direct_io: !a.buffered,
         batch_policy: a.batch_policy,
         pipeline_depth: a.pipeline_depth,

@@ -100,8 +100,15 @@ pub struct OpenOptions {
     /// Use O_DIRECT on files (default true).
     pub direct_io: bool,
     /// Serve reads of home blocks from the page cache (a second, buffered
-    /// read-only descriptor; writes stay O_DIRECT). Default false.
+    /// descriptor; writes stay O_DIRECT unless `write_cache`). Default false.
     pub read_cache: bool,
+    /// With `read_cache`: large direct writes (the ones that go straight
+    /// home, see `direct_write_threshold`) go through the page cache too, so
+    /// a bulk copy reads back without device I/O; durable at the next flush
+    /// as before. The journal and the checkpoint stay O_DIRECT
+    /// (ARCHITECTURE 22c). Default false (`jbdev serve` turns it on with
+    /// its read cache).
+    pub write_cache: bool,
     pub batch_policy: BatchPolicy,
     /// Upper bound of the adaptive batching wait (default 15 ms).
     pub max_batch: Duration,
@@ -139,6 +146,7 @@ impl Default for OpenOptions {
             backend: Backend::Auto,
             direct_io: true,
             read_cache: false,
+            write_cache: false,
             batch_policy: BatchPolicy::Adaptive,
             max_batch: Duration::from_millis(15),
             commit_mode: CommitMode::SingleFlush,

@@ -152,8 +152,7 @@ impl Engine {
         urgent: bool,
         queue: &mut HomeQueue<'a>,
     ) -> Result<()> {
-        let cached = self.home.has_write_cache();
-        if !cached && matches!(queue, HomeQueue::NotYet) {
+        if matches!(queue, HomeQueue::NotYet) {
             *queue = match self.home.queue(CHECKPOINT_QUEUE_DEPTH) {
                 Ok(q) => HomeQueue::Ready(q),
                 Err(e) => {
@@ -210,7 +209,6 @@ impl Engine {
             };
             let runs = runs(&todo, bs);
             let res = match queue {
-                _ if cached => self.write_cached(&todo, &runs),
                 HomeQueue::Ready(q) => self.write_streamed(q.as_mut(), &todo, &runs, prio),
                 _ => self.write_batched(&todo, &runs, prio),
             };
@@ -340,32 +338,6 @@ impl Engine {
             Some(e) => Err(e.into()),
             None => Ok(()),
         }
-    }
-
-    /// Writes a chunk's runs through the home device's page cache (ARCHITECTURE
-    /// 22c): each data run is one buffered `pwritev`, which returns once the
-    /// kernel holds the bytes; the home flush that ends the round writes
-    /// them back, as many at once as the kernel's writeback sends. Zero runs
-    /// are zeroed on the device as elsewhere.
-    fn write_cached(&self, todo: &[&(Lba, u64, BlockRef)], runs: &[Run]) -> Result<()> {
-        let bs = self.bs;
-        let mut iov: Vec<IoSlice<'_>> = Vec::new();
-        for run in runs {
-            let off = self.home_offset(todo[run.start].0);
-            if run.punch {
-                self.home
-                    .write_zeroes(off, ((run.end - run.start) * bs) as u64)?;
-            } else {
-                iov.clear();
-                iov.extend(
-                    todo[run.start..run.end]
-                        .iter()
-                        .map(|(_, _, r)| IoSlice::new(r.bytes(bs))),
-                );
-                self.home.write_cached(&iov, off)?;
-            }
-        }
-        Ok(())
     }
 
     /// Writes a chunk's runs without a queue: zero runs one by one, data

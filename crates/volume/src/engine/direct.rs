@@ -72,7 +72,7 @@ impl Engine {
         let res = match &data {
             // Through the page cache when there is one (ARCHITECTURE 22c):
             // durable, like the O_DIRECT write, only after a home flush.
-            Some(buf) if self.home.has_write_cache() => self
+            Some(buf) if self.home_writes_cached() => self
                 .home
                 .write_cached(&[IoSlice::new(buf)], self.home_offset(start)),
             Some(buf) => self
@@ -147,6 +147,12 @@ impl Engine {
             self.flush()?;
         }
         self.ack()
+    }
+
+    /// Whether direct writes go through the page cache (`write_cache` on a
+    /// device with a buffered descriptor: ARCHITECTURE 22c).
+    pub(super) fn home_writes_cached(&self) -> bool {
+        self.opts.write_cache && self.home.has_write_cache()
     }
 
     /// An aligned buffer of `len` bytes for the aligned middle of a large
