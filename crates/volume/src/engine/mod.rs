@@ -112,10 +112,11 @@ const CHECKPOINT_CHUNK_BLOCKS: usize = 512;
 const CHECKPOINT_ROUND_BLOCKS: usize = 4096;
 /// The checkpoint starts when committed transactions fill this fraction of
 /// the log (or after `checkpoint_interval`), and takes the oldest round at a
-/// time. Half, not less: the newer half of the log then holds the rewrites
-/// that supersede copies in the round, which the checkpoint skips (a block
-/// rewritten all the time goes home about once per log wrap), and still
-/// leaves room for a transaction of the largest size (a quarter).
+/// time (at most an eighth of the log): the newer committed transactions
+/// behind the round then hold the rewrites that supersede copies in it,
+/// which the checkpoint skips (a block rewritten all the time goes home
+/// about once per log wrap), and room remains for a transaction of the
+/// largest size (a quarter).
 const CHECKPOINT_START: (u64, u64) = (1, 4);
 /// Above this fill the checkpoint's writes go out at urgent priority.
 const CHECKPOINT_URGENT: (u64, u64) = (3, 4);
