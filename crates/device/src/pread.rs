@@ -492,14 +492,7 @@ pub(crate) fn pwrite_all(f: &DeviceFile, bufs: &[IoSlice<'_>], offset: u64) -> R
         // SAFETY: `bounce` is owned here and outlives the call.
         return unsafe { transfer(f, Dir::Write, &mut iov, offset) };
     }
-    let mut iovs: Vec<libc::iovec> = bufs
-        .iter()
-        .map(|b| libc::iovec {
-            // pwritev only reads through the iovec.
-            iov_base: b.as_ptr().cast_mut().cast(),
-            iov_len: b.len(),
-        })
-        .collect();
+    let mut iovs = write_iovecs(bufs);
     // SAFETY: the iovecs describe `bufs`, borrowed for the whole call.
     unsafe { transfer(f, Dir::Write, &mut iovs, offset) }
 }
@@ -516,16 +509,20 @@ pub(crate) fn pwrite_cached(f: &DeviceFile, bufs: &[IoSlice<'_>], offset: u64) -
             f.what()
         )));
     };
-    let mut iovs: Vec<libc::iovec> = bufs
-        .iter()
+    let mut iovs = write_iovecs(bufs);
+    // SAFETY: the iovecs describe `bufs`, borrowed for the whole call.
+    unsafe { transfer_on(f, cached.as_raw_fd(), Dir::Write, &mut iovs, offset) }
+}
+
+/// The iovecs of a write's buffers (the kernel only reads through them, so
+/// the const-to-mut cast is sound).
+pub(crate) fn write_iovecs(bufs: &[IoSlice<'_>]) -> Vec<libc::iovec> {
+    bufs.iter()
         .map(|b| libc::iovec {
-            // pwritev only reads through the iovec.
             iov_base: b.as_ptr().cast_mut().cast(),
             iov_len: b.len(),
         })
-        .collect();
-    // SAFETY: the iovecs describe `bufs`, borrowed for the whole call.
-    unsafe { transfer_on(f, cached.as_raw_fd(), Dir::Write, &mut iovs, offset) }
+        .collect()
 }
 
 /// The bytes of `bufs` back to back in one aligned buffer: the bounce an

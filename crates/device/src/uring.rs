@@ -470,14 +470,7 @@ impl UringDevice {
             // SAFETY: `bounce` is owned here and outlives the call.
             return unsafe { transfer(ring, fd, dir, &mut iov, offset, ioprio, &what) };
         }
-        let mut iovs: Vec<libc::iovec> = bufs
-            .iter()
-            .map(|b| libc::iovec {
-                // The kernel only reads through a writev iovec.
-                iov_base: b.as_ptr().cast_mut().cast(),
-                iov_len: b.len(),
-            })
-            .collect();
+        let mut iovs = crate::pread::write_iovecs(bufs);
         // SAFETY: the iovecs describe `bufs`, borrowed for the whole call;
         // a write only reads them.
         unsafe { transfer(ring, fd, dir, &mut iovs, offset, ioprio, &what) }
