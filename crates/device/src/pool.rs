@@ -30,8 +30,8 @@ use parking_lot::{Condvar, Mutex};
 
 use crate::pread::{check_writable, pread_all, pwrite_all, zero_range, DeviceFile};
 use crate::queue::{
-    check_depth, check_mutation, check_push, write_slices, IoDone, IoOp, IoQueue, IoRequest,
-    Refused,
+    check_depth, check_mutation, check_push, queue_or_refuse, write_slices, IoDone, IoOp, IoQueue,
+    IoRequest, Refused,
 };
 use crate::{DeviceError, Result};
 
@@ -272,13 +272,7 @@ impl IoQueue for PoolQueue<'_> {
         let (size, lbs) = (self.f.size_bytes, self.f.logical_block_size);
         let checked = check_push(&mut req, self.in_flight(), self.depth, size, lbs)
             .and_then(|()| check_mutation(&req.op, || check_writable(self.f)));
-        match checked {
-            Ok(()) => {
-                self.queued.push_back((req, tag));
-                Ok(())
-            }
-            Err(error) => Err(Refused { error, req }),
-        }
+        queue_or_refuse(checked, req, tag, &mut self.queued)
     }
 
     fn submit(&mut self) -> Result<()> {

@@ -415,6 +415,23 @@ pub(crate) fn check_push(
     Ok(())
 }
 
+/// The end of a `push` that queues requests until `submit`: `req` joins
+/// `queued` if `checked` passed, else it goes back to the caller refused.
+pub(crate) fn queue_or_refuse(
+    checked: Result<()>,
+    req: IoRequest,
+    tag: u64,
+    queued: &mut VecDeque<(IoRequest, u64)>,
+) -> std::result::Result<(), Refused> {
+    match checked {
+        Ok(()) => {
+            queued.push_back((req, tag));
+            Ok(())
+        }
+        Err(error) => Err(Refused { error, req }),
+    }
+}
+
 /// For a device that may refuse changes (read-only): `writable`'s verdict
 /// for a request that changes the device (a flush does not), Ok otherwise.
 pub(crate) fn check_mutation(op: &IoOp, writable: impl FnOnce() -> Result<()>) -> Result<()> {
@@ -507,13 +524,8 @@ impl<R: RunNow> IoQueue for SyncQueue<R> {
 
     fn push(&mut self, mut req: IoRequest, tag: u64) -> std::result::Result<(), Refused> {
         let (size, lbs) = (self.run.size_bytes(), self.run.logical_block_size());
-        match check_push(&mut req, self.in_flight(), self.depth, size, lbs) {
-            Ok(()) => {
-                self.queued.push_back((req, tag));
-                Ok(())
-            }
-            Err(error) => Err(Refused { error, req }),
-        }
+        let checked = check_push(&mut req, self.in_flight(), self.depth, size, lbs);
+        queue_or_refuse(checked, req, tag, &mut self.queued)
     }
 
     fn submit(&mut self) -> Result<()> {

@@ -34,7 +34,8 @@ use std::io;
 
 use super::{ffi, Completion, RbdDevice, MAX_IOV, ZEROES_STEP};
 use crate::queue::{
-    check_depth, check_mutation, check_push, IoDone, IoOp, IoQueue, IoRequest, Refused, IOV_MAX,
+    check_depth, check_mutation, check_push, queue_or_refuse, IoDone, IoOp, IoQueue, IoRequest,
+    Refused, IOV_MAX,
 };
 use crate::{DeviceError, Result};
 
@@ -330,13 +331,7 @@ impl IoQueue for RbdQueue<'_> {
             super::RBD_BLOCK_SIZE,
         )
         .and_then(|()| check_mutation(&req.op, || self.dev.check_writable()));
-        match checked {
-            Ok(()) => {
-                self.queued.push_back((req, tag));
-                Ok(())
-            }
-            Err(error) => Err(Refused { error, req }),
-        }
+        queue_or_refuse(checked, req, tag, &mut self.queued)
     }
 
     fn submit(&mut self) -> Result<()> {
