@@ -32,7 +32,7 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use crossbeam_utils::CachePadded;
-use jbdev_nbd::backend::{BackendResult, Done, Extent};
+use jbdev_nbd::backend::{BackendResult, Done, Extent, OwnedPayload};
 use jbdev_nbd::{proto, Backend, ShutdownHandle};
 use jbdev_volume::Volume;
 use prometheus_client::collector::Collector;
@@ -333,6 +333,10 @@ impl<B: Backend> Backend for Instrumented<B> {
     fn write_at_then(&self, buf: &[u8], offset: u64, fua: bool, done: Done) {
         let done = self.measured(WRITE, fua, buf.len() as u64, done);
         self.inner.write_at_then(buf, offset, fua, done)
+    }
+    fn write_owned_then(&self, buf: OwnedPayload, offset: u64, fua: bool, done: Done) {
+        let done = self.measured(WRITE, fua, (*buf).as_ref().len() as u64, done);
+        self.inner.write_owned_then(buf, offset, fua, done)
     }
     fn flush_then(&self, done: Done) {
         let done = self.measured(FLUSH, false, 0, done);
@@ -857,6 +861,13 @@ impl Collector_ {
             "Writes that went straight home, bypassing the journal.",
             MetricType::Counter,
             &counter(|s| s.direct_writes),
+        )?;
+        family(
+            enc,
+            "jbdev_direct_writes_uncopied",
+            "Direct writes that went home from the request's own buffer, without a copy.",
+            MetricType::Counter,
+            &counter(|s| s.direct_writes_uncopied),
         )?;
         family(
             enc,

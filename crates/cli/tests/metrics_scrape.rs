@@ -190,6 +190,14 @@ fn counters_follow_an_nbd_load() {
         only(&after, "jbdev_journaled_blocks_total")
             > only(&before, "jbdev_journaled_blocks_total")
     );
+    // nbdcopy's 256 KiB writes and qemu-io's 1 MiB one go straight home,
+    // each from its request's own payload buffer (no copy on the way).
+    let direct =
+        only(&after, "jbdev_direct_writes_total") - only(&before, "jbdev_direct_writes_total");
+    let uncopied = only(&after, "jbdev_direct_writes_uncopied_total")
+        - only(&before, "jbdev_direct_writes_uncopied_total");
+    assert!(direct >= 65.0, "direct writes: {direct}");
+    assert_eq!(uncopied, direct, "direct writes from the payload buffer");
     let fill = only(&after, "jbdev_journal_fill_ratio");
     assert!((0.0..=1.0).contains(&fill), "fill {fill}");
     assert_eq!(

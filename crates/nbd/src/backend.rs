@@ -37,6 +37,9 @@ pub type BackendResult<T> = Result<T, BackendError>;
 /// not call into the backend: queue a reply, wake a task.
 pub type Done = Box<dyn FnOnce(BackendResult<()>) + Send + 'static>;
 
+/// A WRITE's payload, owned: see [`Backend::write_owned_then`].
+pub type OwnedPayload = Box<dyn AsRef<[u8]> + Send + Sync>;
+
 /// A run of bytes in one allocation state.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Extent {
@@ -71,6 +74,12 @@ pub trait Backend: Send + Sync + 'static {
     /// one commit; the default completes it in place.
     fn write_at_then(&self, buf: &[u8], offset: u64, fua: bool, done: Done) {
         done(self.write_at(buf, offset, fua))
+    }
+    /// [`Backend::write_at_then`] of a payload buffer the backend may keep
+    /// until the write is done, so that a large write need not be copied
+    /// on its way to the device. The default borrows it.
+    fn write_owned_then(&self, buf: OwnedPayload, offset: u64, fua: bool, done: Done) {
+        self.write_at_then((*buf).as_ref(), offset, fua, done)
     }
     /// [`Backend::flush`] reporting to `done` (see [`Backend::write_at_then`]):
     /// covers every write that had returned before this call.
@@ -136,6 +145,9 @@ impl<B: Backend + ?Sized> Backend for Arc<B> {
     }
     fn write_at_then(&self, buf: &[u8], offset: u64, fua: bool, done: Done) {
         (**self).write_at_then(buf, offset, fua, done)
+    }
+    fn write_owned_then(&self, buf: OwnedPayload, offset: u64, fua: bool, done: Done) {
+        (**self).write_owned_then(buf, offset, fua, done)
     }
     fn flush_then(&self, done: Done) {
         (**self).flush_then(done)
@@ -264,6 +276,15 @@ impl Backend for VolumeBackend {
     fn write_at_then(&self, buf: &[u8], offset: u64, fua: bool, done: Done) {
         let flags = jbdev_volume::WriteFlags { fua };
         self.volume.write_at_then(
+            buf,
+            offset,
+            flags,
+            Box::new(move |res| done(res.map_err(map_volume_error))),
+        )
+    }
+    fn write_owned_then(&self, buf: OwnedPayload, offset: u64, fua: bool, done: Done) {
+        let flags = jbdev_volume::WriteFlags { fua };
+        self.volume.write_owned_then(
             buf,
             offset,
             flags,

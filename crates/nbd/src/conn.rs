@@ -971,9 +971,11 @@ impl Reader<'_> {
                     Err(done)
                 };
                 if let Err(done) = tried {
-                    self.res.workers.submit(move || {
-                        let data: &[u8] = payload.as_deref().unwrap_or(&[]);
-                        backend.write_at_then(data, offset, fua, done);
+                    // The worker hands the payload buffer itself over: a
+                    // large write goes home from it without a copy.
+                    self.res.workers.submit(move || match payload {
+                        Some(buf) => backend.write_owned_then(Box::new(buf), offset, fua, done),
+                        None => backend.write_at_then(&[], offset, fua, done),
                     });
                 }
             }

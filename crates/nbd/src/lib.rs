@@ -50,7 +50,7 @@ pub mod server;
 pub mod stream;
 pub mod tls;
 
-pub use backend::{Backend, BackendError, Extent, MemBackend, VolumeBackend};
+pub use backend::{Backend, BackendError, Extent, MemBackend, OwnedPayload, VolumeBackend};
 pub use export::{Export, ExportSet};
 pub use server::{Server, ServerConfig, ShutdownHandle};
 pub use stream::{Listener, Stream};

@@ -28,6 +28,7 @@ pub use engine::{Completion, Durability};
 pub use error::{Result, VolumeError};
 pub use jbdev_journal as journal;
 pub use options::{BatchPolicy, CommitMode, FormatOptions, JournalPlacement, OpenOptions};
+pub use overlay::CallerBuf;
 pub use volume::{
     default_journal_bytes, Extent, ExtentState, RecoveryReport, Stats, Transaction, Volume,
     WriteFlags,

@@ -70,6 +70,28 @@ pub struct Entry {
     pub tomb_tid: Option<Tid>,
 }
 
+/// A caller's own buffer, handed to the volume so that a large write is not
+/// copied on its way home ([`crate::Volume::write_owned`]).
+pub type CallerBuf = Box<dyn AsRef<[u8]> + Send + Sync>;
+
+/// The bytes of a direct write in flight.
+pub enum DirectData {
+    /// An aligned engine buffer, reused for the next large write.
+    Engine(AlignedBuf),
+    /// `range` of the caller's buffer, written home as it is.
+    Caller(CallerBuf, std::ops::Range<usize>),
+}
+
+impl std::ops::Deref for DirectData {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            DirectData::Engine(b) => b,
+            DirectData::Caller(b, r) => &(**b).as_ref()[r.clone()],
+        }
+    }
+}
+
 /// A direct (home) write or zeroing in flight over `[start, end)`.
 pub struct Pending {
     pub id: u64,
@@ -77,7 +99,7 @@ pub struct Pending {
     pub end: Lba,
     pub ver: u64,
     /// The data, starting at block `start`; `None` for zeroes.
-    pub data: Option<Arc<AlignedBuf>>,
+    pub data: Option<Arc<DirectData>>,
 }
 
 #[derive(Default)]
@@ -91,7 +113,7 @@ pub struct Shard {
 pub enum Source {
     Journaled(BlockRef),
     /// In a direct write in flight: buffer and byte offset.
-    Pending(Arc<AlignedBuf>, usize),
+    Pending(Arc<DirectData>, usize),
     Zero,
     Home,
 }

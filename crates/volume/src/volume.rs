@@ -13,7 +13,7 @@ use parking_lot::Mutex;
 
 use crate::bufpool::SharedBuf;
 use crate::engine::{Completion, Durability, Engine, Op};
-use crate::overlay::{BlockRef, Overlay, Source, Version};
+use crate::overlay::{BlockRef, CallerBuf, DirectData, Overlay, Source, Version};
 use crate::superblock::{JournalLocation, VolumeSuperblock};
 use crate::{FormatOptions, JournalPlacement, OpenOptions, Result, VolumeError};
 
@@ -73,6 +73,9 @@ pub struct Stats {
     /// in a committed transaction superseded them (rewrites absorbed).
     pub checkpoint_blocks_skipped: u64,
     pub direct_writes: u64,
+    /// Direct writes that went home from the caller's own buffer, without
+    /// a copy ([`Volume::write_owned`]).
+    pub direct_writes_uncopied: u64,
     /// Commits written (whole, commit block included) while an older commit
     /// was still in flight (pipelining at work).
     pub commits_pipelined: u64,
@@ -603,13 +606,73 @@ impl Volume {
     /// user-lowered `direct_write_threshold`) goes straight home and is
     /// old-or-new per sector until flushed.
     pub fn write_at(&self, buf: &[u8], offset: u64, flags: WriteFlags) -> Result<()> {
-        let Some((mid_start, mid_end)) = self.route(offset, buf.len() as u64)? else {
+        let Some(mid) = self.route(offset, buf.len() as u64)? else {
             return self
                 .engine
                 .journaled(&[Op::Write { offset, data: buf }], flags.fua);
         };
-        // The partial head and tail blocks through the journal, the aligned
-        // middle straight home.
+        let (head, tail) = self.write_edges(buf, offset, mid)?;
+        let mut copy = self.engine.direct_buf(tail - head);
+        copy.copy_from_slice(&buf[head..tail]);
+        self.write_middle(mid, DirectData::Engine(copy), flags)
+    }
+
+    /// [`Volume::write_at`] of a buffer the volume may keep until the write
+    /// is done: a write large enough to go straight home goes from `buf`
+    /// itself (through the page cache, or `O_DIRECT` if it is aligned)
+    /// instead of from a copy. The NBD server hands its payload buffers over
+    /// this way.
+    pub fn write_owned(&self, buf: CallerBuf, offset: u64, flags: WriteFlags) -> Result<()> {
+        let bytes: &[u8] = (*buf).as_ref();
+        let Some(mid) = self.route(offset, bytes.len() as u64)? else {
+            return self.engine.journaled(
+                &[Op::Write {
+                    offset,
+                    data: bytes,
+                }],
+                flags.fua,
+            );
+        };
+        let (head, tail) = self.write_edges(bytes, offset, mid)?;
+        let data = if self.engine.takes_caller_buf(bytes[head..].as_ptr()) {
+            DirectData::Caller(buf, head..tail)
+        } else {
+            let mut copy = self.engine.direct_buf(tail - head);
+            copy.copy_from_slice(&bytes[head..tail]);
+            DirectData::Engine(copy)
+        };
+        self.write_middle(mid, data, flags)
+    }
+
+    /// [`Volume::write_owned`] reporting to `done` as
+    /// [`Volume::write_at_then`] does.
+    pub fn write_owned_then(
+        &self,
+        buf: CallerBuf,
+        offset: u64,
+        flags: WriteFlags,
+        done: Completion,
+    ) {
+        let bytes: &[u8] = (*buf).as_ref();
+        match self.route(offset, bytes.len() as u64) {
+            Err(e) => done(Err(e)),
+            Ok(None) => self.engine.journaled_then(
+                &[Op::Write {
+                    offset,
+                    data: bytes,
+                }],
+                flags.fua,
+                done,
+            ),
+            Ok(Some(_)) => done(self.write_owned(buf, offset, flags)),
+        }
+    }
+
+    /// Journals the partial head and tail blocks of a write whose aligned
+    /// middle `mid` goes straight home; returns the middle's byte range
+    /// within `buf`.
+    fn write_edges(&self, buf: &[u8], offset: u64, mid: (u64, u64)) -> Result<(usize, usize)> {
+        let (mid_start, mid_end) = mid;
         let head = (mid_start - offset) as usize;
         let tail = (mid_end - offset) as usize;
         let edges = [(offset, &buf[..head]), (mid_end, &buf[tail..])];
@@ -621,11 +684,14 @@ impl Volume {
         if !edge_ops.is_empty() {
             self.engine.journaled(&edge_ops, false)?;
         }
+        Ok((head, tail))
+    }
+
+    /// Writes the aligned middle `mid` of a large write straight home.
+    fn write_middle(&self, mid: (u64, u64), data: DirectData, flags: WriteFlags) -> Result<()> {
         let bs = self.engine.bs as u64;
-        let mut mid = self.engine.direct_buf(tail - head);
-        mid.copy_from_slice(&buf[head..tail]);
         self.engine
-            .direct(mid_start / bs, mid_end / bs, Some(mid), flags.fua)
+            .direct(mid.0 / bs, mid.1 / bs, Some(data), flags.fua)
     }
 
     /// [`Volume::write_at`] without waiting for durability: the data is
@@ -895,6 +961,7 @@ impl Volume {
             checkpoint_blocks: s.checkpoint_blocks,
             checkpoint_blocks_skipped: s.checkpoint_blocks_skipped,
             direct_writes: s.direct_writes,
+            direct_writes_uncopied: s.direct_writes_uncopied,
             commits_pipelined: s.chained_commits,
             device_flushes: e.device_flushes(),
             log_space_waits: s.log_space_waits,

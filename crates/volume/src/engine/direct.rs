@@ -25,7 +25,7 @@ impl Engine {
     ///    No revoke is added for a block that already has a journaled copy
     ///    newer than this write: replay must not cancel that copy, and it
     ///    supersedes older ones anyway.
-    pub fn direct(&self, start: Lba, end: Lba, data: Option<AlignedBuf>, fua: bool) -> Result<()> {
+    pub fn direct(&self, start: Lba, end: Lba, data: Option<DirectData>, fua: bool) -> Result<()> {
         self.check_writable()?;
         if start >= end {
             return Ok(());
@@ -136,17 +136,30 @@ impl Engine {
             stripe.charged += charge;
             break;
         }
-        self.stats.lock().direct_writes += 1;
+        {
+            let mut stats = self.stats.lock();
+            stats.direct_writes += 1;
+            if matches!(data.as_deref(), Some(DirectData::Caller(..))) {
+                stats.direct_writes_uncopied += 1;
+            }
+        }
         self.home_written_gen.fetch_add(1, Ordering::AcqRel);
         // The pending entries are gone: unless a reader still holds it for a
         // moment, the buffer is ours again and the next large write reuses it.
-        if let Some(buf) = data.and_then(|d| Arc::try_unwrap(d).ok()) {
+        if let Some(DirectData::Engine(buf)) = data.and_then(|d| Arc::try_unwrap(d).ok()) {
             self.recycle_direct_buf(buf);
         }
         if fua {
             self.flush()?;
         }
         self.ack()
+    }
+
+    /// Whether a direct write can go home from the caller's own buffer at
+    /// `data` (no copy): through the page cache any address will do, an
+    /// `O_DIRECT` write needs an aligned one.
+    pub(crate) fn takes_caller_buf(&self, data: *const u8) -> bool {
+        self.home_writes_cached() || AlignedBuf::is_aligned(data, jbdev_device::MAX_ALIGN)
     }
 
     /// Whether direct writes go through the page cache (`write_cache` on a

@@ -78,7 +78,7 @@ use smallvec::SmallVec;
 use crate::bufpool::{BufPool, WriteBuf};
 use crate::lockorder::{Rank, Ranked};
 
-use crate::overlay::{BlockRef, Lba, Overlay, Pending, Source, Tid, Version};
+use crate::overlay::{BlockRef, DirectData, Lba, Overlay, Pending, Source, Tid, Version};
 use crate::{BatchPolicy, CommitMode, OpenOptions, Result, VolumeError};
 
 mod checkpoint;
@@ -257,6 +257,8 @@ pub struct StatsInner {
     pub checkpoint_blocks: u64,
     pub checkpoint_blocks_skipped: u64,
     pub direct_writes: u64,
+    /// Direct writes that went home from the caller's own buffer.
+    pub direct_writes_uncopied: u64,
     /// Commits written while an older commit was in flight.
     pub chained_commits: u64,
     pub log_space_waits: u64,
@@ -465,6 +467,7 @@ impl Engine {
                 checkpoint_blocks: 0,
                 checkpoint_blocks_skipped: 0,
                 direct_writes: 0,
+                direct_writes_uncopied: 0,
                 chained_commits: 0,
                 log_space_waits: 0,
                 bulk_read_yields: 0,
