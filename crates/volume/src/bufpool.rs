@@ -162,8 +162,26 @@ impl BufPool {
 
 impl Inner {
     /// Takes back a slot nobody else holds (or frees it past the limit).
+    /// When the free lists are full, buffers of other classes are freed
+    /// first (largest first) to make room: the pool follows the sizes the
+    /// workload writes now. Without that, a burst of 1 MiB writes (a
+    /// prefill, a bulk copy) left the whole budget to 1 MiB buffers nobody
+    /// took again, and every 4 KiB write after it allocated and faulted in
+    /// a fresh buffer.
     fn recycle(&self, slot: Arc<Slot>) {
         let len = slot.buf.len();
+        while self.kept.load(Ordering::Relaxed) + len > self.keep_bytes {
+            let evicted = (0..self.classes.len())
+                .rev()
+                .filter(|&c| c != usize::from(slot.class))
+                .find_map(|c| self.classes[c].rx.try_recv().ok());
+            match evicted {
+                Some(old) => {
+                    self.kept.fetch_sub(old.buf.len(), Ordering::Relaxed);
+                }
+                None => break,
+            }
+        }
         if self.kept.fetch_add(len, Ordering::Relaxed) + len > self.keep_bytes {
             self.kept.fetch_sub(len, Ordering::Relaxed);
             return;
@@ -324,6 +342,25 @@ mod tests {
         let (chunks, per) = big.share();
         let i = top + 5;
         assert_eq!(chunks[i / per][(i % per) * 512], i as u8);
+    }
+
+    #[test]
+    fn a_full_pool_makes_room_for_the_sizes_written_now() {
+        // Room for two 4-block buffers: a burst of them fills the lists.
+        let pool = BufPool::new(4096, 8 * 4096);
+        let big: Vec<_> = (0..2).map(|_| pool.take(4).share().0).collect();
+        drop(big);
+        assert_eq!(pool.stats().kept_bytes, 8 * 4096);
+        // Then single blocks: their buffers come back, and are reused,
+        // instead of being freed because big ones hold the budget.
+        for _ in 0..10 {
+            let one = pool.take(1).share().0;
+            drop(one);
+        }
+        let st = pool.stats();
+        assert_eq!(st.allocated, 3, "{st:?}");
+        assert_eq!(st.reused, 9, "{st:?}");
+        assert!(st.kept_bytes <= 8 * 4096, "{st:?}");
     }
 
     #[test]
