@@ -62,6 +62,9 @@ pub struct LoadResult {
     pub elapsed: Duration,
     /// Completion latency of every operation, in nanoseconds.
     pub latency_ns: Histogram<u64>,
+    /// The same, of reads and of writes alone.
+    pub read_latency_ns: Histogram<u64>,
+    pub write_latency_ns: Histogram<u64>,
     /// Operations completed in each whole second of the run.
     pub per_second_ops: Vec<u64>,
     /// Bytes moved in each whole second of the run.
@@ -113,7 +116,7 @@ where
                     (&abort, &first_error, &start_gate, &finished);
                 let make_worker = &make_worker;
                 s.spawn(move || {
-                    let mut hist = new_histogram();
+                    let (mut read_hist, mut write_hist) = (new_histogram(), new_histogram());
                     let (mut reads, mut writes) = (0u64, 0u64);
                     let mut op = match make_worker(i) {
                         Ok(op) => Some(op),
@@ -135,10 +138,12 @@ where
                                 Ok(done) => {
                                     let t1 = Instant::now();
                                     let ns = (t1 - t0).as_nanos().min(u128::from(LATENCY_NS_MAX));
-                                    hist.saturating_record(ns.max(1) as u64);
+                                    let ns = ns.max(1) as u64;
                                     if done.is_write {
+                                        write_hist.saturating_record(ns);
                                         writes += 1;
                                     } else {
+                                        read_hist.saturating_record(ns);
                                         reads += 1;
                                     }
                                     w.ops.fetch_add(1, Ordering::Relaxed);
@@ -158,7 +163,7 @@ where
                     // Drop the operation (closing files, volumes' handles) inside the thread.
                     drop(op);
                     finished.fetch_add(1, Ordering::Release);
-                    (hist, reads, writes)
+                    (read_hist, write_hist, reads, writes)
                 })
             })
             .collect();
@@ -201,13 +206,18 @@ where
     if cleanup::stop_requested() {
         return Err(BenchError::Interrupted);
     }
-    let mut latency_ns = new_histogram();
+    let (mut read_latency_ns, mut write_latency_ns) = (new_histogram(), new_histogram());
     let (mut read_ops, mut write_ops) = (0, 0);
-    for (h, r, w) in &hists {
-        latency_ns.add(h).expect("histograms share bounds");
+    for (rh, wh, r, w) in &hists {
+        read_latency_ns.add(rh).expect("histograms share bounds");
+        write_latency_ns.add(wh).expect("histograms share bounds");
         read_ops += r;
         write_ops += w;
     }
+    let mut latency_ns = read_latency_ns.clone();
+    latency_ns
+        .add(&write_latency_ns)
+        .expect("histograms share bounds");
     Ok(LoadResult {
         ops: read_ops + write_ops,
         read_ops,
@@ -218,6 +228,8 @@ where
             .sum(),
         elapsed: end - start,
         latency_ns,
+        read_latency_ns,
+        write_latency_ns,
         per_second_ops,
         per_second_bytes,
         cpu,

@@ -98,6 +98,7 @@ pub fn mixed_iops(ctx: &Ctx<'_>, p: &MixedParams) -> Result<ScenarioReport> {
     if !direct {
         k.note = "O_DIRECT refused by the backing; buffered".into();
     }
+    rep.notes.push(format!("kernel: {}", split_latency(&r)));
     drop(file);
     rep.runs.push(k);
 
@@ -137,6 +138,7 @@ pub fn mixed_iops(ctx: &Ctx<'_>, p: &MixedParams) -> Result<ScenarioReport> {
         &r,
     );
     j.volume_stats = stats_json(&vol);
+    rep.notes.push(format!("jbdev: {}", split_latency(&r)));
     vol.close()?;
     rep.runs.push(j);
 
@@ -164,4 +166,18 @@ pub fn mixed_iops(ctx: &Ctx<'_>, p: &MixedParams) -> Result<ScenarioReport> {
         rep.targets.extend([ops, p99]);
     }
     Ok(rep)
+}
+
+/// Reads' and writes' latency apart (which of them makes the tail).
+fn split_latency(r: &crate::load::LoadResult) -> String {
+    let us = |h: &hdrhistogram::Histogram<u64>, q: f64| h.value_at_quantile(q) as f64 / 1000.0;
+    format!(
+        "reads p50 {:.0} us, p99 {:.0} us, p99.9 {:.0} us; writes p50 {:.0} us, p99 {:.0} us, p99.9 {:.0} us",
+        us(&r.read_latency_ns, 0.5),
+        us(&r.read_latency_ns, 0.99),
+        us(&r.read_latency_ns, 0.999),
+        us(&r.write_latency_ns, 0.5),
+        us(&r.write_latency_ns, 0.99),
+        us(&r.write_latency_ns, 0.999),
+    )
 }
