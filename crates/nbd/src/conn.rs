@@ -612,6 +612,11 @@ fn data_reply(conn: &ConnShared, cookie: u64, offset: u64, df: bool, data: Poole
 /// connection on that thread; it goes to a worker.
 const INLINE_MAX_BYTES: u32 = 1 << 20;
 
+/// A WRITE payload longer than this is read straight from the socket once
+/// the read buffer is drained (shorter ones come through the buffer, which
+/// picks up the next request's header in the same read).
+const DIRECT_PAYLOAD_MIN_BYTES: u64 = 16 << 10;
+
 /// Granule of the zero scan of read data.
 const HOLE_GRANULE_BYTES: usize = 4096;
 /// Shortest zero run sent as a hole chunk (shorter runs are not worth a chunk).
@@ -857,7 +862,15 @@ impl Reader<'_> {
                     // Straight into the buffer's reserved capacity (no
                     // zeroing, no growth: `left` never exceeds it).
                     while left > 0 {
-                        let n = (&mut *input).take(left).read_buf(v).await?;
+                        // Once the read buffer is drained, the rest of a
+                        // large payload comes straight from the socket (the
+                        // buffered reader would copy what is left below its
+                        // capacity through its own buffer first).
+                        let n = if input.buffer().is_empty() && left >= DIRECT_PAYLOAD_MIN_BYTES {
+                            input.get_mut().take(left).read_buf(v).await?
+                        } else {
+                            (&mut *input).take(left).read_buf(v).await?
+                        };
                         if n == 0 {
                             return Err(io::ErrorKind::UnexpectedEof.into());
                         }
