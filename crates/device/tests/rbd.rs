@@ -247,6 +247,29 @@ impl FrozenOsd {
             .trim()
             .to_string();
         signal("-STOP", &pid);
+        // SIGSTOP takes effect asynchronously: an OSD thread still running
+        // could complete a write sent after `kill` returned. Wait until
+        // every thread is stopped.
+        let all_stopped = || {
+            let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+                return false;
+            };
+            tasks.flatten().all(|t| {
+                std::fs::read_to_string(t.path().join("stat")).is_ok_and(|st| {
+                    // The state follows the command name's closing paren.
+                    st.rsplit_once(") ")
+                        .is_some_and(|(_, rest)| rest.starts_with('T') || rest.starts_with('t'))
+                })
+            })
+        };
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while !all_stopped() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the OSD did not stop within 10 s of SIGSTOP"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
         let (stop, rx) = mpsc::channel::<()>();
         let p = pid.clone();
         let watchdog = std::thread::spawn(move || {
@@ -309,11 +332,12 @@ fn rbd_queue_keeps_32_requests_in_flight_at_once() {
     q.submit().unwrap();
     assert_eq!(q.in_flight(), 32);
     let mut out = Vec::new();
-    assert_eq!(
-        q.reap(0, &mut out).unwrap(),
-        0,
-        "a write completed with the OSD stopped"
-    );
+    let early = q.reap(0, &mut out).unwrap();
+    let seen: Vec<String> = out
+        .iter()
+        .map(|d| format!("{}: {:?}", d.tag, d.result))
+        .collect();
+    assert_eq!(early, 0, "a write completed with the OSD stopped: {seen:?}");
     assert!(
         frozen.thaw(),
         "submit waited for the OSD: requests ran one by one"
