@@ -229,12 +229,16 @@ impl VolumeBackend {
                 Ok(())
             }
             Some(Ok(d)) => {
-                self.volume
-                    .complete(d, Box::new(move |res| done(res.map_err(map_volume_error))));
+                self.volume.complete(d, volume_done(done));
                 Ok(())
             }
         }
     }
+}
+
+/// The volume's completion that reports to the server's `done`.
+fn volume_done(done: Done) -> jbdev_volume::Completion {
+    Box::new(move |res| done(res.map_err(map_volume_error)))
 }
 
 /// Maps a volume error to the NBD error value the spec asks for.
@@ -275,25 +279,16 @@ impl Backend for VolumeBackend {
     }
     fn write_at_then(&self, buf: &[u8], offset: u64, fua: bool, done: Done) {
         let flags = jbdev_volume::WriteFlags { fua };
-        self.volume.write_at_then(
-            buf,
-            offset,
-            flags,
-            Box::new(move |res| done(res.map_err(map_volume_error))),
-        )
+        self.volume
+            .write_at_then(buf, offset, flags, volume_done(done))
     }
     fn write_owned_then(&self, buf: OwnedPayload, offset: u64, fua: bool, done: Done) {
         let flags = jbdev_volume::WriteFlags { fua };
-        self.volume.write_owned_then(
-            buf,
-            offset,
-            flags,
-            Box::new(move |res| done(res.map_err(map_volume_error))),
-        )
+        self.volume
+            .write_owned_then(buf, offset, flags, volume_done(done))
     }
     fn flush_then(&self, done: Done) {
-        self.volume
-            .flush_then(Box::new(move |res| done(res.map_err(map_volume_error))))
+        self.volume.flush_then(volume_done(done))
     }
     fn try_write_at_then(
         &self,

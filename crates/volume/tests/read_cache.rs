@@ -6,14 +6,23 @@
 use jbdev_volume::{FormatOptions, OpenOptions, Volume, WriteFlags};
 use rand::{Rng, SeedableRng};
 
-#[test]
-fn cached_reads_match_a_model_through_checkpoints_and_direct_writes() {
-    // On disk (not tmpfs), so O_DIRECT is in effect next to the page cache.
+/// A volume image path on disk (not tmpfs, so O_DIRECT is in effect next
+/// to the page cache), in a directory removed on drop, and its format.
+fn on_disk(
+    size: u64,
+    journal_bytes: u64,
+) -> (tempfile::TempDir, std::path::PathBuf, FormatOptions) {
     let dir = tempfile::tempdir_in("/var/tmp").unwrap();
     let path = dir.path().join("v.img");
-    let size: u64 = 4 << 20;
     let mut f = FormatOptions::new(size);
-    f.journal_bytes = Some(256 << 10);
+    f.journal_bytes = Some(journal_bytes);
+    (dir, path, f)
+}
+
+#[test]
+fn cached_reads_match_a_model_through_checkpoints_and_direct_writes() {
+    let (_dir, path, f) = on_disk(4 << 20, 256 << 10);
+    let size = f.size_bytes;
     let opts = OpenOptions {
         read_cache: true,
         write_cache: true,
@@ -126,11 +135,8 @@ fn cached_reads_match_a_model_through_checkpoints_and_direct_writes() {
 /// write leaves nothing cached there.
 #[test]
 fn a_direct_write_leaves_what_it_wrote_in_the_read_cache() {
-    let dir = tempfile::tempdir_in("/var/tmp").unwrap();
-    let path = dir.path().join("v.img");
-    let size: u64 = 8 << 20;
-    let mut f = FormatOptions::new(size);
-    f.journal_bytes = Some(1 << 20);
+    let (_dir, path, f) = on_disk(8 << 20, 1 << 20);
+    let size = f.size_bytes;
     let opts = OpenOptions {
         read_cache: true,
         write_cache: true,
@@ -181,11 +187,7 @@ fn skewed(len: usize, skew: usize, seed: u8) -> Skewed {
 
 #[test]
 fn write_owned_goes_home_from_the_callers_buffer_when_the_device_can_take_it() {
-    let dir = tempfile::tempdir_in("/var/tmp").unwrap();
-    let path = dir.path().join("v.img");
-    let size: u64 = 8 << 20;
-    let mut f = FormatOptions::new(size);
-    f.journal_bytes = Some(1 << 20);
+    let (_dir, path, f) = on_disk(8 << 20, 1 << 20);
     let bs = 4096u64;
     // (write cache, skew of the buffer, byte offset of the write, whether
     // the middle goes home uncopied). The write starts 512 bytes before a
