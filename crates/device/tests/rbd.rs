@@ -22,6 +22,15 @@ use queue_model::Subject;
 
 const SIZE_BYTES: u64 = 8 << 20;
 
+/// `target` opened read-only (no lock taken).
+fn open_read_only(target: &Path) -> Arc<dyn jbdev_device::BlockDevice> {
+    let opts = OpenOptions {
+        read_only: true,
+        ..OpenOptions::default()
+    };
+    open_device(target, &opts).unwrap().device
+}
+
 fn cluster() -> Option<std::path::PathBuf> {
     match test_cluster::ensure() {
         Ok(conf) => Some(conf),
@@ -71,15 +80,7 @@ fn a_second_writer_is_refused_naming_the_holder_and_break_lock_takes_over() {
         Ok(_) => panic!("a second read-write opener got the image"),
     }
     // A read-only opener takes no lock and reads what was written.
-    let ro = open_device(
-        t.as_ref(),
-        &OpenOptions {
-            read_only: true,
-            ..OpenOptions::default()
-        },
-    )
-    .unwrap()
-    .device;
+    let ro = open_read_only(t.as_ref());
     let mut buf = [0u8; 512];
     ro.read_at(&mut buf, 0).unwrap();
     assert_eq!(buf, [7u8; 512]);
@@ -183,11 +184,7 @@ fn rbd_queue_on_a_read_only_image_refuses_mutations_at_push() {
     s.dev.write_at(&[3u8; 4096], 0, IoPriority::Urgent).unwrap();
     s.dev.flush().unwrap();
     drop(s);
-    let ro = OpenOptions {
-        read_only: true,
-        ..OpenOptions::default()
-    };
-    let dev = open_device(plain.as_ref(), &ro).unwrap().device;
+    let dev = open_read_only(plain.as_ref());
     let mut q = dev.queue(8).unwrap();
     for req in [
         IoRequest::write(0, vec![1u8; 512]),
@@ -420,15 +417,7 @@ fn rbd_queue_ordered_read_waits_for_the_earlier_write() {
 fn rbd_queue_durable_write_is_on_the_osds_when_it_completes() {
     let Some(conf) = cluster() else { return };
     let (s, plain) = queue_subject(&conf, "qfua", WRITEBACK);
-    let reader = open_device(
-        plain.as_ref(),
-        &OpenOptions {
-            read_only: true,
-            ..OpenOptions::default()
-        },
-    )
-    .unwrap()
-    .device;
+    let reader = open_read_only(plain.as_ref());
     let seen = |at: u64| {
         let mut b = vec![0u8; 4096];
         reader.read_at(&mut b, at).unwrap();

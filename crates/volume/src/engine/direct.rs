@@ -136,12 +136,11 @@ impl Engine {
             stripe.charged += charge;
             break;
         }
+        let uncopied = matches!(data.as_deref(), Some(DirectData::Caller(..)));
         {
             let mut stats = self.stats.lock();
             stats.direct_writes += 1;
-            if matches!(data.as_deref(), Some(DirectData::Caller(..))) {
-                stats.direct_writes_uncopied += 1;
-            }
+            stats.direct_writes_uncopied += u64::from(uncopied);
         }
         self.home_written_gen.fetch_add(1, Ordering::AcqRel);
         // The pending entries are gone: unless a reader still holds it for a

@@ -96,11 +96,7 @@ impl Engine {
                 } else {
                     len - done
                 };
-                let first = s + done;
-                self.home.read_at(
-                    &mut out[first * bs..(first + n) * bs],
-                    self.home_offset(lba + first as u64),
-                )?;
+                self.read_home_blocks(lba, out, s + done, n)?;
                 done += n;
             }
         }
@@ -115,7 +111,7 @@ impl Engine {
     fn sync_writers_active(&self) -> bool {
         let last = self.last_sync_commit_us.load(Ordering::Acquire);
         self.sync_commits_in_io.load(Ordering::Acquire) > 0
-            || (last != 0 && self.micros_since_born() - last < SYNC_ACTIVE_WINDOW_US)
+            || (last != 0 && self.micros_since_born().saturating_sub(last) < SYNC_ACTIVE_WINDOW_US)
     }
 
     /// Microseconds since the engine was created, plus one (0 in
@@ -196,13 +192,20 @@ impl Engine {
         out: &mut [u8],
         runs: &[(usize, usize)],
     ) -> Result<()> {
-        let bs = self.bs;
         for &(s, len) in runs {
-            self.home.read_at(
-                &mut out[s * bs..(s + len) * bs],
-                self.home_offset(lba + s as u64),
-            )?;
+            self.read_home_blocks(lba, out, s, len)?;
         }
+        Ok(())
+    }
+
+    /// Reads blocks `[first, first + n)` of a read starting at `lba` from
+    /// home into their place in `out`.
+    fn read_home_blocks(&self, lba: Lba, out: &mut [u8], first: usize, n: usize) -> Result<()> {
+        let bs = self.bs;
+        self.home.read_at(
+            &mut out[first * bs..(first + n) * bs],
+            self.home_offset(lba + first as u64),
+        )?;
         Ok(())
     }
 }
