@@ -732,6 +732,9 @@ struct Reader<'a> {
     /// Becomes true when the server shuts down.
     stop: watch::Receiver<bool>,
     warned_oversize: bool,
+    /// The last request was a WRITE whose payload came straight from the
+    /// socket: the next header is read on its own too (see `read_header`).
+    bulk_writes: bool,
 }
 
 /// Runs the transmission phase until the client disconnects, the stream
@@ -780,6 +783,7 @@ pub(crate) async fn serve(
         limits,
         stop,
         warned_oversize: false,
+        bulk_writes: false,
     };
     let reason = reader.run().await;
     tracing::debug!("connection ending: {reason}");
@@ -822,11 +826,22 @@ impl Reader<'_> {
     /// must come within the payload timeout. `Ok(false)`: clean end of
     /// stream or shutdown.
     async fn read_header(&mut self, buf: &mut [u8]) -> io::Result<bool> {
+        // In a stream of large writes, a header read through the buffer
+        // would fill it with the head of the payload behind it, which then
+        // costs a copy of up to the buffer's size per request; reading just
+        // the header from the socket costs a short read instead.
+        let direct = self.bulk_writes && self.input.buffer().is_empty();
         let Self { input, stop, .. } = self;
         let got = tokio::select! {
             // Requests already read (buffered) are served before shutdown.
             biased;
-            r = input.read(buf) => r?,
+            r = async {
+                if direct {
+                    input.get_mut().read(buf).await
+                } else {
+                    input.read(buf).await
+                }
+            } => r?,
             _ = stop.wait_for(|s| *s) => return Ok(false),
         };
         if got == 0 {
@@ -834,9 +849,15 @@ impl Reader<'_> {
         }
         if got < buf.len() {
             let rest = &mut buf[got..];
-            match tokio::time::timeout(self.limits.payload_timeout, self.input.read_exact(rest))
-                .await
-            {
+            let input = &mut self.input;
+            let rest_read = async move {
+                if direct {
+                    input.get_mut().read_exact(rest).await
+                } else {
+                    input.read_exact(rest).await
+                }
+            };
+            match tokio::time::timeout(self.limits.payload_timeout, rest_read).await {
                 Ok(r) => {
                     r?;
                 }
@@ -951,6 +972,8 @@ impl Reader<'_> {
             cost,
             answered: false,
         };
+        self.bulk_writes = matches!(cmd, Command::Write { length, .. }
+            if u64::from(length) >= DIRECT_PAYLOAD_MIN_BYTES);
         let payload = match cmd {
             Command::Write { length, .. } => {
                 let mut buf = self.res.buffers.take_async(length as usize).await;
