@@ -95,6 +95,9 @@ pub struct CommonArgs {
     /// at a time, the first engine's behaviour); default: the engine's.
     #[arg(long)]
     pub pipeline_depth: Option<u32>,
+    /// Write pacing in the volume under test (see `jbdev serve --write-pacing`).
+    #[arg(long)]
+    pub write_pacing: bool,
     /// No progress bar.
     #[arg(long)]
     pub no_progress: bool,

@@ -33,6 +33,7 @@ pub struct RunConfig {
     /// Direct-write threshold of the volume (None: the engine's default).
     pub direct_write_threshold: Option<u64>,
     pub pipeline_depth: Option<u32>,
+    pub write_pacing: bool,
     /// Bound on operations per thread per run (every load loop is bounded).
     pub max_ops_per_thread: u64,
 }
@@ -47,6 +48,7 @@ impl Default for RunConfig {
             max_batch: None,
             direct_write_threshold: None,
             pipeline_depth: None,
+            write_pacing: false,
             max_ops_per_thread: 50_000_000,
         }
     }
@@ -107,6 +109,7 @@ impl Ctx<'_> {
         if let Some(d) = self.cfg.pipeline_depth {
             o.pipeline_depth = d;
         }
+        o.write_pacing = self.cfg.write_pacing;
         o
     }
 

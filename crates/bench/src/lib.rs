@@ -330,6 +330,7 @@ pub fn run_plans(
         max_batch: common.max_batch_us.map(Duration::from_micros),
         direct_write_threshold: common.direct_write_threshold,
         pipeline_depth: common.pipeline_depth,
+        write_pacing: common.write_pacing,
         ..RunConfig::default()
     };
     let bcfg = BackingConfig {

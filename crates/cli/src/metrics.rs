@@ -892,6 +892,20 @@ impl Collector_ {
         )?;
         family(
             enc,
+            "jbdev_paced_writes",
+            "Journaled writes that paused because the log was filling faster than the checkpoint empties it (--write-pacing).",
+            MetricType::Counter,
+            &counter(|s| s.paced_writes),
+        )?;
+        family(
+            enc,
+            "jbdev_pace_sleep_milliseconds",
+            "Milliseconds paced writes slept in all (--write-pacing).",
+            MetricType::Counter,
+            &counter(|s| s.pace_sleep_ms),
+        )?;
+        family(
+            enc,
             "jbdev_bulk_read_yields",
             "Reads of at least 256 KiB from home that held back (at most 2 ms) for a commit writers waited for.",
             MetricType::Counter,

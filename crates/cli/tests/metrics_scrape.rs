@@ -198,6 +198,9 @@ fn counters_follow_an_nbd_load() {
         - only(&before, "jbdev_direct_writes_uncopied_total");
     assert!(direct >= 65.0, "direct writes: {direct}");
     assert_eq!(uncopied, direct, "direct writes from the payload buffer");
+    // Write pacing is off unless asked for (`--write-pacing`).
+    assert_eq!(only(&after, "jbdev_paced_writes_total"), 0.0);
+    assert_eq!(only(&after, "jbdev_pace_sleep_milliseconds_total"), 0.0);
     let fill = only(&after, "jbdev_journal_fill_ratio");
     assert!((0.0..=1.0).contains(&fill), "fill {fill}");
     assert_eq!(

@@ -87,6 +87,14 @@ impl LogSpace {
     pub fn free(&self) -> u64 {
         self.capacity.saturating_sub(self.used + self.outstanding)
     }
+    /// Parts per thousand of the log taken: published and not yet
+    /// checkpointed, in flight, or granted to writers.
+    pub fn taken_permille(&self) -> u32 {
+        if self.capacity == 0 {
+            return 1000;
+        }
+        ((self.capacity - self.free()) * 1000 / self.capacity) as u32
+    }
     /// Whether published, not yet checkpointed transactions fill at least
     /// `num/den` of the log.
     pub fn fill_at_least(&self, num: u64, den: u64) -> bool {

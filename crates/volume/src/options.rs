@@ -131,6 +131,14 @@ pub struct OpenOptions {
     /// Default 1 (one commit at a time): on this project's test machine the
     /// overlap measured no gain (docs/BENCHMARKS.md).
     pub pipeline_depth: u32,
+    /// Write pacing (default off): once 7/8 of the log is taken, each
+    /// journaled write first sleeps a little per block (up to 0.5 ms per
+    /// block at a full log), so writers slow down smoothly to the rate the
+    /// checkpoint writes home instead of running at memory speed until the
+    /// log is full and then waiting for a whole checkpoint round. Trades
+    /// some throughput for much shorter write-latency tails under sustained
+    /// random writes (docs/BENCHMARKS.md, session 9).
+    pub write_pacing: bool,
     /// RBD homes and journals (`rbd:POOL/IMAGE`): break the current
     /// holder's exclusive lock before taking it — the operator's explicit
     /// word that the holder is dead (`--break-lock`). Default false: a held
@@ -154,6 +162,7 @@ impl Default for OpenOptions {
             checkpoint_interval: Duration::from_secs(1),
             direct_write_threshold: u64::MAX,
             pipeline_depth: 1,
+            write_pacing: false,
             break_lock: false,
         }
     }

@@ -84,6 +84,11 @@ pub struct Stats {
     pub device_flushes: u64,
     /// Times a writer found the journal full and waited for space.
     pub log_space_waits: u64,
+    /// Journaled writes that paused because the log was filling faster
+    /// than the checkpoint empties it (ARCHITECTURE 20b), and the
+    /// milliseconds they slept in all.
+    pub paced_writes: u64,
+    pub pace_sleep_ms: u64,
     /// Bulk reads that held back (at most 2 ms) for a commit writers were
     /// waiting for.
     pub bulk_read_yields: u64,
@@ -965,6 +970,8 @@ impl Volume {
             commits_pipelined: s.chained_commits,
             device_flushes: e.device_flushes(),
             log_space_waits: s.log_space_waits,
+            paced_writes: s.paced_writes,
+            pace_sleep_ms: s.pace_sleep_us / 1000,
             bulk_read_yields: s.bulk_read_yields,
             write_buffers_allocated: pool.allocated,
             write_buffers_reused: pool.reused,

@@ -230,6 +230,7 @@ struct Params {
     commit_interval: Duration,
     direct_threshold: u64,
     pipeline_depth: u32,
+    write_pacing: bool,
 }
 
 impl Params {
@@ -263,6 +264,7 @@ impl Params {
                 u64::MAX
             },
             pipeline_depth: rng.gen_range(1..=4),
+            write_pacing: rng.gen_bool(0.5),
         }
     }
 
@@ -275,6 +277,7 @@ impl Params {
             checkpoint_interval: Duration::from_millis(2),
             direct_write_threshold: self.direct_threshold,
             pipeline_depth: self.pipeline_depth,
+            write_pacing: self.write_pacing,
             ..OpenOptions::default()
         }
     }

@@ -27,6 +27,7 @@ pub fn common(device: PathBuf, dir: &Path, plots: bool) -> CommonArgs {
         max_batch_us: None,
         direct_write_threshold: None,
         pipeline_depth: None,
+        write_pacing: false,
         no_progress: true,
         force: false,
     }

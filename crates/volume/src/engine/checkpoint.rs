@@ -107,6 +107,7 @@ impl Engine {
                     }
                 }
                 urgent = st.space_waiters > 0
+                    || self.pacing()
                     || st
                         .j
                         .space
@@ -202,7 +203,7 @@ impl Engine {
             // the home lock we hold now), so after an abort nothing may be
             // skipped — or checkpointed: the journal keeps everything.
             self.ack()?;
-            let prio = if urgent || self.state().space_waiters > 0 {
+            let prio = if urgent || self.pacing() || self.state().space_waiters > 0 {
                 IoPriority::Urgent
             } else {
                 IoPriority::Background
@@ -265,6 +266,7 @@ impl Engine {
         {
             let mut st = self.state();
             st.j.checkpointed(last.tid, freed);
+            self.note_taken(&st);
 
             self.space.notify_all();
         }

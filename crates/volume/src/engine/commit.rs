@@ -310,6 +310,7 @@ impl Engine {
         let started = Instant::now();
         let (blocks, revokes, charged, unspent) = self.cut(tid);
         st.j.space.give_back(unspent);
+        self.note_taken(&st);
         st.running_created = started;
         st.running_first_sync = None;
         st.credits_since_cut = 0;
@@ -343,6 +344,7 @@ impl Engine {
             None => {
                 // No block was written: the cut's credits return at once.
                 st.j.space.give_back(charged);
+                self.note_taken(&st);
                 Outcome::Empty
             }
             Some((newest, revoke_list, layout)) => {
@@ -414,6 +416,7 @@ impl Engine {
             }
             self.done[Self::slot(tid)].notify_all();
         }
+        self.note_taken(st);
         if !st.durable_cbs.is_empty() && st.error.is_none() {
             let mut i = 0;
             while i < st.durable_cbs.len() {

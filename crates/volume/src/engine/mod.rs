@@ -122,6 +122,13 @@ const CHECKPOINT_ROUND_BLOCKS: usize = 4096;
 const CHECKPOINT_START: (u64, u64) = (1, 4);
 /// Above this fill the checkpoint's writes go out at urgent priority.
 const CHECKPOINT_URGENT: (u64, u64) = (3, 4);
+/// Write pacing (`Engine::pace`): from this much of the log taken (parts
+/// per thousand; the checkpoint is urgent from here too), up to this pause
+/// per block at a full log; sleeps of at least / at most these.
+const PACE_FROM_PERMILLE: u64 = 875;
+const PACE_MAX_PER_BLOCK_NS: u64 = 500_000;
+const PACE_MIN_SLEEP_NS: u64 = 100_000;
+const PACE_MAX_SLEEP_NS: u64 = 20_000_000;
 /// Condition variables for commit waiters (see `Engine::done`).
 const DONE_SLOTS: usize = 32;
 /// Most commits in flight (also the journal's refusal limit).
@@ -262,6 +269,9 @@ pub struct StatsInner {
     /// Commits written while an older commit was in flight.
     pub chained_commits: u64,
     pub log_space_waits: u64,
+    /// Journaled writes that paused (`Engine::pace`), and the time they slept.
+    pub paced_writes: u64,
+    pub pace_sleep_us: u64,
     /// Bulk reads that waited for a commit writers wait for (22a).
     pub bulk_read_yields: u64,
 }
@@ -321,6 +331,10 @@ pub struct Engine {
     /// Touched only by direct writes and flushes, never by journaled I/O.
     home_written_gen: AtomicU64,
     home_flushed_gen: AtomicU64,
+    /// The log's `LogSpace::taken_permille`, refreshed whenever the state
+    /// lock changes it: journaled writes pace themselves by it without
+    /// taking that lock (`Engine::pace`).
+    log_taken_permille: AtomicU32,
     /// Commits somebody waits for whose I/O is in progress (bulk reads
     /// hold back for them: `Engine::read_home_runs_yielding`).
     sync_commits_in_io: AtomicU32,
@@ -447,6 +461,7 @@ impl Engine {
             home_lock: RwLock::new(()),
             home_written_gen: AtomicU64::new(0),
             home_flushed_gen: AtomicU64::new(0),
+            log_taken_permille: AtomicU32::new(0),
             sync_commits_in_io: AtomicU32::new(0),
             last_sync_commit_us: AtomicU64::new(0),
             born: Instant::now(),
@@ -470,6 +485,8 @@ impl Engine {
                 direct_writes_uncopied: 0,
                 chained_commits: 0,
                 log_space_waits: 0,
+                paced_writes: 0,
+                pace_sleep_us: 0,
                 bulk_read_yields: 0,
             }),
             first,
@@ -488,6 +505,12 @@ impl Engine {
     /// The journal state lock (rank 1 in [`crate::lockorder`]).
     fn state(&self) -> Ranked<'_, JState> {
         Ranked::lock(&self.st, Rank::State)
+    }
+
+    /// Refreshes `log_taken_permille` from the ledger.
+    fn note_taken(&self, st: &JState) {
+        self.log_taken_permille
+            .store(st.j.space.taken_permille(), Ordering::Relaxed);
     }
 
     /// A stripe lock (rank 2).

@@ -1,6 +1,8 @@
 //! Journaled writes: one copy into a pooled buffer, credits from the log
 //! ledger, publish into the overlay and the running transaction.
 
+use std::cell::Cell;
+
 use super::*;
 
 impl Engine {
@@ -106,6 +108,13 @@ impl Engine {
         // request covers whole are filled now, outside any lock; partial
         // blocks get their base under the shard locks, then the request's
         // bytes on top.
+        if nowait {
+            if self.pacing() {
+                return Ok(Joined::WouldBlock);
+            }
+        } else {
+            self.pace(n);
+        }
         let mut buf = self.pool.take(lbas.len());
         apply_ops(&mut buf, ops, &lbas, self.bs, |i| !partial[i]);
         loop {
@@ -279,7 +288,54 @@ impl Engine {
     }
 }
 
+thread_local! {
+    /// Pause this thread's journaled writes still owe (`Engine::pace`), in
+    /// nanoseconds: sleeps are coarse, so small pauses add up until one is
+    /// worth taking.
+    static PACE_DEBT_NS: Cell<u64> = const { Cell::new(0) };
+}
+
 impl Engine {
+    /// Whether journaled writes are being paced now.
+    pub(super) fn pacing(&self) -> bool {
+        self.opts.write_pacing
+            && u64::from(self.log_taken_permille.load(Ordering::Relaxed)) >= PACE_FROM_PERMILLE
+    }
+
+    /// Write pacing (`OpenOptions::write_pacing`, ARCHITECTURE 20b): above
+    /// `PACE_FROM_PERMILLE` of the log taken, a
+    /// journaled write of `blocks` blocks first pauses for a time per block
+    /// that grows linearly to `PACE_MAX_PER_BLOCK_NS` at a full log. In
+    /// steady state writers can go no faster than the checkpoint writes
+    /// home; without pacing they ran at memory speed until the log was
+    /// full, then all waited for a checkpoint round at once (a tail of
+    /// milliseconds on a few writes, nothing on the rest). With it the log
+    /// settles where the pause matches the checkpoint's rate and every
+    /// write pays a little. Sleeps are taken once at least
+    /// `PACE_MIN_SLEEP_NS` is owed, at most `PACE_MAX_SLEEP_NS` at a time.
+    fn pace(&self, blocks: u64) {
+        if !self.pacing() {
+            PACE_DEBT_NS.set(0);
+            return;
+        }
+        let taken = u64::from(self.log_taken_permille.load(Ordering::Relaxed)).min(1000);
+        let per_block =
+            PACE_MAX_PER_BLOCK_NS * (taken - PACE_FROM_PERMILLE) / (1000 - PACE_FROM_PERMILLE);
+        let debt = PACE_DEBT_NS.get() + blocks * per_block;
+        if debt < PACE_MIN_SLEEP_NS {
+            PACE_DEBT_NS.set(debt);
+            return;
+        }
+        let want = debt.min(PACE_MAX_SLEEP_NS);
+        let started = Instant::now();
+        std::thread::sleep(Duration::from_nanos(want));
+        let slept = started.elapsed().as_nanos().min(u128::from(u64::MAX)) as u64;
+        PACE_DEBT_NS.set(debt.saturating_sub(slept).min(PACE_MAX_SLEEP_NS));
+        let mut s = self.stats.lock();
+        s.paced_writes += 1;
+        s.pace_sleep_us += slept / 1000;
+    }
+
     /// [`Engine::reserve`] without waiting: Ok(false) if the credits are not
     /// free right now (or writers queue for space ahead of us).
     fn try_reserve(&self, stripe_idx: usize, need: u64) -> Result<bool> {
@@ -310,6 +366,7 @@ impl Engine {
     /// Moves `grant` credits, just taken from the ledger, to a stripe.
     fn granted(&self, mut st: Ranked<'_, JState>, stripe_idx: usize, grant: u64) {
         st.credits_since_cut += grant;
+        self.note_taken(&st);
         if st.credits_since_cut >= self.max_txn_blocks / 2 {
             self.kick.notify_one();
         }
