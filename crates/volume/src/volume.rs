@@ -937,11 +937,19 @@ impl Volume {
     /// Current metrics.
     pub fn stats(&self) -> Stats {
         let e = &self.engine;
+        // IMPORTANT: everything that takes another lock comes before the
+        // stats lock, a leaf (ARCHITECTURE 26): `avg_commit` takes the state
+        // lock, and a commit publishing under the state lock takes the stats
+        // lock — taken the other way round here, the two deadlocked (a
+        // scrape of a loaded server, or any caller polling stats while the
+        // log fills, hung the volume).
         let (used, capacity, _, _) = e.journal_state();
-        let s = e.stats.lock();
-        let secs = s.started.elapsed().as_secs_f64().max(1e-9);
+        let avg_commit_us = e.avg_commit().as_micros() as u64;
         let lag_txns = e.committed_len() as u64;
         let pool = e.pool.stats();
+        let device_flushes = e.device_flushes();
+        let s = e.stats.lock();
+        let secs = s.started.elapsed().as_secs_f64().max(1e-9);
         Stats {
             commits: s.commits,
             commits_per_sec: s.commits as f64 / secs,
@@ -954,7 +962,7 @@ impl Volume {
             commit_latency_us_p50: s.commit_latency_us.value_at_quantile(0.5),
             commit_latency_us_p99: s.commit_latency_us.value_at_quantile(0.99),
             commit_latency_us_max: s.commit_latency_us.max(),
-            avg_commit_us: e.avg_commit().as_micros() as u64,
+            avg_commit_us,
             journal_fill_ratio: if capacity == 0 {
                 0.0
             } else {
@@ -968,7 +976,7 @@ impl Volume {
             direct_writes: s.direct_writes,
             direct_writes_uncopied: s.direct_writes_uncopied,
             commits_pipelined: s.chained_commits,
-            device_flushes: e.device_flushes(),
+            device_flushes,
             log_space_waits: s.log_space_waits,
             paced_writes: s.paced_writes,
             pace_sleep_ms: s.pace_sleep_us / 1000,

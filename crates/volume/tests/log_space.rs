@@ -129,3 +129,47 @@ fn a_large_write_waiting_for_log_space_takes_its_buffer_once() {
     vol.read_at(&mut back, last).unwrap();
     assert!(back == data);
 }
+
+/// `Volume::stats` once took the state lock while holding the stats lock,
+/// the reverse of a publishing commit: a caller polling stats while the log
+/// filled (a metrics scrape of a loaded server) deadlocked the volume.
+#[test]
+fn stats_polled_while_the_log_fills_never_deadlock() {
+    let (_dev, vol) = volume_with(&OpenOptions::default());
+    let vol = Arc::new(vol);
+    let (tx, rx) = std::sync::mpsc::channel();
+    let v = vol.clone();
+    std::thread::spawn(move || {
+        let done = std::sync::atomic::AtomicBool::new(false);
+        std::thread::scope(|s| {
+            for _ in 0..2 {
+                s.spawn(|| {
+                    while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                        std::hint::black_box(v.stats());
+                    }
+                });
+            }
+            let writers: Vec<_> = (0..4u64)
+                .map(|t| {
+                    let v = &v;
+                    s.spawn(move || {
+                        for i in 0..5_000u64 {
+                            let off = (t * 512 + (i * 97) % 512) * 4096;
+                            v.write_at(&[t as u8 + 1; 4096], off, WriteFlags::NONE)
+                                .unwrap();
+                        }
+                    })
+                })
+                .collect();
+            for w in writers {
+                w.join().unwrap();
+            }
+            done.store(true, std::sync::atomic::Ordering::Relaxed);
+        });
+        let _ = tx.send(v.stats().log_space_waits);
+    });
+    let waits = rx
+        .recv_timeout(std::time::Duration::from_secs(120))
+        .expect("writers and stats pollers deadlocked");
+    assert!(waits > 0, "the log must have been full");
+}

@@ -102,12 +102,8 @@ impl Engine {
         let shard_ids = Overlay::shards_for_blocks(lbas.iter().copied());
         let stripe_idx = my_stripe();
         let mut conflicts = 0u32;
-        // One copy per write: the data goes once into a pooled buffer. The
-        // buffer is taken before the loop, so a write that waits for log
-        // space keeps it (and its copied data) across retries. Blocks the
-        // request covers whole are filled now, outside any lock; partial
-        // blocks get their base under the shard locks, then the request's
-        // bytes on top.
+        // Write pacing (off unless asked for): a caller that must not block
+        // leaves the pause to a thread that may.
         if nowait {
             if self.pacing() {
                 return Ok(Joined::WouldBlock);
@@ -115,6 +111,12 @@ impl Engine {
         } else {
             self.pace(n);
         }
+        // One copy per write: the data goes once into a pooled buffer. The
+        // buffer is taken before the loop, so a write that waits for log
+        // space keeps it (and its copied data) across retries. Blocks the
+        // request covers whole are filled now, outside any lock; partial
+        // blocks get their base under the shard locks, then the request's
+        // bytes on top.
         let mut buf = self.pool.take(lbas.len());
         apply_ops(&mut buf, ops, &lbas, self.bs, |i| !partial[i]);
         loop {
@@ -303,9 +305,8 @@ impl Engine {
     }
 
     /// Write pacing (`OpenOptions::write_pacing`, ARCHITECTURE 20b): above
-    /// `PACE_FROM_PERMILLE` of the log taken, a
-    /// journaled write of `blocks` blocks first pauses for a time per block
-    /// that grows linearly to `PACE_MAX_PER_BLOCK_NS` at a full log. In
+    /// `PACE_FROM_PERMILLE` of the log taken, a journaled write of `blocks`
+    /// blocks first pauses for a time per block that grows linearly to `PACE_MAX_PER_BLOCK_NS` at a full log. In
     /// steady state writers can go no faster than the checkpoint writes
     /// home; without pacing they ran at memory speed until the log was
     /// full, then all waited for a checkpoint round at once (a tail of
