@@ -37,8 +37,9 @@ pub type BackendResult<T> = Result<T, BackendError>;
 /// not call into the backend: queue a reply, wake a task.
 pub type Done = Box<dyn FnOnce(BackendResult<()>) + Send + 'static>;
 
-/// A WRITE's payload, owned: see [`Backend::write_owned_then`].
-pub type OwnedPayload = Box<dyn AsRef<[u8]> + Send + Sync>;
+/// A WRITE's payload, owned: see [`Backend::write_owned_then`] (the
+/// volume's own type for such a buffer).
+pub type OwnedPayload = jbdev_volume::CallerBuf;
 
 /// A run of bytes in one allocation state.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

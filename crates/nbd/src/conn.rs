@@ -38,7 +38,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::sync::{watch, Notify};
 
 use crate::backend::{Backend, BackendError, Done};
@@ -831,17 +831,18 @@ impl Reader<'_> {
         // costs a copy of up to the buffer's size per request; reading just
         // the header from the socket costs a short read instead.
         let direct = self.bulk_writes && self.input.buffer().is_empty();
-        let Self { input, stop, .. } = self;
+        let Self {
+            input,
+            stop,
+            limits,
+            ..
+        } = self;
+        let from: &mut (dyn AsyncRead + Send + Unpin) =
+            if direct { input.get_mut() } else { input };
         let got = tokio::select! {
             // Requests already read (buffered) are served before shutdown.
             biased;
-            r = async {
-                if direct {
-                    input.get_mut().read(buf).await
-                } else {
-                    input.read(buf).await
-                }
-            } => r?,
+            r = from.read(buf) => r?,
             _ = stop.wait_for(|s| *s) => return Ok(false),
         };
         if got == 0 {
@@ -849,15 +850,7 @@ impl Reader<'_> {
         }
         if got < buf.len() {
             let rest = &mut buf[got..];
-            let input = &mut self.input;
-            let rest_read = async move {
-                if direct {
-                    input.get_mut().read_exact(rest).await
-                } else {
-                    input.read_exact(rest).await
-                }
-            };
-            match tokio::time::timeout(self.limits.payload_timeout, rest_read).await {
+            match tokio::time::timeout(limits.payload_timeout, from.read_exact(rest)).await {
                 Ok(r) => {
                     r?;
                 }

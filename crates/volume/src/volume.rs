@@ -617,9 +617,7 @@ impl Volume {
                 .journaled(&[Op::Write { offset, data: buf }], flags.fua);
         };
         let (head, tail) = self.write_edges(buf, offset, mid)?;
-        let mut copy = self.engine.direct_buf(tail - head);
-        copy.copy_from_slice(&buf[head..tail]);
-        self.write_middle(mid, DirectData::Engine(copy), flags)
+        self.write_middle(mid, self.engine_copy(&buf[head..tail]), flags)
     }
 
     /// [`Volume::write_at`] of a buffer the volume may keep until the write
@@ -629,24 +627,16 @@ impl Volume {
     /// this way.
     pub fn write_owned(&self, buf: CallerBuf, offset: u64, flags: WriteFlags) -> Result<()> {
         let bytes: &[u8] = (*buf).as_ref();
-        let Some(mid) = self.route(offset, bytes.len() as u64)? else {
-            return self.engine.journaled(
+        match self.route(offset, bytes.len() as u64)? {
+            None => self.engine.journaled(
                 &[Op::Write {
                     offset,
                     data: bytes,
                 }],
                 flags.fua,
-            );
-        };
-        let (head, tail) = self.write_edges(bytes, offset, mid)?;
-        let data = if self.engine.takes_caller_buf(bytes[head..].as_ptr()) {
-            DirectData::Caller(buf, head..tail)
-        } else {
-            let mut copy = self.engine.direct_buf(tail - head);
-            copy.copy_from_slice(&bytes[head..tail]);
-            DirectData::Engine(copy)
-        };
-        self.write_middle(mid, data, flags)
+            ),
+            Some(mid) => self.write_owned_direct(buf, offset, mid, flags),
+        }
     }
 
     /// [`Volume::write_owned`] reporting to `done` as
@@ -669,8 +659,34 @@ impl Volume {
                 flags.fua,
                 done,
             ),
-            Ok(Some(_)) => done(self.write_owned(buf, offset, flags)),
+            Ok(Some(mid)) => done(self.write_owned_direct(buf, offset, mid, flags)),
         }
+    }
+
+    /// A routed [`Volume::write_owned`] whose aligned middle `mid` goes
+    /// straight home: from `buf` itself if the device can take it there.
+    fn write_owned_direct(
+        &self,
+        buf: CallerBuf,
+        offset: u64,
+        mid: (u64, u64),
+        flags: WriteFlags,
+    ) -> Result<()> {
+        let bytes: &[u8] = (*buf).as_ref();
+        let (head, tail) = self.write_edges(bytes, offset, mid)?;
+        let data = if self.engine.takes_caller_buf(bytes[head..].as_ptr()) {
+            DirectData::Caller(buf, head..tail)
+        } else {
+            self.engine_copy(&bytes[head..tail])
+        };
+        self.write_middle(mid, data, flags)
+    }
+
+    /// `bytes` copied into a reused aligned engine buffer.
+    fn engine_copy(&self, bytes: &[u8]) -> DirectData {
+        let mut copy = self.engine.direct_buf(bytes.len());
+        copy.copy_from_slice(bytes);
+        DirectData::Engine(copy)
     }
 
     /// Journals the partial head and tail blocks of a write whose aligned

@@ -507,10 +507,13 @@ impl Engine {
         Ranked::lock(&self.st, Rank::State)
     }
 
-    /// Refreshes `log_taken_permille` from the ledger.
+    /// Refreshes `log_taken_permille` from the ledger (only pacing reads
+    /// it: without pacing, no shared store on the write path).
     fn note_taken(&self, st: &JState) {
-        self.log_taken_permille
-            .store(st.j.space.taken_permille(), Ordering::Relaxed);
+        if self.opts.write_pacing {
+            self.log_taken_permille
+                .store(st.j.space.taken_permille(), Ordering::Relaxed);
+        }
     }
 
     /// A stripe lock (rank 2).

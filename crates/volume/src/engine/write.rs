@@ -300,14 +300,23 @@ thread_local! {
 impl Engine {
     /// Whether journaled writes are being paced now.
     pub(super) fn pacing(&self) -> bool {
-        self.opts.write_pacing
-            && u64::from(self.log_taken_permille.load(Ordering::Relaxed)) >= PACE_FROM_PERMILLE
+        self.pace_taken().is_some()
+    }
+
+    /// The log's taken fraction (parts per thousand, at most 1000) when
+    /// writes are being paced.
+    fn pace_taken(&self) -> Option<u64> {
+        if !self.opts.write_pacing {
+            return None;
+        }
+        let taken = u64::from(self.log_taken_permille.load(Ordering::Relaxed)).min(1000);
+        (taken >= PACE_FROM_PERMILLE).then_some(taken)
     }
 
     /// Write pacing (`OpenOptions::write_pacing`, ARCHITECTURE 20b): above
     /// `PACE_FROM_PERMILLE` of the log taken, a journaled write of `blocks`
-    /// blocks first pauses for a time per block that grows linearly to `PACE_MAX_PER_BLOCK_NS` at a full log. In
-    /// steady state writers can go no faster than the checkpoint writes
+    /// blocks first pauses for a time per block that grows linearly to
+    /// `PACE_MAX_PER_BLOCK_NS` at a full log. In steady state writers can go no faster than the checkpoint writes
     /// home; without pacing they ran at memory speed until the log was
     /// full, then all waited for a checkpoint round at once (a tail of
     /// milliseconds on a few writes, nothing on the rest). With it the log
@@ -315,11 +324,10 @@ impl Engine {
     /// write pays a little. Sleeps are taken once at least
     /// `PACE_MIN_SLEEP_NS` is owed, at most `PACE_MAX_SLEEP_NS` at a time.
     fn pace(&self, blocks: u64) {
-        if !self.pacing() {
+        let Some(taken) = self.pace_taken() else {
             PACE_DEBT_NS.set(0);
             return;
-        }
-        let taken = u64::from(self.log_taken_permille.load(Ordering::Relaxed)).min(1000);
+        };
         let per_block =
             PACE_MAX_PER_BLOCK_NS * (taken - PACE_FROM_PERMILLE) / (1000 - PACE_FROM_PERMILLE);
         let debt = PACE_DEBT_NS.get() + blocks * per_block;
