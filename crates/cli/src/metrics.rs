@@ -913,6 +913,20 @@ impl Collector_ {
         )?;
         family(
             enc,
+            "jbdev_read_retries",
+            "Reads from home done again because a write or the checkpoint changed their range meanwhile.",
+            MetricType::Counter,
+            &counter(|s| s.read_retries),
+        )?;
+        family(
+            enc,
+            "jbdev_locked_reads",
+            "Reads that stopped retrying and read home while holding back writers of their range.",
+            MetricType::Counter,
+            &counter(|s| s.locked_reads),
+        )?;
+        family(
+            enc,
             "jbdev_write_buffers_allocated",
             "Journaled-write buffers allocated from the heap (the rest are reused from the pool).",
             MetricType::Counter,

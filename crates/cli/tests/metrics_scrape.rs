@@ -201,6 +201,9 @@ fn counters_follow_an_nbd_load() {
     // Write pacing is off unless asked for (`--write-pacing`).
     assert_eq!(only(&after, "jbdev_paced_writes_total"), 0.0);
     assert_eq!(only(&after, "jbdev_pace_sleep_milliseconds_total"), 0.0);
+    // Read retries are counted (how many depends on timing).
+    assert!(only(&after, "jbdev_read_retries_total") >= 0.0);
+    assert!(only(&after, "jbdev_locked_reads_total") <= only(&after, "jbdev_read_retries_total"));
     let fill = only(&after, "jbdev_journal_fill_ratio");
     assert!((0.0..=1.0).contains(&fill), "fill {fill}");
     assert_eq!(

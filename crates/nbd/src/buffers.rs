@@ -16,8 +16,10 @@
 //!   burst returns to about `retain_bytes`, and to nothing once the pool
 //!   has been idle for a while ([`BufferPool::release_when_idle`], called
 //!   by the server every 200 ms): kept buffers are the size of the last
-//!   burst's requests (256 KiB to 64 MiB), about 13-16 MiB of an idle
-//!   server's resident memory after an nbdcopy.
+//!   burst's requests (256 KiB to 64 MiB). The server keeps 64 MiB
+//!   (`ServerConfig::buffer_retain_bytes`): four 16 MiB requests' worth, so
+//!   a stream of large writes reuses its buffers instead of faulting in and
+//!   clearing fresh ones.
 //!
 //! A write's buffer is reserved with its capacity but filled only as the
 //! payload arrives (see `conn`), so a client that announces a large write

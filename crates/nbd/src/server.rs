@@ -124,7 +124,7 @@ impl Default for ServerConfig {
             net_threads: default_net_threads(),
             max_connections: 128,
             buffer_budget_bytes: 256 << 20,
-            buffer_retain_bytes: 16 << 20,
+            buffer_retain_bytes: 64 << 20,
             handshake_timeout: Duration::from_secs(10),
             send_timeout: Duration::from_secs(30),
             payload_timeout: Duration::from_secs(30),

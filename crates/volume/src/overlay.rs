@@ -196,11 +196,68 @@ impl Overlay {
         v
     }
 
+    /// `[start, end)` cut at granule boundaries, as `(shard, first, end)`
+    /// pieces sorted by shard: the blocks of the range that one shard owns
+    /// are the pieces with its index, found without hashing every block
+    /// once per shard.
+    pub fn pieces_by_shard(start: Lba, end: Lba) -> Vec<(usize, Lba, Lba)> {
+        let mut v = Vec::with_capacity(((end.saturating_sub(start)) / GRANULE + 2) as usize);
+        let mut b = start;
+        while b < end {
+            let hi = ((b / GRANULE + 1) * GRANULE).min(end);
+            v.push((Self::shard_of(b), b, hi));
+            b = hi;
+        }
+        v.sort_unstable();
+        v
+    }
+
     /// Sorted, de-duplicated shard indices of a set of blocks.
     pub fn shards_for_blocks(lbas: impl Iterator<Item = Lba>) -> ShardIds {
         let mut v: ShardIds = lbas.map(Self::shard_of).collect();
         v.sort_unstable();
         v.dedup();
         v
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pieces_by_shard_cover_the_range_once_each_in_its_shard() {
+        for (start, end) in [
+            (0, 1),
+            (5, 17),
+            (15, 16),
+            (16, 48),
+            (3, 4099),
+            (1000, 1000),
+            (7, 9000),
+        ] {
+            let pieces = Overlay::pieces_by_shard(start, end);
+            let mut seen: Vec<Lba> = Vec::new();
+            for w in pieces.windows(2) {
+                assert!(w[0].0 <= w[1].0, "sorted by shard");
+            }
+            for &(s, lo, hi) in &pieces {
+                assert!(lo < hi && hi - lo <= GRANULE);
+                for b in lo..hi {
+                    assert_eq!(Overlay::shard_of(b), s);
+                    seen.push(b);
+                }
+            }
+            seen.sort_unstable();
+            assert_eq!(seen, (start..end).collect::<Vec<_>>());
+            let mut shards: Vec<usize> = pieces.iter().map(|p| p.0).collect();
+            shards.dedup();
+            if end - start < GRANULE * SHARDS as u64 * 4 {
+                assert_eq!(
+                    shards.as_slice(),
+                    Overlay::shards_for_range(start, end).as_slice()
+                );
+            }
+        }
     }
 }

@@ -92,6 +92,11 @@ pub struct Stats {
     /// Bulk reads that held back (at most 2 ms) for a commit writers were
     /// waiting for.
     pub bulk_read_yields: u64,
+    /// Reads from home done again because a write or the checkpoint changed
+    /// their range meanwhile, and reads that gave up retrying and read home
+    /// while holding writers of their range back.
+    pub read_retries: u64,
+    pub locked_reads: u64,
     /// Journaled-write buffers freshly allocated from the heap / reused
     /// from the buffer pool, and the bytes the pool keeps for reuse now.
     pub write_buffers_allocated: u64,
@@ -997,6 +1002,8 @@ impl Volume {
             paced_writes: s.paced_writes,
             pace_sleep_ms: s.pace_sleep_us / 1000,
             bulk_read_yields: s.bulk_read_yields,
+            read_retries: s.read_retries,
+            locked_reads: s.locked_reads,
             write_buffers_allocated: pool.allocated,
             write_buffers_reused: pool.reused,
             write_buffer_pool_bytes: pool.kept_bytes,

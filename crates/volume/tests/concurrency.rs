@@ -390,6 +390,9 @@ fn run(seed: u64, opts: OpenOptions, check_torn: bool) {
         .iter()
         .sum();
     let c_writes: Vec<Vec<u64>> = sh.c_writes.iter().map(|m| m.lock().clone()).collect();
+    let st = sh.vol.stats();
+    // A read ends under the locks only after READ_OPTIMISTIC_TRIES retries.
+    assert!(st.locked_reads <= st.read_retries, "{st:?}");
     let content = read_all(&sh.vol).expect("final read");
     check_final(
         &content,
@@ -417,7 +420,9 @@ fn run(seed: u64, opts: OpenOptions, check_torn: bool) {
     vol.close().expect("close after reopen");
     println!(
         "concurrency seed {seed:#x}: {WRITERS} writers x {OPS_PER_WRITER} ops, {READERS} readers \
-         made {reads} slot reads; final content matches the model before and after reopen"
+         made {reads} slot reads ({} retried, {} under the locks); final content matches the model \
+         before and after reopen",
+        st.read_retries, st.locked_reads
     );
 }
 

@@ -36,10 +36,19 @@ impl Engine {
         let charge = bound.div_ceil(RevokeBlock::capacity(self.bs) as u64) + 1;
         let stripe_idx = my_stripe();
         let shard_ids = Overlay::shards_for_range(start, end);
+        // Blocks of the range with an overlay entry in shard `s`: looked up
+        // block by block in the shard's pieces of a small range (a 16 MiB
+        // write once hashed every block of the range for every shard),
+        // found among the shard's entries for a large one.
+        let pieces = (end - start < 8192).then(|| Overlay::pieces_by_shard(start, end));
         let in_range = |sh: &crate::overlay::Shard, s: usize| -> Vec<Lba> {
-            if end - start < 8192 {
-                (start..end)
-                    .filter(|&b| Overlay::shard_of(b) == s && sh.map.contains_key(&b))
+            if let Some(pieces) = &pieces {
+                let from = pieces.partition_point(|p| p.0 < s);
+                pieces[from..]
+                    .iter()
+                    .take_while(|p| p.0 == s)
+                    .flat_map(|&(_, lo, hi)| lo..hi)
+                    .filter(|b| sh.map.contains_key(b))
                     .collect()
             } else {
                 sh.map

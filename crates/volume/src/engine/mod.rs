@@ -274,6 +274,10 @@ pub struct StatsInner {
     pub pace_sleep_us: u64,
     /// Bulk reads that waited for a commit writers wait for (22a).
     pub bulk_read_yields: u64,
+    /// Home reads done again because the range changed meanwhile, and
+    /// reads that finished under the shard locks (`Engine::read_blocks`).
+    pub read_retries: u64,
+    pub locked_reads: u64,
 }
 
 /// Receives the outcome of a request that did not wait for durability
@@ -488,6 +492,8 @@ impl Engine {
                 paced_writes: 0,
                 pace_sleep_us: 0,
                 bulk_read_yields: 0,
+                read_retries: 0,
+                locked_reads: 0,
             }),
             first,
         }

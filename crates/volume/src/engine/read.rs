@@ -43,6 +43,8 @@ impl Engine {
             }
             if locked {
                 self.read_home_runs(lba, out, &home_runs)?;
+                drop(guards);
+                self.stats.lock().locked_reads += 1;
                 return Ok(());
             }
             let versions: SmallVec<[u64; 8]> = guards.iter().map(|(_, g)| g.version).collect();
@@ -51,6 +53,7 @@ impl Engine {
             if self.versions_unchanged(&shard_ids, &versions) {
                 return Ok(());
             }
+            self.stats.lock().read_retries += 1;
         }
         unreachable!("the locked attempt always returns")
     }
