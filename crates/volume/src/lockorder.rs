@@ -11,12 +11,16 @@
 //! | 1    | `st` (journal state)                    | commits, credits, waits                    |
 //! | 2    | stripes                                 | writers joining, `cut` (all, under `st`)    |
 //! | 3    | overlay shards                          | reads, writers publishing, checkpoint      |
-//! | 4    | leaves: stats, committed queue, jsb     | never hold another lock while held         |
+//! | 4    | leaves: stats, committed queue, jsb, direct buffers | never hold another lock while held (not even another leaf) |
 //!
 //! Nothing that can be called with a stripe or shard held takes `st`: the
 //! abort reason a writer checks under its stripe lock is a lock-free
 //! `OnceLock`, not a field of `st` (a writer holding a stripe and waiting
 //! for `st` while `cut` holds `st` and waits for that stripe deadlocks).
+//!
+//! Leaves are [`Leaf`] mutexes: taking any ranked lock while holding one
+//! panics in debug builds, which would have caught the stats deadlock
+//! (ARCHITECTURE 26: the stats lock held while taking `st`).
 //!
 //! In release builds the guards below are plain mutex guards.
 
@@ -30,6 +34,7 @@ pub enum Rank {
     State = 1,
     Stripe = 2,
     Shard = 3,
+    Leaf = 4,
 }
 
 #[cfg(debug_assertions)]
@@ -39,13 +44,15 @@ mod held {
     use super::Rank;
 
     thread_local! {
-        static HELD: Cell<[u16; 4]> = const { Cell::new([0; 4]) };
+        static HELD: Cell<[u16; 5]> = const { Cell::new([0; 5]) };
     }
 
     pub fn acquire(rank: Rank) {
         HELD.with(|h| {
             let mut v = h.get();
-            if let Some(higher) = (rank as usize + 1..v.len()).find(|&r| v[r] > 0) {
+            // A leaf excludes every other lock, leaves included.
+            let from = (rank as usize + 1).min(Rank::Leaf as usize);
+            if let Some(higher) = (from..v.len()).find(|&r| v[r] > 0) {
                 panic!(
                     "lock order violated: taking a {rank:?} lock (rank {}) while holding a lock of rank {higher}",
                     rank as usize
@@ -93,6 +100,24 @@ impl<'a, T> Ranked<'a, T> {
     }
 }
 
+/// A mutex of the leaf rank: nothing else may be locked while it is held.
+#[derive(Debug, Default)]
+pub struct Leaf<T>(Mutex<T>);
+
+impl<T> Leaf<T> {
+    pub fn new(value: T) -> Self {
+        Leaf(Mutex::new(value))
+    }
+
+    pub fn lock(&self) -> Ranked<'_, T> {
+        Ranked::lock(&self.0, Rank::Leaf)
+    }
+
+    pub fn get_mut(&mut self) -> &mut T {
+        self.0.get_mut()
+    }
+}
+
 impl<T> Drop for Ranked<'_, T> {
     fn drop(&mut self) {
         #[cfg(debug_assertions)]
@@ -131,6 +156,31 @@ mod tests {
         let (a, b) = (Mutex::new(1), Mutex::new(2));
         let _stripe = Ranked::lock(&b, Rank::Stripe);
         let _st = Ranked::lock(&a, Rank::State);
+    }
+
+    #[test]
+    #[should_panic(expected = "lock order violated")]
+    fn state_under_a_leaf_panics() {
+        let (a, b) = (Leaf::new(1), Mutex::new(2));
+        let _stats = a.lock();
+        let _st = Ranked::lock(&b, Rank::State);
+    }
+
+    #[test]
+    #[should_panic(expected = "lock order violated")]
+    fn a_leaf_under_a_leaf_panics() {
+        let (a, b) = (Leaf::new(1), Leaf::new(2));
+        let _stats = a.lock();
+        let _jsb = b.lock();
+    }
+
+    #[test]
+    fn a_leaf_under_the_state_is_allowed() {
+        let (a, b) = (Mutex::new(1), Leaf::new(2));
+        let _st = Ranked::lock(&a, Rank::State);
+        let _q = b.lock();
+        drop(_q);
+        let _again = b.lock();
     }
 
     #[test]

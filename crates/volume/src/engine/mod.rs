@@ -76,7 +76,7 @@ use parking_lot::{Condvar, Mutex, RwLock};
 use smallvec::SmallVec;
 
 use crate::bufpool::{BufPool, WriteBuf};
-use crate::lockorder::{Rank, Ranked};
+use crate::lockorder::{Leaf, Rank, Ranked};
 
 use crate::overlay::{BlockRef, DirectData, Lba, Overlay, Pending, Source, Tid, Version};
 use crate::{BatchPolicy, CommitMode, OpenOptions, Result, VolumeError};
@@ -309,13 +309,13 @@ pub struct Engine {
     pub home_flusher: Arc<FlushCoalescer>,
     pub data_offset: u64,
     pub region: JournalRegion,
-    pub jsb: Mutex<JournalSuperblock>,
+    pub jsb: Leaf<JournalSuperblock>,
     pub overlay: Overlay,
     /// Buffers of journaled writes (one copy per write, reused).
     pub pool: BufPool,
     /// Large buffers of direct writes kept for reuse (a leaf lock, never
     /// held with another).
-    direct_bufs: Mutex<Vec<AlignedBuf>>,
+    direct_bufs: Leaf<Vec<AlignedBuf>>,
     stripes: Box<[CachePadded<Mutex<Stripe>>]>,
     st: Mutex<JState>,
     kick: Condvar,
@@ -327,7 +327,7 @@ pub struct Engine {
     done: [Condvar; DONE_SLOTS],
     space: Condvar,
     checkpoint_kick: Condvar,
-    committed: Mutex<VecDeque<CommittedTxn>>,
+    committed: Leaf<VecDeque<CommittedTxn>>,
     /// Excludes checkpoint writes (exclusive) from direct home writes
     /// (shared), so the two never have writes to one block in flight at once.
     home_lock: RwLock<()>,
@@ -356,7 +356,7 @@ pub struct Engine {
     pub opts: OpenOptions,
     pub max_txn_blocks: u64,
     pub read_only: bool,
-    pub stats: Mutex<StatsInner>,
+    pub stats: Leaf<StatsInner>,
     first: u32,
 }
 
@@ -447,13 +447,13 @@ impl Engine {
             home_flusher,
             data_offset,
             region,
-            jsb: Mutex::new(jsb),
+            jsb: Leaf::new(jsb),
             overlay: Overlay::new(),
             // Keeps up to a journal's worth (bounded at 64 MiB): the
             // buffers one checkpoint round frees are what the next writes
             // take.
             pool: BufPool::new(bs, 64 << 20),
-            direct_bufs: Mutex::new(Vec::new()),
+            direct_bufs: Leaf::new(Vec::new()),
             stripes,
             st: Mutex::new(st),
             kick: Condvar::new(),
@@ -461,7 +461,7 @@ impl Engine {
             done: std::array::from_fn(|_| Condvar::new()),
             space: Condvar::new(),
             checkpoint_kick: Condvar::new(),
-            committed: Mutex::new(VecDeque::new()),
+            committed: Leaf::new(VecDeque::new()),
             home_lock: RwLock::new(()),
             home_written_gen: AtomicU64::new(0),
             home_flushed_gen: AtomicU64::new(0),
@@ -475,7 +475,7 @@ impl Engine {
             opts,
             max_txn_blocks,
             read_only,
-            stats: Mutex::new(StatsInner {
+            stats: Leaf::new(StatsInner {
                 started: Instant::now(),
                 commits: 0,
                 data_blocks: 0,
