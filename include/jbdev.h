@@ -150,6 +150,33 @@ typedef struct jbdev_stats {
   uint64_t checkpoint_blocks;
   // Writes that went straight to their home location.
   uint64_t direct_writes;
+  // Fields from here on were added in version 2 (check `struct_size`).
+  // Block copies the checkpoint skipped because a newer committed copy
+  // superseded them.
+  uint64_t checkpoint_blocks_skipped;
+  // Direct writes that went home from the caller's buffer without a copy.
+  uint64_t direct_writes_uncopied;
+  // Commits written while an older commit was still in flight.
+  uint64_t commits_pipelined;
+  // Cache flushes issued to the home and journal devices.
+  uint64_t device_flushes;
+  // Times a writer found the journal full and waited for space.
+  uint64_t log_space_waits;
+  // Journaled writes paused by write pacing, and the milliseconds they
+  // slept in all.
+  uint64_t paced_writes;
+  uint64_t pace_sleep_ms;
+  // Bulk reads that held back for a commit writers waited for.
+  uint64_t bulk_read_yields;
+  // Reads from home done again because their range changed meanwhile,
+  // and reads that finished while holding writers of their range back.
+  uint64_t read_retries;
+  uint64_t locked_reads;
+  // Journaled-write buffers allocated from the heap / reused from the
+  // pool, and the bytes the pool keeps now.
+  uint64_t write_buffers_allocated;
+  uint64_t write_buffers_reused;
+  uint64_t write_buffer_pool_bytes;
 } jbdev_stats;
 
 #ifdef __cplusplus

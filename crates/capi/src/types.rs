@@ -133,6 +133,33 @@ pub struct jbdev_stats {
     pub checkpoint_blocks: u64,
     /// Writes that went straight to their home location.
     pub direct_writes: u64,
+    /// Fields from here on were added in version 2 (check `struct_size`).
+    /// Block copies the checkpoint skipped because a newer committed copy
+    /// superseded them.
+    pub checkpoint_blocks_skipped: u64,
+    /// Direct writes that went home from the caller's buffer without a copy.
+    pub direct_writes_uncopied: u64,
+    /// Commits written while an older commit was still in flight.
+    pub commits_pipelined: u64,
+    /// Cache flushes issued to the home and journal devices.
+    pub device_flushes: u64,
+    /// Times a writer found the journal full and waited for space.
+    pub log_space_waits: u64,
+    /// Journaled writes paused by write pacing, and the milliseconds they
+    /// slept in all.
+    pub paced_writes: u64,
+    pub pace_sleep_ms: u64,
+    /// Bulk reads that held back for a commit writers waited for.
+    pub bulk_read_yields: u64,
+    /// Reads from home done again because their range changed meanwhile,
+    /// and reads that finished while holding writers of their range back.
+    pub read_retries: u64,
+    pub locked_reads: u64,
+    /// Journaled-write buffers allocated from the heap / reused from the
+    /// pool, and the bytes the pool keeps now.
+    pub write_buffers_allocated: u64,
+    pub write_buffers_reused: u64,
+    pub write_buffer_pool_bytes: u64,
 }
 
 /// Size of version 1 of each struct: the smallest `struct_size` accepted.
@@ -272,6 +299,19 @@ impl jbdev_stats {
             checkpoints: s.checkpoints,
             checkpoint_blocks: s.checkpoint_blocks,
             direct_writes: s.direct_writes,
+            checkpoint_blocks_skipped: s.checkpoint_blocks_skipped,
+            direct_writes_uncopied: s.direct_writes_uncopied,
+            commits_pipelined: s.commits_pipelined,
+            device_flushes: s.device_flushes,
+            log_space_waits: s.log_space_waits,
+            paced_writes: s.paced_writes,
+            pace_sleep_ms: s.pace_sleep_ms,
+            bulk_read_yields: s.bulk_read_yields,
+            read_retries: s.read_retries,
+            locked_reads: s.locked_reads,
+            write_buffers_allocated: s.write_buffers_allocated,
+            write_buffers_reused: s.write_buffers_reused,
+            write_buffer_pool_bytes: s.write_buffer_pool_bytes,
         }
     }
 }

@@ -13,6 +13,7 @@
  * failed check and exits 1.
  */
 #define _GNU_SOURCE
+#include <stddef.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -478,6 +479,19 @@ static void test_stats(void)
 	CHECK_OK(jbdev_get_stats(vol, &st, sizeof st));
 	CHECK(st.struct_size == sizeof st);
 	CHECK(st.journal_fill_ratio >= 0.0 && st.journal_fill_ratio <= 1.0);
+	/* Version 2 fields: the FUA write was journaled, nothing went home
+	   directly, nothing waited or paused. */
+	CHECK(st.commits >= 1 && st.blocks_journaled >= 1);
+	CHECK(st.direct_writes == 0 && st.direct_writes_uncopied == 0);
+	CHECK(st.log_space_waits == 0 && st.paced_writes == 0 && st.pace_sleep_ms == 0);
+	CHECK(st.locked_reads <= st.read_retries);
+	CHECK(st.write_buffers_allocated + st.write_buffers_reused >= 1);
+	/* A version-1 struct (up to direct_writes) gets only its own bytes. */
+	memset(&st, 0xee, sizeof st);
+	CHECK_OK(jbdev_get_stats(vol, &st, offsetof(jbdev_stats, checkpoint_blocks_skipped)));
+	CHECK(st.struct_size == offsetof(jbdev_stats, checkpoint_blocks_skipped));
+	CHECK(st.commits >= 1);
+	CHECK(st.checkpoint_blocks_skipped == 0xeeeeeeeeeeeeeeeeULL);
 	/* An older, smaller struct gets only its own bytes. */
 	memset(&st, 0xee, sizeof st);
 	CHECK_OK(jbdev_get_stats(vol, &st, 8));
