@@ -1,7 +1,8 @@
 //! A bounded, lazily grown pool of worker threads shared by all connections.
 //!
-//! Requests are executed here, not on the network threads (which
-//! must never block on the device), so that
+//! Requests that may wait are executed here, not on the network threads
+//! (which never wait for the device; the one exception is a large write
+//! into the page cache, ARCHITECTURE 28a), so that
 //! many FUA writes and flushes from one or many connections are inside the
 //! volume at the same time and share its group commits. Threads are spawned
 //! on demand (when no worker is idle) up to `max_threads`, and then requests

@@ -1,6 +1,7 @@
 //! Direct home writes, with revoke records for journaled copies.
 
 use super::*;
+use crate::CallerBuf;
 
 impl Engine {
     // ----- direct home writes ---------------------------------------------
@@ -30,10 +31,59 @@ impl Engine {
         if start >= end {
             return Ok(());
         }
+        self.direct_under(self.home_lock.read(), start, end, data, fua)
+    }
+
+    /// [`Engine::direct`] of data, not FUA, only if it need not wait: the
+    /// home lock is free to share (no checkpoint chunk holds it) and the
+    /// journal credits for its revokes are in the caller's stripe or free
+    /// right now. Otherwise `buf` comes back untouched (`Ok(Err(buf))`).
+    /// The home write itself still runs on the caller's thread, so this is
+    /// for devices that write to the page cache (`home_writes_cached`).
+    pub fn try_direct(
+        &self,
+        start: Lba,
+        end: Lba,
+        buf: CallerBuf,
+        range: std::ops::Range<usize>,
+    ) -> Result<std::result::Result<(), CallerBuf>> {
+        self.check_writable()?;
+        if start >= end {
+            return Ok(Ok(()));
+        }
+        let stripe_idx = my_stripe();
+        let charge = self.direct_charge(start, end);
+        let have = self.stripe(stripe_idx).credits;
+        if have < charge && !self.try_reserve(stripe_idx, charge - have)? {
+            return Ok(Err(buf));
+        }
+        let Some(home_guard) = self.home_lock.try_read() else {
+            return Ok(Err(buf));
+        };
+        let data = DirectData::Caller(buf, range);
+        self.direct_under(home_guard, start, end, Some(data), false)
+            .map(Ok)
+    }
+
+    /// Journal credits a direct write of `[start, end)` reserves for its
+    /// revoke records.
+    fn direct_charge(&self, start: Lba, end: Lba) -> u64 {
+        let bound = (end - start).min(self.region.len_blocks() as u64 * 2);
+        bound.div_ceil(RevokeBlock::capacity(self.bs) as u64) + 1
+    }
+
+    /// [`Engine::direct`] once the home lock is held (shared).
+    fn direct_under(
+        &self,
+        home_guard: parking_lot::RwLockReadGuard<'_, ()>,
+        start: Lba,
+        end: Lba,
+        data: Option<DirectData>,
+        fua: bool,
+    ) -> Result<()> {
         let data = data.map(Arc::new);
         let id = self.pending_id.fetch_add(1, Ordering::Relaxed);
-        let bound = (end - start).min(self.region.len_blocks() as u64 * 2);
-        let charge = bound.div_ceil(RevokeBlock::capacity(self.bs) as u64) + 1;
+        let charge = self.direct_charge(start, end);
         let stripe_idx = my_stripe();
         let shard_ids = Overlay::shards_for_range(start, end);
         // Blocks of the range with an overlay entry in shard `s`: looked up
@@ -58,8 +108,7 @@ impl Engine {
                     .collect()
             }
         };
-        // Step 1.
-        let home_guard = self.home_lock.read();
+        // Step 1 (the home lock is held).
         let mut shard_versions: Vec<(usize, u64)> = Vec::with_capacity(shard_ids.len());
         for &s in &shard_ids {
             let mut sh = self.overlay.lock(s);
@@ -172,7 +221,7 @@ impl Engine {
 
     /// Whether direct writes go through the page cache (`write_cache` on a
     /// device with a buffered descriptor: ARCHITECTURE 22c).
-    pub(super) fn home_writes_cached(&self) -> bool {
+    pub(crate) fn home_writes_cached(&self) -> bool {
         self.opts.write_cache && self.home.has_write_cache()
     }
 

@@ -347,7 +347,7 @@ impl Engine {
 
     /// [`Engine::reserve`] without waiting: Ok(false) if the credits are not
     /// free right now (or writers queue for space ahead of us).
-    fn try_reserve(&self, stripe_idx: usize, need: u64) -> Result<bool> {
+    pub(super) fn try_reserve(&self, stripe_idx: usize, need: u64) -> Result<bool> {
         let mut st = self.state();
         if st.error.is_some() {
             return Err(Self::aborted_error(&st));
