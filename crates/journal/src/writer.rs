@@ -25,6 +25,8 @@
 //! digest when the marker is present (older commit blocks have none).
 
 use std::io::IoSlice;
+
+use smallvec::SmallVec;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use jbdev_device::{AlignedBuf, IoPriority};
@@ -168,64 +170,185 @@ pub fn build_transaction<'a>(
     revokes: &[u64],
     now: SystemTime,
 ) -> Vec<LogBlock<'a>> {
-    let bs = sb.block_size as usize;
-    let seed = sb.csum_seed();
-    let mut out = Vec::with_capacity(transaction_blocks(bs, data.len(), revokes.len()));
-    let mut digest = DataDigest::new(seed, sequence);
-    for chunk in revokes.chunks(RevokeBlock::capacity(bs)) {
-        let mut b = AlignedBuf::zeroed(bs);
-        RevokeBlock {
+    TxnBuilder::default().build(
+        &LogParams::of(sb),
+        TxnHead {
             sequence,
-            blocks: chunk.to_vec(),
+            overlap,
+            now,
+        },
+        data.len(),
+        |i| data[i],
+        revokes,
+    )
+}
+
+/// What laying out a transaction needs of the journal superblock (copied
+/// out, so a caller need not clone the superblock per commit).
+#[derive(Clone, Copy, Debug)]
+pub struct LogParams {
+    pub block_size: usize,
+    pub csum_seed: u32,
+    pub uuid: [u8; 16],
+}
+
+impl LogParams {
+    pub fn of(sb: &JournalSuperblock) -> Self {
+        Self {
+            block_size: sb.block_size as usize,
+            csum_seed: sb.csum_seed(),
+            uuid: sb.uuid,
         }
-        .encode(seed, &mut b);
-        out.push(LogBlock::Owned(b));
     }
-    for chunk in data.chunks(DescriptorBlock::capacity(bs)) {
-        let mut tags = Vec::with_capacity(chunk.len());
-        let mut payload = Vec::with_capacity(chunk.len());
-        for &(home, block) in chunk {
-            debug_assert_eq!(block.len(), bs);
-            let (logged, flags) = if format::needs_escape(block) {
-                let mut copy = AlignedBuf::from_slice(block);
-                format::escape(&mut copy);
-                (LogBlock::Owned(copy), TAG_FLAG_ESCAPE)
-            } else {
-                (LogBlock::Borrowed(block), 0)
-            };
-            // IMPORTANT: the tag checksum covers the block as written to the
-            // journal (escaped), as jbd2 recovery verifies it.
-            let checksum = format::data_block_checksum(seed, sequence, logged.bytes());
-            digest.update(home, logged.bytes());
-            tags.push(BlockTag {
-                home_block: home,
-                flags,
-                checksum,
-            });
-            payload.push(logged);
+}
+
+/// The per-transaction fields of its commit block.
+#[derive(Clone, Copy, Debug)]
+pub struct TxnHead {
+    pub sequence: u32,
+    /// [`CommitBlock::overlap`].
+    pub overlap: u32,
+    pub now: SystemTime,
+}
+
+/// Lays out transactions, keeping what one transaction allocated — the
+/// block list, the descriptor's tags, the descriptor, commit and escape
+/// buffers — for the next one ([`TxnBuilder::recycle`]): a committer that
+/// keeps one builder makes no heap allocation per commit in steady state.
+#[derive(Default)]
+pub struct TxnBuilder {
+    /// Block-sized buffers of earlier transactions, for reuse.
+    spare: Vec<AlignedBuf>,
+    tags: Vec<BlockTag>,
+    /// Always empty: only its capacity is kept.
+    blocks: Vec<LogBlock<'static>>,
+}
+
+/// Buffers a builder keeps for reuse: a descriptor and a commit block,
+/// plus a few escaped copies.
+const SPARE_BUFS_MAX: usize = 8;
+
+impl TxnBuilder {
+    /// Builds the blocks of a transaction (see [`build_transaction`]) of
+    /// `n` data blocks, `data(i)` being the i-th (home block number,
+    /// content), in log order. The result borrows the data; hand it back
+    /// with [`TxnBuilder::recycle`] once written.
+    pub fn build<'a>(
+        &mut self,
+        p: &LogParams,
+        head: TxnHead,
+        n: usize,
+        data: impl Fn(usize) -> (u64, &'a [u8]),
+        revokes: &[u64],
+    ) -> Vec<LogBlock<'a>> {
+        let (bs, seed, sequence) = (p.block_size, p.csum_seed, head.sequence);
+        let mut out: Vec<LogBlock<'a>> = relabel(std::mem::take(&mut self.blocks));
+        out.reserve(transaction_blocks(bs, n, revokes.len()));
+        let mut digest = DataDigest::new(seed, sequence);
+        for chunk in revokes.chunks(RevokeBlock::capacity(bs)) {
+            let mut b = self.take_buf(bs);
+            RevokeBlock {
+                sequence,
+                blocks: chunk.to_vec(),
+            }
+            .encode(seed, &mut b);
+            out.push(LogBlock::Owned(b));
         }
-        let mut d = AlignedBuf::zeroed(bs);
-        DescriptorBlock { sequence, tags }.encode(&sb.uuid, seed, &mut d);
-        out.push(LogBlock::Owned(d));
-        out.extend(payload);
+        let per_descriptor = DescriptorBlock::capacity(bs);
+        let mut first = 0;
+        while first < n {
+            let end = (first + per_descriptor).min(n);
+            // The descriptor goes before its data blocks; it is encoded
+            // once their tags are known.
+            let at = out.len();
+            out.push(LogBlock::Owned(self.take_buf(bs)));
+            let mut tags = std::mem::take(&mut self.tags);
+            tags.clear();
+            for i in first..end {
+                let (home, block) = data(i);
+                debug_assert_eq!(block.len(), bs);
+                let (logged, flags) = if format::needs_escape(block) {
+                    let mut copy = self.take_buf(bs);
+                    copy.copy_from_slice(block);
+                    format::escape(&mut copy);
+                    (LogBlock::Owned(copy), TAG_FLAG_ESCAPE)
+                } else {
+                    (LogBlock::Borrowed(block), 0)
+                };
+                // IMPORTANT: the tag checksum covers the block as written to
+                // the journal (escaped), as jbd2 recovery verifies it.
+                let checksum = format::data_block_checksum(seed, sequence, logged.bytes());
+                digest.update(home, logged.bytes());
+                tags.push(BlockTag {
+                    home_block: home,
+                    flags,
+                    checksum,
+                });
+                out.push(logged);
+            }
+            let d = DescriptorBlock { sequence, tags };
+            if let LogBlock::Owned(buf) = &mut out[at] {
+                d.encode(&p.uuid, seed, buf);
+            }
+            self.tags = d.tags;
+            first = end;
+        }
+        let since = head.now.duration_since(UNIX_EPOCH).unwrap_or_default();
+        let mut c = self.take_buf(bs);
+        CommitBlock {
+            sequence,
+            commit_sec: since.as_secs(),
+            commit_nsec: since.subsec_nanos(),
+            overlap: head.overlap,
+        }
+        .encode(seed, &mut c);
+        // IMPORTANT: the digest goes inside the area the commit checksum
+        // covers, so the checksum is computed again after it is in place.
+        c[DIGEST_MARKER_OFFSET..DIGEST_MARKER_OFFSET + 4]
+            .copy_from_slice(&DIGEST_MARKER.to_be_bytes());
+        c[DIGEST_OFFSET..DIGEST_OFFSET + 8].copy_from_slice(&digest.finish().to_be_bytes());
+        let csum = format::commit_block_checksum(seed, &c);
+        c[COMMIT_CHKSUM0_OFFSET..COMMIT_CHKSUM0_OFFSET + 4].copy_from_slice(&csum.to_be_bytes());
+        out.push(LogBlock::Owned(c));
+        out
     }
-    let since = now.duration_since(UNIX_EPOCH).unwrap_or_default();
-    let mut c = AlignedBuf::zeroed(bs);
-    CommitBlock {
-        sequence,
-        commit_sec: since.as_secs(),
-        commit_nsec: since.subsec_nanos(),
-        overlap,
+
+    /// Takes back a transaction's blocks once written: its buffers and
+    /// its list are kept for the next [`TxnBuilder::build`].
+    pub fn recycle(&mut self, mut blocks: Vec<LogBlock<'_>>) {
+        for b in blocks.drain(..) {
+            if let LogBlock::Owned(buf) = b {
+                if self.spare.len() < SPARE_BUFS_MAX {
+                    self.spare.push(buf);
+                }
+            }
+        }
+        if blocks.capacity() > self.blocks.capacity() {
+            self.blocks = relabel(blocks);
+        }
     }
-    .encode(seed, &mut c);
-    // IMPORTANT: the digest goes inside the area the commit checksum covers,
-    // so the checksum is computed again after it is in place.
-    c[DIGEST_MARKER_OFFSET..DIGEST_MARKER_OFFSET + 4].copy_from_slice(&DIGEST_MARKER.to_be_bytes());
-    c[DIGEST_OFFSET..DIGEST_OFFSET + 8].copy_from_slice(&digest.finish().to_be_bytes());
-    let csum = format::commit_block_checksum(seed, &c);
-    c[COMMIT_CHKSUM0_OFFSET..COMMIT_CHKSUM0_OFFSET + 4].copy_from_slice(&csum.to_be_bytes());
-    out.push(LogBlock::Owned(c));
-    out
+
+    /// A block-sized buffer (contents unspecified: every user overwrites
+    /// all of it).
+    fn take_buf(&mut self, bs: usize) -> AlignedBuf {
+        while let Some(b) = self.spare.pop() {
+            if b.len() == bs {
+                return b;
+            }
+        }
+        AlignedBuf::zeroed(bs)
+    }
+}
+
+/// An empty vector that keeps `v`'s allocation, for elements that differ
+/// only in lifetime. (The standard library collects an `IntoIter` mapped
+/// to a type of the same size and alignment in place; if it ever did not,
+/// this would return a new empty vector, which allocates nothing.)
+fn relabel<'b>(mut v: Vec<LogBlock<'_>>) -> Vec<LogBlock<'b>> {
+    v.clear();
+    v.into_iter()
+        .map(|_| -> LogBlock<'b> { unreachable!("the vector is empty") })
+        .collect()
 }
 
 /// Writes `blocks` to the log starting at `pos`, splitting at the end of the
@@ -251,7 +374,7 @@ pub fn write_log_blocks(
     const MAX_IOV: usize = 256;
     let len = region.len_blocks();
     // (log position, first block, block count) of each run.
-    let mut runs: Vec<(u32, usize, usize)> = Vec::new();
+    let mut runs: SmallVec<[(u32, usize, usize); 4]> = SmallVec::new();
     let mut i = 0;
     while i < blocks.len() {
         let room = (len - pos) as usize;
@@ -263,15 +386,13 @@ pub fn write_log_blocks(
             pos = first;
         }
     }
-    let iov_of = |i: usize, n: usize| -> Vec<IoSlice<'_>> {
-        blocks[i..i + n]
-            .iter()
-            .map(|b| IoSlice::new(b.bytes()))
-            .collect()
-    };
     if !durable || runs.len() == 1 {
         for &(at, i, n) in &runs {
-            let iov = iov_of(i, n);
+            // On the stack for a commit of up to 64 blocks.
+            let iov: SmallVec<[IoSlice<'_>; 64]> = blocks[i..i + n]
+                .iter()
+                .map(|b| IoSlice::new(b.bytes()))
+                .collect();
             if durable {
                 region.write_blocks_durable(at, &iov, prio())?;
             } else {
@@ -282,8 +403,13 @@ pub fn write_log_blocks(
     }
     // A large durable commit: every run in one device batch (queue depth
     // without a thread per request).
-    let batch: Vec<(u32, Vec<IoSlice<'_>>)> =
-        runs.iter().map(|&(at, i, n)| (at, iov_of(i, n))).collect();
+    let batch: Vec<(u32, Vec<IoSlice<'_>>)> = runs
+        .iter()
+        .map(|&(at, i, n)| {
+            let iov = blocks[i..i + n].iter().map(|b| IoSlice::new(b.bytes()));
+            (at, iov.collect())
+        })
+        .collect();
     region.write_runs(&batch, true, prio())?;
     Ok(pos)
 }
@@ -292,4 +418,106 @@ pub fn write_log_blocks(
 pub fn advance(pos: u32, n: usize, first: u32, len_blocks: u32) -> u32 {
     let usable = u64::from(len_blocks - first);
     (((u64::from(pos - first)) + n as u64) % usable) as u32 + first
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use std::time::Duration;
+
+    const BS: usize = 1024;
+
+    /// Data blocks from seeds: some start with the journal magic (escaped).
+    fn blocks(seeds: &[(u64, u8, bool)]) -> Vec<(u64, Vec<u8>)> {
+        seeds
+            .iter()
+            .map(|&(home, fill, magic)| {
+                let mut b = vec![fill; BS];
+                if magic {
+                    b[..4].copy_from_slice(&format::JBD2_MAGIC.to_be_bytes());
+                }
+                (home, b)
+            })
+            .collect()
+    }
+
+    fn bytes_of(log: &[LogBlock<'_>]) -> Vec<Vec<u8>> {
+        log.iter().map(|b| b.bytes().to_vec()).collect()
+    }
+
+    proptest! {
+        /// A builder reused across transactions lays out exactly what a
+        /// fresh one does (its kept buffers hold the previous transaction's
+        /// bytes: every block built must overwrite all of them).
+        #[test]
+        fn a_reused_builder_builds_what_a_fresh_one_does(
+            txns in proptest::collection::vec(
+                (
+                    proptest::collection::vec((0u64..1 << 40, any::<u8>(), any::<bool>()), 0..70),
+                    proptest::collection::vec(0u64..1 << 40, 0..200),
+                    0u32..16,
+                ),
+                1..6,
+            )
+        ) {
+            let sb = JournalSuperblock::new(BS as u32, 4096, [9; 16]);
+            let p = LogParams::of(&sb);
+            let now = UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+            let mut builder = TxnBuilder::default();
+            for (i, (seeds, revokes, overlap)) in txns.iter().enumerate() {
+                let data = blocks(seeds);
+                let refs: Vec<(u64, &[u8])> = data.iter().map(|(h, b)| (*h, b.as_slice())).collect();
+                let seq = 100 + i as u32;
+                let fresh = build_transaction(&sb, seq, *overlap, &refs, revokes, now);
+                let head = TxnHead { sequence: seq, overlap: *overlap, now };
+                let reused = builder.build(&p, head, refs.len(), |i| refs[i], revokes);
+                prop_assert_eq!(reused.len(), transaction_blocks(BS, refs.len(), revokes.len()));
+                prop_assert_eq!(bytes_of(&reused), bytes_of(&fresh));
+                builder.recycle(reused);
+            }
+        }
+    }
+
+    /// The point of the builder: after the first transaction, the next one
+    /// of the same shape takes no new buffer and no new list.
+    #[test]
+    fn a_builder_keeps_its_buffers_and_list() {
+        let sb = JournalSuperblock::new(BS as u32, 4096, [9; 16]);
+        let p = LogParams::of(&sb);
+        let data = blocks(&[(5, 1, false), (6, 2, true), (9, 3, false)]);
+        let refs: Vec<(u64, &[u8])> = data.iter().map(|(h, b)| (*h, b.as_slice())).collect();
+        let head = TxnHead {
+            sequence: 1,
+            overlap: 0,
+            now: SystemTime::now(),
+        };
+        let mut builder = TxnBuilder::default();
+        let first = builder.build(&p, head, refs.len(), |i| refs[i], &[]);
+        let owned: Vec<*const u8> = first
+            .iter()
+            .filter_map(|b| match b {
+                LogBlock::Owned(buf) => Some(buf.as_ptr()),
+                LogBlock::Borrowed(_) => None,
+            })
+            .collect();
+        // Descriptor, escaped copy, commit.
+        assert_eq!(owned.len(), 3);
+        let list = first.as_ptr() as usize;
+        builder.recycle(first);
+        let second = builder.build(&p, head, refs.len(), |i| refs[i], &[]);
+        assert_eq!(
+            second.as_ptr() as usize,
+            list,
+            "the block list was not reused"
+        );
+        for b in &second {
+            if let LogBlock::Owned(buf) = b {
+                assert!(
+                    owned.contains(&buf.as_ptr()),
+                    "a log buffer was allocated anew"
+                );
+            }
+        }
+    }
 }

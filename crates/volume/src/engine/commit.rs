@@ -167,7 +167,7 @@ impl Engine {
 
     /// Locks every stripe, takes what they hold and starts transaction `tid + 1`.
     pub(super) fn cut(&self, tid: Tid) -> Cut {
-        let mut guards: Vec<_> = (0..STRIPES).map(|i| self.stripe(i)).collect();
+        let mut guards: SmallVec<[_; STRIPES]> = (0..STRIPES).map(|i| self.stripe(i)).collect();
         let (mut blocks, mut revokes, mut charged, mut unspent) = (Vec::new(), Vec::new(), 0, 0);
         for g in guards.iter_mut() {
             debug_assert_eq!(g.tid, tid);
@@ -471,21 +471,24 @@ impl Engine {
         &self,
         tid: Tid,
         layout: &Layout,
-        newest: BTreeMap<Lba, (u64, BlockRef)>,
+        newest: Vec<(Lba, u64, BlockRef)>,
         revoke_list: Vec<Lba>,
         charged: u64,
     ) -> Result<CommittedTxn> {
         let (sequence, head) = (layout.sequence, layout.head);
         let bs = self.bs;
-        let data: Vec<(u64, &[u8])> = newest.iter().map(|(&b, (_, r))| (b, r.bytes(bs))).collect();
-        let jsb = self.jsb.lock().clone();
-        let log: Vec<LogBlock<'_>> = writer::build_transaction(
-            &jsb,
-            sequence,
-            layout.overlap,
-            &data,
+        let params = writer::LogParams::of(&self.jsb.lock());
+        let mut builder = self.builders.lock().pop().unwrap_or_default();
+        let log: Vec<LogBlock<'_>> = builder.build(
+            &params,
+            writer::TxnHead {
+                sequence,
+                overlap: layout.overlap,
+                now: SystemTime::now(),
+            },
+            newest.len(),
+            |i| (newest[i].0, newest[i].2.bytes(bs)),
             &revoke_list,
-            SystemTime::now(),
         );
         let k = log.len() as u64;
         if k > charged {
@@ -553,49 +556,109 @@ impl Engine {
         };
         // The layout fixed at the cut is what was written.
         debug_assert_eq!(end_pos, writer::advance(head, log.len(), self.first, len));
-        drop(log);
-        drop(data);
+        builder.recycle(log);
+        self.builders.lock().push(builder);
         Ok(CommittedTxn {
             tid,
             sequence,
             start_pos: head,
             log_blocks: k,
             charged,
-            blocks: newest.into_iter().map(|(b, (v, r))| (b, v, r)).collect(),
+            blocks: newest,
             revokes: revoke_list,
             elapsed: Duration::ZERO,
         })
     }
 }
 
-/// Newest version per block, and the revokes that still apply: a
-/// journaled copy newer than a revoke cancels the revoke; an older one is
-/// dropped (the direct write superseded it).
-pub(super) fn resolve(
-    blocks: Vec<(Lba, u64, BlockRef)>,
-    revokes: Vec<(Lba, u64)>,
-) -> (BTreeMap<Lba, (u64, BlockRef)>, Vec<Lba>) {
-    let mut newest: BTreeMap<Lba, (u64, BlockRef)> = BTreeMap::new();
-    for (b, v, r) in blocks {
-        match newest.get(&b) {
-            Some((old, _)) if *old > v => {}
-            _ => {
+/// Newest version per block (in block order), and the revokes that still
+/// apply (in block order): a journaled copy newer than a revoke cancels the
+/// revoke; an older one is dropped (the direct write superseded it).
+/// Works in place on the cut's list, which becomes the transaction's.
+pub(super) fn resolve<R>(
+    mut blocks: Vec<(Lba, u64, R)>,
+    mut revokes: Vec<(Lba, u64)>,
+) -> (Vec<(Lba, u64, R)>, Vec<Lba>) {
+    // Per block, newest version first; keep only that one.
+    blocks.sort_unstable_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)));
+    blocks.dedup_by(|later, kept| later.0 == kept.0);
+    if revokes.is_empty() {
+        return (blocks, Vec::new());
+    }
+    revokes.sort_unstable_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)));
+    revokes.dedup_by(|later, kept| later.0 == kept.0);
+    let mut kept = Vec::with_capacity(revokes.len());
+    let mut dropped = false;
+    for (b, rv) in revokes {
+        match blocks.binary_search_by(|e| e.0.cmp(&b)) {
+            Ok(i) if blocks[i].1 > rv => {}
+            Ok(i) => {
+                // Marked here, removed below (keeps the search valid;
+                // versions count writes and never reach u64::MAX).
+                blocks[i].1 = u64::MAX;
+                dropped = true;
+                kept.push(b);
+            }
+            Err(_) => kept.push(b),
+        }
+    }
+    if dropped {
+        blocks.retain(|e| e.1 != u64::MAX);
+    }
+    (blocks, kept)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::resolve;
+    use proptest::prelude::*;
+    use std::collections::BTreeMap;
+
+    /// The rule, written the obvious way (the engine's first version).
+    fn model(
+        blocks: &[(u64, u64, u32)],
+        revokes: &[(u64, u64)],
+    ) -> (Vec<(u64, u64, u32)>, Vec<u64>) {
+        let mut newest: BTreeMap<u64, (u64, u32)> = BTreeMap::new();
+        for &(b, v, r) in blocks {
+            if newest.get(&b).is_none_or(|(old, _)| *old < v) {
                 newest.insert(b, (v, r));
             }
         }
-    }
-    let mut rev: BTreeMap<Lba, u64> = BTreeMap::new();
-    for (b, v) in revokes {
-        let e = rev.entry(b).or_insert(v);
-        *e = (*e).max(v);
-    }
-    rev.retain(|b, rv| match newest.get(b) {
-        Some((v, _)) if *v > *rv => false,
-        Some(_) => {
-            newest.remove(b);
-            true
+        let mut rev: BTreeMap<u64, u64> = BTreeMap::new();
+        for &(b, v) in revokes {
+            let e = rev.entry(b).or_insert(v);
+            *e = (*e).max(v);
         }
-        None => true,
-    });
-    (newest, rev.keys().copied().collect())
+        rev.retain(|b, rv| match newest.get(b) {
+            Some((v, _)) if *v > *rv => false,
+            Some(_) => {
+                newest.remove(b);
+                true
+            }
+            None => true,
+        });
+        (
+            newest.into_iter().map(|(b, (v, r))| (b, v, r)).collect(),
+            rev.into_keys().collect(),
+        )
+    }
+
+    proptest! {
+        #[test]
+        fn resolve_keeps_the_newest_copy_and_the_revokes_that_win(
+            writes in proptest::collection::vec((0u64..40, any::<u32>()), 0..120),
+            revs in proptest::collection::vec((0u64..40, 0usize..150), 0..40),
+        ) {
+            // Versions are unique and grow with arrival, as in the engine.
+            let blocks: Vec<(u64, u64, u32)> = writes
+                .iter()
+                .enumerate()
+                .map(|(i, &(b, r))| (b, 2 * i as u64 + 1, r))
+                .collect();
+            let revokes: Vec<(u64, u64)> = revs.iter().map(|&(b, at)| (b, 2 * at as u64)).collect();
+            let got = resolve(blocks.clone(), revokes.clone());
+            prop_assert_eq!(got, model(&blocks, &revokes));
+        }
+    }
 }

@@ -316,6 +316,9 @@ pub struct Engine {
     /// Large buffers of direct writes kept for reuse (a leaf lock, never
     /// held with another).
     direct_bufs: Leaf<Vec<AlignedBuf>>,
+    /// Transaction builders kept between commits (one per commit in
+    /// flight at most): a commit allocates no log buffers or lists.
+    builders: Leaf<Vec<writer::TxnBuilder>>,
     stripes: Box<[CachePadded<Mutex<Stripe>>]>,
     st: Mutex<JState>,
     kick: Condvar,
@@ -454,6 +457,7 @@ impl Engine {
             // take.
             pool: BufPool::new(bs, 64 << 20),
             direct_bufs: Leaf::new(Vec::new()),
+            builders: Leaf::new(Vec::new()),
             stripes,
             st: Mutex::new(st),
             kick: Condvar::new(),
