@@ -428,16 +428,17 @@ impl UringDevice {
         let fd = self.f.file.as_raw_fd();
         let what = self.f.what();
         if needs_bounce(&self.f, bufs.iter().map(|b| &**b)) {
-            let mut bounce = AlignedBuf::zeroed(iov_len_mut(bufs) as usize);
-            let mut iov = [libc::iovec {
-                iov_base: bounce.as_mut_ptr().cast(),
-                iov_len: bounce.len(),
-            }];
-            // SAFETY: `bounce` is owned here, outlives the call and nobody
-            // else accesses it meanwhile.
-            unsafe { transfer(ring, fd, Dir::Read, &mut iov, offset, 0, &what) }?;
-            crate::pread::scatter(&bounce, bufs);
-            return Ok(());
+            return crate::pread::with_bounce(iov_len_mut(bufs) as usize, |bounce| {
+                let mut iov = [libc::iovec {
+                    iov_base: bounce.as_mut_ptr().cast(),
+                    iov_len: bounce.len(),
+                }];
+                // SAFETY: `bounce` is borrowed mutably for the whole call
+                // and nobody else accesses it meanwhile.
+                unsafe { transfer(ring, fd, Dir::Read, &mut iov, offset, 0, &what) }?;
+                crate::pread::scatter(bounce, bufs);
+                Ok(())
+            });
         }
         let mut iovs: Vec<libc::iovec> = bufs
             .iter_mut()
@@ -462,13 +463,15 @@ impl UringDevice {
         let fd = self.f.file.as_raw_fd();
         let what = self.f.what();
         if needs_bounce(&self.f, bufs.iter().map(|b| &**b)) {
-            let mut bounce = crate::pread::gather(bufs);
-            let mut iov = [libc::iovec {
-                iov_base: bounce.as_mut_ptr().cast(),
-                iov_len: bounce.len(),
-            }];
-            // SAFETY: `bounce` is owned here and outlives the call.
-            return unsafe { transfer(ring, fd, dir, &mut iov, offset, ioprio, &what) };
+            return crate::pread::with_bounce(iov_len(bufs) as usize, |bounce| {
+                crate::pread::gather_into(bufs, bounce);
+                let mut iov = [libc::iovec {
+                    iov_base: bounce.as_mut_ptr().cast(),
+                    iov_len: bounce.len(),
+                }];
+                // SAFETY: `bounce` is borrowed for the whole call.
+                unsafe { transfer(ring, fd, dir, &mut iov, offset, ioprio, &what) }
+            });
         }
         let mut iovs = crate::pread::write_iovecs(bufs);
         // SAFETY: the iovecs describe `bufs`, borrowed for the whole call;

@@ -236,11 +236,24 @@ fn vectored_round_trips(dev: &dyn BlockDevice) {
 /// Buffers at odd memory addresses work (bounced where O_DIRECT needs it).
 fn unaligned_memory(dev: &dyn BlockDevice) {
     let lbs = dev.logical_block_size() as usize;
-    for (i, skew) in [1usize, 3, 8, 511].into_iter().enumerate() {
+    // Growing, then shrinking sizes with new contents: a bounce buffer kept
+    // from a larger request must serve a smaller one with none of its old
+    // bytes showing.
+    for (round, (i, skew)) in [1usize, 3, 8, 511]
+        .into_iter()
+        .enumerate()
+        .chain(
+            [511usize, 8, 3, 1]
+                .into_iter()
+                .enumerate()
+                .map(|(i, s)| (3 - i, s)),
+        )
+        .enumerate()
+    {
         let len = lbs * (i + 1);
         let offset = ((3 + 16 * i) * lbs) as u64;
         let mut store = vec![0u8; len + skew];
-        fill_pattern(&mut store[skew..], 7 + i as u64, offset);
+        fill_pattern(&mut store[skew..], 7 + (i + 4 * round) as u64, offset);
         dev.write_at(&store[skew..], offset, IoPriority::Urgent)
             .unwrap();
         let mut back_store = vec![0u8; len + skew + 1];
