@@ -12,7 +12,7 @@ use jbdev_journal::JournalRegion;
 use parking_lot::Mutex;
 
 use crate::bufpool::SharedBuf;
-use crate::engine::{Completion, Durability, Engine, Op};
+use crate::engine::{Completion, DirectSync, Durability, Engine, Op};
 use crate::overlay::{BlockRef, CallerBuf, DirectData, Overlay, Source, Version};
 use crate::superblock::{JournalLocation, VolumeSuperblock};
 use crate::{FormatOptions, JournalPlacement, OpenOptions, Result, VolumeError};
@@ -622,7 +622,8 @@ impl Volume {
                 .journaled(&[Op::Write { offset, data: buf }], flags.fua);
         };
         let (head, tail) = self.write_edges(buf, offset, mid)?;
-        self.write_middle(mid, self.engine_copy(&buf[head..tail]), flags)
+        let edges = head > 0 || tail < buf.len();
+        self.write_middle(mid, self.engine_copy(&buf[head..tail]), flags, edges)
     }
 
     /// [`Volume::write_at`] of a buffer the volume may keep until the write
@@ -713,12 +714,13 @@ impl Volume {
     ) -> Result<()> {
         let bytes: &[u8] = (*buf).as_ref();
         let (head, tail) = self.write_edges(bytes, offset, mid)?;
+        let edges = head > 0 || tail < bytes.len();
         let data = if self.engine.takes_caller_buf(bytes[head..].as_ptr()) {
             DirectData::Caller(buf, head..tail)
         } else {
             self.engine_copy(&bytes[head..tail])
         };
-        self.write_middle(mid, data, flags)
+        self.write_middle(mid, data, flags, edges)
     }
 
     /// `bytes` copied into a reused aligned engine buffer.
@@ -747,11 +749,23 @@ impl Volume {
         Ok((head, tail))
     }
 
-    /// Writes the aligned middle `mid` of a large write straight home.
-    fn write_middle(&self, mid: (u64, u64), data: DirectData, flags: WriteFlags) -> Result<()> {
+    /// Writes the aligned middle `mid` of a large write straight home;
+    /// `edges`: its partial head or tail blocks went into the running
+    /// transaction (a FUA write must make them durable too).
+    fn write_middle(
+        &self,
+        mid: (u64, u64),
+        data: DirectData,
+        flags: WriteFlags,
+        edges: bool,
+    ) -> Result<()> {
         let bs = self.engine.bs as u64;
-        self.engine
-            .direct(mid.0 / bs, mid.1 / bs, Some(data), flags.fua)
+        let sync = match (flags.fua, edges) {
+            (false, _) => DirectSync::None,
+            (true, false) => DirectSync::Alone,
+            (true, true) => DirectSync::WithRunning,
+        };
+        self.engine.direct(mid.0 / bs, mid.1 / bs, Some(data), sync)
     }
 
     /// [`Volume::write_at`] without waiting for durability: the data is
@@ -883,8 +897,13 @@ impl Volume {
             self.engine.journaled(&edge_ops, false)?;
         }
         let bs = self.engine.bs as u64;
-        self.engine
-            .direct(mid_start / bs, mid_end / bs, None, flags.fua)
+        // Zeroing has no durable form of its own: a FUA zero flushes.
+        let sync = if flags.fua {
+            DirectSync::WithRunning
+        } else {
+            DirectSync::None
+        };
+        self.engine.direct(mid_start / bs, mid_end / bs, None, sync)
     }
 
     /// True if [`Volume::write_zeroes`] of this range zeroes in place (hole

@@ -3,6 +3,19 @@
 use super::*;
 use crate::CallerBuf;
 
+/// What a direct write must make durable before it returns.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DirectSync {
+    /// Nothing (a plain write: durable after a later flush).
+    None,
+    /// This write only (FUA, and nothing of the same request went into the
+    /// journal).
+    Alone,
+    /// This write and the running transaction, which holds journaled parts
+    /// of the same request (FUA with partial edge blocks, or zeroing).
+    WithRunning,
+}
+
 impl Engine {
     // ----- direct home writes ---------------------------------------------
 
@@ -26,12 +39,21 @@ impl Engine {
     ///    No revoke is added for a block that already has a journaled copy
     ///    newer than this write: replay must not cancel that copy, and it
     ///    supersedes older ones anyway.
-    pub fn direct(&self, start: Lba, end: Lba, data: Option<DirectData>, fua: bool) -> Result<()> {
+    ///
+    /// `sync` says what must be durable when this returns (see
+    /// [`DirectSync`]).
+    pub fn direct(
+        &self,
+        start: Lba,
+        end: Lba,
+        data: Option<DirectData>,
+        sync: DirectSync,
+    ) -> Result<()> {
         self.check_writable()?;
         if start >= end {
             return Ok(());
         }
-        self.direct_under(self.home_lock.read(), start, end, data, fua)
+        self.direct_under(self.home_lock.read(), start, end, data, sync)
     }
 
     /// [`Engine::direct`] of data, not FUA, only if it need not wait: the
@@ -61,7 +83,7 @@ impl Engine {
             return Ok(Err(buf));
         };
         let data = DirectData::Caller(buf, range);
-        self.direct_under(home_guard, start, end, Some(data), false)
+        self.direct_under(home_guard, start, end, Some(data), DirectSync::None)
             .map(Ok)
     }
 
@@ -79,7 +101,7 @@ impl Engine {
         start: Lba,
         end: Lba,
         data: Option<DirectData>,
-        fua: bool,
+        sync: DirectSync,
     ) -> Result<()> {
         let data = data.map(Arc::new);
         let id = self.pending_id.fetch_add(1, Ordering::Relaxed);
@@ -110,6 +132,10 @@ impl Engine {
         };
         // Step 1 (the home lock is held).
         let mut shard_versions: Vec<(usize, u64)> = Vec::with_capacity(shard_ids.len());
+        // Whether any block of the range has a journaled copy or a revoke
+        // in the log now: copies that appear later are newer than this
+        // write and need no revoke.
+        let mut in_log = false;
         for &s in &shard_ids {
             let mut sh = self.overlay.lock(s);
             let rv = sh.bump();
@@ -123,11 +149,23 @@ impl Engine {
             for b in in_range(&sh, s) {
                 let e = sh.map.get_mut(&b).expect("entry present");
                 e.cancel_below = e.cancel_below.max(rv);
+                in_log = true;
             }
             shard_versions.push((s, rv));
         }
+        // A FUA write of data alone, over blocks nothing in the log
+        // covers, is one force-unit-access write: no revoke has to become
+        // durable with it (the kernel's O_DIRECT|O_SYNC write, one device
+        // round trip instead of a write, a commit and a flush).
+        let durable_alone =
+            sync == DirectSync::Alone && !in_log && data.is_some() && !self.home_writes_cached();
         // Step 2.
         let res = match &data {
+            Some(buf) if durable_alone => self.home.write_vectored_durable_at(
+                &[IoSlice::new(buf)],
+                self.home_offset(start),
+                IoPriority::Urgent,
+            ),
             // Through the page cache when there is one (ARCHITECTURE 22c):
             // durable, like the O_DIRECT write, only after a home flush.
             Some(buf) if self.home_writes_cached() => self
@@ -159,6 +197,7 @@ impl Engine {
         }
         drop(home_guard);
         // Step 3 (credits first: waiting for space needs no lock of ours).
+        let mut revoked = false;
         loop {
             let have = self.stripe(stripe_idx).credits;
             if have < charge {
@@ -187,6 +226,7 @@ impl Engine {
                     }
                     e.tomb_tid = Some(tid);
                     stripe.revokes.push((b, rv));
+                    revoked = true;
                 }
                 sh.bump();
             }
@@ -206,8 +246,13 @@ impl Engine {
         if let Some(DirectData::Engine(buf)) = data.and_then(|d| Arc::try_unwrap(d).ok()) {
             self.recycle_direct_buf(buf);
         }
-        if fua {
-            self.flush()?;
+        // IMPORTANT: a revoke added after all (a racing writer made a copy
+        // and a racing direct write cancelled it) must be durable before the
+        // ack like any other: then flush as a plain FUA direct write does.
+        match sync {
+            DirectSync::None => {}
+            DirectSync::Alone if durable_alone && !revoked => {}
+            DirectSync::Alone | DirectSync::WithRunning => self.flush()?,
         }
         self.ack()
     }

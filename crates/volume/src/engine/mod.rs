@@ -87,6 +87,7 @@ mod direct;
 mod read;
 mod write;
 
+pub use direct::DirectSync;
 pub use write::Durability;
 
 /// Shard guards a request holds, in ascending shard order.
