@@ -484,15 +484,8 @@ unsafe fn transfer_on(
 pub(crate) fn pwrite_all(f: &DeviceFile, bufs: &[IoSlice<'_>], offset: u64) -> Result<()> {
     check_writable(f)?;
     if needs_bounce(f, bufs.iter().map(|b| &**b)) {
-        return with_bounce(iov_len(bufs) as usize, |bounce| {
-            gather_into(bufs, bounce);
-            let mut iov = [libc::iovec {
-                iov_base: bounce.as_mut_ptr().cast(),
-                iov_len: bounce.len(),
-            }];
-            // SAFETY: `bounce` is borrowed for the whole call.
-            unsafe { transfer(f, Dir::Write, &mut iov, offset) }
-        });
+        // SAFETY: the iovec describes the bounce, borrowed for the call.
+        return write_bounced(bufs, |iov| unsafe { transfer(f, Dir::Write, iov, offset) });
     }
     let mut iovs = write_iovecs(bufs);
     // SAFETY: the iovecs describe `bufs`, borrowed for the whole call.
@@ -555,12 +548,45 @@ thread_local! {
     static BOUNCE: std::cell::Cell<Option<AlignedBuf>> = const { std::cell::Cell::new(None) };
 }
 
+/// An O_DIRECT read of unaligned `bufs`: `io` reads into the thread's
+/// bounce buffer (described by the one iovec it gets), which is then
+/// copied out into `bufs`.
+pub(crate) fn read_bounced(
+    bufs: &mut [IoSliceMut<'_>],
+    io: impl FnOnce(&mut [libc::iovec]) -> Result<()>,
+) -> Result<()> {
+    with_bounce(iov_len_mut(bufs) as usize, |bounce| {
+        io(&mut [bounce_iovec(bounce)])?;
+        scatter(bounce, bufs);
+        Ok(())
+    })
+}
+
+/// An O_DIRECT write of unaligned `bufs`: they are gathered into the
+/// thread's bounce buffer, which `io` writes (one iovec).
+pub(crate) fn write_bounced(
+    bufs: &[IoSlice<'_>],
+    io: impl FnOnce(&mut [libc::iovec]) -> Result<()>,
+) -> Result<()> {
+    with_bounce(iov_len(bufs) as usize, |bounce| {
+        gather_into(bufs, bounce);
+        io(&mut [bounce_iovec(bounce)])
+    })
+}
+
+fn bounce_iovec(bounce: &mut [u8]) -> libc::iovec {
+    libc::iovec {
+        iov_base: bounce.as_mut_ptr().cast(),
+        iov_len: bounce.len(),
+    }
+}
+
 /// Runs `f` on an aligned buffer of exactly `len` bytes, contents
 /// unspecified (a read fills it, a write gathers into it). The thread's
 /// kept buffer is used when it is large enough; a buffer of at most
 /// [`BOUNCE_KEEP_MAX`] bytes is kept afterwards. Re-entrant: a nested call
 /// finds nothing kept and allocates.
-pub(crate) fn with_bounce<R>(len: usize, f: impl FnOnce(&mut [u8]) -> R) -> R {
+fn with_bounce<R>(len: usize, f: impl FnOnce(&mut [u8]) -> R) -> R {
     let kept = BOUNCE.try_with(std::cell::Cell::take).ok().flatten();
     let mut buf = match kept {
         Some(b) if b.len() >= len => b,
@@ -678,17 +704,9 @@ pub(crate) fn pread_all(f: &DeviceFile, bufs: &mut [IoSliceMut<'_>], offset: u64
         return pread_cached(f, reader, bufs, offset);
     }
     if needs_bounce(f, bufs.iter().map(|b| &**b)) {
-        return with_bounce(iov_len_mut(bufs) as usize, |bounce| {
-            let mut iov = [libc::iovec {
-                iov_base: bounce.as_mut_ptr().cast(),
-                iov_len: bounce.len(),
-            }];
-            // SAFETY: `bounce` is borrowed mutably for the whole call and
-            // nothing else touches it meanwhile.
-            unsafe { transfer(f, Dir::Read, &mut iov, offset) }?;
-            scatter(bounce, bufs);
-            Ok(())
-        });
+        // SAFETY: the iovec describes the bounce, borrowed mutably (and
+        // touched by nothing else) for the call.
+        return read_bounced(bufs, |iov| unsafe { transfer(f, Dir::Read, iov, offset) });
     }
     let mut iovs: Vec<libc::iovec> = bufs
         .iter_mut()

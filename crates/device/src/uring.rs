@@ -428,16 +428,10 @@ impl UringDevice {
         let fd = self.f.file.as_raw_fd();
         let what = self.f.what();
         if needs_bounce(&self.f, bufs.iter().map(|b| &**b)) {
-            return crate::pread::with_bounce(iov_len_mut(bufs) as usize, |bounce| {
-                let mut iov = [libc::iovec {
-                    iov_base: bounce.as_mut_ptr().cast(),
-                    iov_len: bounce.len(),
-                }];
-                // SAFETY: `bounce` is borrowed mutably for the whole call
-                // and nobody else accesses it meanwhile.
-                unsafe { transfer(ring, fd, Dir::Read, &mut iov, offset, 0, &what) }?;
-                crate::pread::scatter(bounce, bufs);
-                Ok(())
+            // SAFETY: the iovec describes the bounce, borrowed mutably (and
+            // touched by nothing else) for the call.
+            return crate::pread::read_bounced(bufs, |iov| unsafe {
+                transfer(ring, fd, Dir::Read, iov, offset, 0, &what)
             });
         }
         let mut iovs: Vec<libc::iovec> = bufs
@@ -463,14 +457,9 @@ impl UringDevice {
         let fd = self.f.file.as_raw_fd();
         let what = self.f.what();
         if needs_bounce(&self.f, bufs.iter().map(|b| &**b)) {
-            return crate::pread::with_bounce(iov_len(bufs) as usize, |bounce| {
-                crate::pread::gather_into(bufs, bounce);
-                let mut iov = [libc::iovec {
-                    iov_base: bounce.as_mut_ptr().cast(),
-                    iov_len: bounce.len(),
-                }];
-                // SAFETY: `bounce` is borrowed for the whole call.
-                unsafe { transfer(ring, fd, dir, &mut iov, offset, ioprio, &what) }
+            // SAFETY: the iovec describes the bounce, borrowed for the call.
+            return crate::pread::write_bounced(bufs, |iov| unsafe {
+                transfer(ring, fd, dir, iov, offset, ioprio, &what)
             });
         }
         let mut iovs = crate::pread::write_iovecs(bufs);

@@ -323,9 +323,7 @@ impl TxnBuilder {
                 }
             }
         }
-        if blocks.capacity() > self.blocks.capacity() {
-            self.blocks = relabel(blocks);
-        }
+        self.blocks = relabel(blocks);
     }
 
     /// A block-sized buffer (contents unspecified: every user overwrites

@@ -621,9 +621,8 @@ impl Volume {
                 .engine
                 .journaled(&[Op::Write { offset, data: buf }], flags.fua);
         };
-        let (head, tail) = self.write_edges(buf, offset, mid)?;
-        let edges = head > 0 || tail < buf.len();
-        self.write_middle(mid, self.engine_copy(&buf[head..tail]), flags, edges)
+        let (head, tail, sync) = self.write_edges(buf, offset, mid, flags)?;
+        self.write_middle(mid, self.engine_copy(&buf[head..tail]), sync)
     }
 
     /// [`Volume::write_at`] of a buffer the volume may keep until the write
@@ -713,14 +712,13 @@ impl Volume {
         flags: WriteFlags,
     ) -> Result<()> {
         let bytes: &[u8] = (*buf).as_ref();
-        let (head, tail) = self.write_edges(bytes, offset, mid)?;
-        let edges = head > 0 || tail < bytes.len();
+        let (head, tail, sync) = self.write_edges(bytes, offset, mid, flags)?;
         let data = if self.engine.takes_caller_buf(bytes[head..].as_ptr()) {
             DirectData::Caller(buf, head..tail)
         } else {
             self.engine_copy(&bytes[head..tail])
         };
-        self.write_middle(mid, data, flags, edges)
+        self.write_middle(mid, data, sync)
     }
 
     /// `bytes` copied into a reused aligned engine buffer.
@@ -732,8 +730,15 @@ impl Volume {
 
     /// Journals the partial head and tail blocks of a write whose aligned
     /// middle `mid` goes straight home; returns the middle's byte range
-    /// within `buf`.
-    fn write_edges(&self, buf: &[u8], offset: u64, mid: (u64, u64)) -> Result<(usize, usize)> {
+    /// within `buf` and what the middle's direct write must make durable
+    /// (with FUA, the journaled edges too).
+    fn write_edges(
+        &self,
+        buf: &[u8],
+        offset: u64,
+        mid: (u64, u64),
+        flags: WriteFlags,
+    ) -> Result<(usize, usize, DirectSync)> {
         let (mid_start, mid_end) = mid;
         let head = (mid_start - offset) as usize;
         let tail = (mid_end - offset) as usize;
@@ -746,25 +751,17 @@ impl Volume {
         if !edge_ops.is_empty() {
             self.engine.journaled(&edge_ops, false)?;
         }
-        Ok((head, tail))
+        let sync = match (flags.fua, edge_ops.is_empty()) {
+            (false, _) => DirectSync::None,
+            (true, true) => DirectSync::Alone,
+            (true, false) => DirectSync::WithRunning,
+        };
+        Ok((head, tail, sync))
     }
 
-    /// Writes the aligned middle `mid` of a large write straight home;
-    /// `edges`: its partial head or tail blocks went into the running
-    /// transaction (a FUA write must make them durable too).
-    fn write_middle(
-        &self,
-        mid: (u64, u64),
-        data: DirectData,
-        flags: WriteFlags,
-        edges: bool,
-    ) -> Result<()> {
+    /// Writes the aligned middle `mid` of a large write straight home.
+    fn write_middle(&self, mid: (u64, u64), data: DirectData, sync: DirectSync) -> Result<()> {
         let bs = self.engine.bs as u64;
-        let sync = match (flags.fua, edges) {
-            (false, _) => DirectSync::None,
-            (true, false) => DirectSync::Alone,
-            (true, true) => DirectSync::WithRunning,
-        };
         self.engine.direct(mid.0 / bs, mid.1 / bs, Some(data), sync)
     }
 

@@ -477,10 +477,9 @@ impl Engine {
     ) -> Result<CommittedTxn> {
         let (sequence, head) = (layout.sequence, layout.head);
         let bs = self.bs;
-        let params = writer::LogParams::of(&self.jsb.lock());
         let mut builder = self.builders.lock().pop().unwrap_or_default();
         let log: Vec<LogBlock<'_>> = builder.build(
-            &params,
+            &self.log_params,
             writer::TxnHead {
                 sequence,
                 overlap: layout.overlap,

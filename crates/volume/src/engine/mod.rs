@@ -320,6 +320,9 @@ pub struct Engine {
     /// Transaction builders kept between commits (one per commit in
     /// flight at most): a commit allocates no log buffers or lists.
     builders: Leaf<Vec<writer::TxnBuilder>>,
+    /// What laying out a transaction needs of the journal superblock
+    /// (block size, checksum seed, uuid): fixed for the volume's life.
+    log_params: writer::LogParams,
     stripes: Box<[CachePadded<Mutex<Stripe>>]>,
     st: Mutex<JState>,
     kick: Condvar,
@@ -451,6 +454,7 @@ impl Engine {
             home_flusher,
             data_offset,
             region,
+            log_params: writer::LogParams::of(&jsb),
             jsb: Leaf::new(jsb),
             overlay: Overlay::new(),
             // Keeps up to a journal's worth (bounded at 64 MiB): the
