@@ -54,7 +54,7 @@ use std::collections::HashMap;
 use jbdev_device::AlignedBuf;
 
 use crate::format::{self, JournalSuperblock, LogRecord, TAG_FLAG_ESCAPE};
-use crate::writer::{self, DataDigest};
+use crate::writer::{self, DataDigest, DataDigestV1, DigestKind};
 use crate::{next_pos, JournalError, JournalRegion, Result};
 
 /// A block logged by a transaction.
@@ -293,7 +293,10 @@ fn walk_log(
             commit_sec: 0,
         };
         let mut first_block = true;
+        // Both algorithms: which one the commit block names is known only
+        // once it is read.
         let mut digest = DataDigest::new(seed, sequence);
+        let mut digest_v1 = DataDigestV1::new(seed, sequence);
         let failure: Option<Bad> = loop {
             if let Some(b) = read(pos, &mut buf, out)? {
                 break Some(b);
@@ -350,6 +353,7 @@ fn walk_log(
                             break;
                         }
                         digest.update(tag.home_block, &buf);
+                        digest_v1.update(tag.home_block, &buf);
                         txn.blocks.push(LoggedBlock {
                             home: tag.home_block,
                             pos,
@@ -366,7 +370,12 @@ fn walk_log(
                 // block made of crc32c-framed records from the real one; the
                 // digest can (see `writer`).
                 LogRecord::Commit(_)
-                    if writer::commit_digest(&buf).is_some_and(|d| d != digest.finish()) =>
+                    if writer::commit_digest(&buf).is_some_and(|(kind, d)| {
+                        d != match kind {
+                            DigestKind::Hash => digest.finish(),
+                            DigestKind::V1 => digest_v1.finish(),
+                        }
+                    }) =>
                 {
                     break bad("the data blocks do not match the commit block's digest \
                          (a data block is torn or stale)"
@@ -812,6 +821,63 @@ mod tests {
         let mut buf = vec![0u8; BS];
         read_replay_block(&region, &plan[0], &mut buf).unwrap();
         assert_eq!(buf, new);
+    }
+
+    /// Journals written with the first digest algorithm (marker `JBDG`)
+    /// are still verified with it: intact, the transaction is replayed;
+    /// torn (a tear crc32c cannot see), it is a torn tail.
+    #[test]
+    fn commit_blocks_with_the_first_digest_are_verified_with_it() {
+        let (region, sb) = journal();
+        let new = framed(2);
+        let pos = write_txn(&region, &sb, &new);
+        let commit_pos = pos + 1;
+        let seed = sb.csum_seed();
+        let mut c = vec![0u8; BS];
+        region.read_blocks(commit_pos, &mut c).unwrap();
+        let rewrite = |c: &mut Vec<u8>, data: &[u8]| {
+            let mut d = writer::DataDigestV1::new(seed, sb.sequence);
+            d.update(9, data);
+            c[writer::DIGEST_MARKER_OFFSET..writer::DIGEST_MARKER_OFFSET + 4]
+                .copy_from_slice(&writer::DIGEST_MARKER_V1.to_be_bytes());
+            c[writer::DIGEST_OFFSET..writer::DIGEST_OFFSET + 8]
+                .copy_from_slice(&d.finish().to_be_bytes());
+            let csum = format::commit_block_checksum(seed, c);
+            c[16..20].copy_from_slice(&csum.to_be_bytes());
+            region
+                .write_blocks(commit_pos, &[IoSlice::new(c)], IoPriority::Urgent)
+                .unwrap();
+        };
+        rewrite(&mut c, &new);
+        assert_eq!(
+            writer::commit_digest(&c).map(|(k, _)| k),
+            Some(writer::DigestKind::V1)
+        );
+        let ok = scan(&region, &mut |_| {}).unwrap();
+        assert_eq!((ok.end.clone(), ok.txns.len()), (ScanEnd::End, 1));
+        // The same commit block over a torn data block.
+        let mut torn = new.clone();
+        torn[BS / 2..].copy_from_slice(&framed(1)[BS / 2..]);
+        region
+            .write_blocks(pos, &[IoSlice::new(&torn)], IoPriority::Urgent)
+            .unwrap();
+        let bad = scan(&region, &mut |_| {}).unwrap();
+        assert!(bad.txns.is_empty(), "a torn V1 transaction was accepted");
+        assert!(matches!(bad.end, ScanEnd::TornTail { .. }), "{:?}", bad.end);
+        // And a digest of the new kind over the old algorithm's value is
+        // not accepted: the marker selects the algorithm.
+        region
+            .write_blocks(pos, &[IoSlice::new(&new)], IoPriority::Urgent)
+            .unwrap();
+        c[writer::DIGEST_MARKER_OFFSET..writer::DIGEST_MARKER_OFFSET + 4]
+            .copy_from_slice(&writer::DIGEST_MARKER.to_be_bytes());
+        let csum = format::commit_block_checksum(seed, &c);
+        c[16..20].copy_from_slice(&csum.to_be_bytes());
+        region
+            .write_blocks(commit_pos, &[IoSlice::new(&c)], IoPriority::Urgent)
+            .unwrap();
+        let wrong = scan(&region, &mut |_| {}).unwrap();
+        assert!(wrong.txns.is_empty(), "a V1 digest passed as the new kind");
     }
 
     /// Commit blocks without the digest marker (older jbdev, or another jbd2

@@ -66,16 +66,123 @@ const COMMIT_CHKSUM0_OFFSET: usize = 16;
 pub const DIGEST_MARKER_OFFSET: usize = 20;
 /// Offset of the big-endian 64-bit digest (`h_chksum[2..4]`) in a commit block.
 pub const DIGEST_OFFSET: usize = 24;
-/// Marks a commit block that carries a [`DataDigest`].
-pub const DIGEST_MARKER: u32 = u32::from_be_bytes(*b"JBDG");
+/// Marks a commit block that carries a [`DataDigest`] (the current
+/// algorithm).
+pub const DIGEST_MARKER: u32 = u32::from_be_bytes(*b"JBDX");
+/// Marks a commit block that carries a [`DataDigestV1`] (journals written
+/// before the per-block hash; still verified on recovery).
+pub const DIGEST_MARKER_V1: u32 = u32::from_be_bytes(*b"JBDG");
+
+/// A full-avalanche finalizer: every input bit affects every output bit.
+fn avalanche(mut z: u64) -> u64 {
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// What the log needs to know of one data block's content, independent of
+/// the transaction it lands in and of its home: so a writer can compute it
+/// right after copying the block (in its own thread, while the bytes are in
+/// cache) and the commit, a serial step, only combines.
+///
+/// Both fields are of the block as logged (escaped, see
+/// [`format::escape`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BlockSums {
+    /// `crc32c_raw(0, block)`: the tag checksum of the block in transaction
+    /// `s` is this XOR a per-transaction constant (crc32c without inversion
+    /// is linear; see [`TagKey`]).
+    pub crc: u32,
+    /// The block's 64-bit xxh3 hash, folded into the [`DataDigest`].
+    pub hash: u64,
+}
+
+impl BlockSums {
+    pub fn of(logged: &[u8]) -> Self {
+        Self {
+            crc: format::crc32c_raw(0, logged),
+            hash: xxhash_rust::xxh3::xxh3_64(logged),
+        }
+    }
+}
+
+/// Turns [`BlockSums::crc`] into the tag checksum of a block of
+/// `block_size` bytes in transaction `sequence`.
+///
+/// The tag checksum is `crc32c_raw(crc32c_raw(seed, seq_be), block)`. For a
+/// CRC without inversion, `crc(s, d) = crc(s, zeros(|d|)) ^ crc(0, d)`, so
+/// the first term is one constant for every block of the transaction.
+#[derive(Clone, Copy, Debug)]
+pub struct TagKey(u32);
+
+impl TagKey {
+    pub fn new(csum_seed: u32, sequence: u32, block_size: usize) -> Self {
+        const ZEROS: [u8; 4096] = [0; 4096];
+        let mut crc = format::crc32c_raw(csum_seed, &sequence.to_be_bytes());
+        let mut left = block_size;
+        while left > 0 {
+            let n = left.min(ZEROS.len());
+            crc = format::crc32c_raw(crc, &ZEROS[..n]);
+            left -= n;
+        }
+        Self(crc)
+    }
+
+    /// The tag checksum of a block whose sums are `sums`.
+    pub fn tag_checksum(self, sums: &BlockSums) -> u32 {
+        self.0 ^ sums.crc
+    }
+}
 
 /// A non-linear 64-bit digest of a transaction's data blocks, as logged
 /// and in log order (see the module documentation for why crc32c is not
 /// enough). Not cryptographic: it detects torn and stale blocks, not
-/// forgeries. The algorithm is part of the on-disk format: never change it
-/// without a new marker.
+/// forgeries. The algorithm is part of the on-disk format (marker
+/// [`DIGEST_MARKER`]): never change it without a new marker.
+///
+/// `acc = avalanche(seed << 32 | sequence)`; per block, in log order,
+/// `acc = avalanche(rotl(acc, 17) ^ xxh3_64(block) ^ avalanche(home))`;
+/// the digest is `avalanche(acc ^ blocks)`. The per-block hash does not
+/// depend on the transaction, so writers compute it ahead ([`BlockSums`]).
 #[derive(Clone, Debug)]
 pub struct DataDigest {
+    acc: u64,
+    blocks: u64,
+}
+
+impl DataDigest {
+    /// The digest of no blocks of transaction `sequence` in the journal
+    /// whose checksum seed is `csum_seed`.
+    pub fn new(csum_seed: u32, sequence: u32) -> Self {
+        Self {
+            acc: avalanche((u64::from(csum_seed) << 32) | u64::from(sequence)),
+            blocks: 0,
+        }
+    }
+
+    /// Adds the next data block: its home block number and its bytes as
+    /// written in the journal (escaped).
+    pub fn update(&mut self, home_block: u64, journal_block: &[u8]) {
+        self.update_hash(home_block, xxhash_rust::xxh3::xxh3_64(journal_block));
+    }
+
+    /// Adds the next data block by its [`BlockSums::hash`].
+    pub fn update_hash(&mut self, home_block: u64, hash: u64) {
+        self.acc = avalanche(self.acc.rotate_left(17) ^ hash ^ avalanche(home_block));
+        self.blocks += 1;
+    }
+
+    /// The digest so far.
+    pub fn finish(&self) -> u64 {
+        avalanche(self.acc ^ self.blocks)
+    }
+}
+
+/// The first digest algorithm (marker [`DIGEST_MARKER_V1`]): kept so that
+/// journals written with it are still verified on recovery. Four lanes of
+/// multiply-rotate steps over each block, chained through the transaction.
+#[derive(Clone, Debug)]
+pub struct DataDigestV1 {
     acc: u64,
     blocks: u64,
 }
@@ -88,14 +195,7 @@ const LANE_MUL: [u64; 4] = [
     0xD6E8_FEB8_6659_FD93,
 ];
 
-/// A full-avalanche finalizer: every input bit affects every output bit.
-fn avalanche(mut z: u64) -> u64 {
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
-
-impl DataDigest {
+impl DataDigestV1 {
     /// The digest of no blocks of transaction `sequence` in the journal
     /// whose checksum seed is `csum_seed`.
     pub fn new(csum_seed: u32, sequence: u32) -> Self {
@@ -146,16 +246,29 @@ impl DataDigest {
     }
 }
 
-/// The digest a commit block carries, if it carries one.
-pub fn commit_digest(commit_block: &[u8]) -> Option<u64> {
+/// Which digest algorithm a commit block's marker names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DigestKind {
+    /// [`DataDigest`] (marker `JBDX`).
+    Hash,
+    /// [`DataDigestV1`] (marker `JBDG`).
+    V1,
+}
+
+/// The digest a commit block carries, if it carries one, and its algorithm.
+pub fn commit_digest(commit_block: &[u8]) -> Option<(DigestKind, u64)> {
     let marker = commit_block.get(DIGEST_MARKER_OFFSET..DIGEST_MARKER_OFFSET + 4)?;
-    if marker != DIGEST_MARKER.to_be_bytes() {
+    let kind = if marker == DIGEST_MARKER.to_be_bytes() {
+        DigestKind::Hash
+    } else if marker == DIGEST_MARKER_V1.to_be_bytes() {
+        DigestKind::V1
+    } else {
         return None;
-    }
+    };
     let d = commit_block.get(DIGEST_OFFSET..DIGEST_OFFSET + 8)?;
     let mut w = [0u8; 8];
     w.copy_from_slice(d);
-    Some(u64::from_be_bytes(w))
+    Some((kind, u64::from_be_bytes(w)))
 }
 
 /// Builds the blocks of transaction `sequence`: `data` is (home block number,
@@ -178,7 +291,7 @@ pub fn build_transaction<'a>(
             now,
         },
         data.len(),
-        |i| data[i],
+        |i| (data[i].0, data[i].1, None),
         revokes,
     )
 }
@@ -231,20 +344,23 @@ const SPARE_BUFS_MAX: usize = 8;
 impl TxnBuilder {
     /// Builds the blocks of a transaction (see [`build_transaction`]) of
     /// `n` data blocks, `data(i)` being the i-th (home block number,
-    /// content), in log order. The result borrows the data; hand it back
-    /// with [`TxnBuilder::recycle`] once written.
+    /// content, and the content's [`BlockSums`] if the caller has them), in
+    /// log order. Sums given for a block that needs escaping are ignored
+    /// (they would be of the unescaped bytes). The result borrows the data;
+    /// hand it back with [`TxnBuilder::recycle`] once written.
     pub fn build<'a>(
         &mut self,
         p: &LogParams,
         head: TxnHead,
         n: usize,
-        data: impl Fn(usize) -> (u64, &'a [u8]),
+        data: impl Fn(usize) -> (u64, &'a [u8], Option<BlockSums>),
         revokes: &[u64],
     ) -> Vec<LogBlock<'a>> {
         let (bs, seed, sequence) = (p.block_size, p.csum_seed, head.sequence);
         let mut out: Vec<LogBlock<'a>> = relabel(std::mem::take(&mut self.blocks));
         out.reserve(transaction_blocks(bs, n, revokes.len()));
         let mut digest = DataDigest::new(seed, sequence);
+        let key = TagKey::new(seed, sequence, bs);
         for chunk in revokes.chunks(RevokeBlock::capacity(bs)) {
             let mut b = self.take_buf(bs);
             RevokeBlock {
@@ -265,20 +381,26 @@ impl TxnBuilder {
             let mut tags = std::mem::take(&mut self.tags);
             tags.clear();
             for i in first..end {
-                let (home, block) = data(i);
+                let (home, block, given) = data(i);
                 debug_assert_eq!(block.len(), bs);
-                let (logged, flags) = if format::needs_escape(block) {
+                let (logged, flags, sums) = if format::needs_escape(block) {
                     let mut copy = self.take_buf(bs);
                     copy.copy_from_slice(block);
                     format::escape(&mut copy);
-                    (LogBlock::Owned(copy), TAG_FLAG_ESCAPE)
+                    let sums = BlockSums::of(&copy);
+                    (LogBlock::Owned(copy), TAG_FLAG_ESCAPE, sums)
                 } else {
-                    (LogBlock::Borrowed(block), 0)
+                    // IMPORTANT: sums computed ahead must be of exactly
+                    // these bytes (a stale sum would make recovery drop
+                    // the transaction); debug builds check every one.
+                    debug_assert!(given.is_none_or(|g| g == BlockSums::of(block)));
+                    let sums = given.unwrap_or_else(|| BlockSums::of(block));
+                    (LogBlock::Borrowed(block), 0, sums)
                 };
                 // IMPORTANT: the tag checksum covers the block as written to
                 // the journal (escaped), as jbd2 recovery verifies it.
-                let checksum = format::data_block_checksum(seed, sequence, logged.bytes());
-                digest.update(home, logged.bytes());
+                let checksum = key.tag_checksum(&sums);
+                digest.update_hash(home, sums.hash);
                 tags.push(BlockTag {
                     home_block: home,
                     flags,
@@ -469,11 +591,40 @@ mod tests {
                 let seq = 100 + i as u32;
                 let fresh = build_transaction(&sb, seq, *overlap, &refs, revokes, now);
                 let head = TxnHead { sequence: seq, overlap: *overlap, now };
-                let reused = builder.build(&p, head, refs.len(), |i| refs[i], revokes);
+                // Sums given ahead, as the engine does; for a block that
+                // needs escaping they are of the unescaped bytes and must be
+                // ignored.
+                let reused = builder.build(
+                    &p,
+                    head,
+                    refs.len(),
+                    |i| (refs[i].0, refs[i].1, Some(BlockSums::of(refs[i].1))),
+                    revokes,
+                );
                 prop_assert_eq!(reused.len(), transaction_blocks(BS, refs.len(), revokes.len()));
                 prop_assert_eq!(bytes_of(&reused), bytes_of(&fresh));
                 builder.recycle(reused);
             }
+        }
+
+        /// The tag checksum from sums computed ahead (no sequence, no seed)
+        /// is the jbd2 tag checksum of the block in the transaction.
+        #[test]
+        fn tag_checksums_from_sums_are_jbd2_tag_checksums(
+            seed in any::<u32>(),
+            sequence in any::<u32>(),
+            bs_shift in 9u32..14,
+            fill in any::<u64>(),
+        ) {
+            let bs = 1usize << bs_shift;
+            let block: Vec<u8> = (0..bs)
+                .map(|i| (fill.rotate_left(i as u32 % 64) >> 7) as u8 ^ i as u8)
+                .collect();
+            let key = TagKey::new(seed, sequence, bs);
+            prop_assert_eq!(
+                key.tag_checksum(&BlockSums::of(&block)),
+                format::data_block_checksum(seed, sequence, &block)
+            );
         }
     }
 
@@ -491,7 +642,7 @@ mod tests {
             now: SystemTime::now(),
         };
         let mut builder = TxnBuilder::default();
-        let first = builder.build(&p, head, refs.len(), |i| refs[i], &[]);
+        let first = builder.build(&p, head, refs.len(), |i| (refs[i].0, refs[i].1, None), &[]);
         let owned: Vec<*const u8> = first
             .iter()
             .filter_map(|b| match b {
@@ -503,7 +654,7 @@ mod tests {
         assert_eq!(owned.len(), 3);
         let list = first.as_ptr() as usize;
         builder.recycle(first);
-        let second = builder.build(&p, head, refs.len(), |i| refs[i], &[]);
+        let second = builder.build(&p, head, refs.len(), |i| (refs[i].0, refs[i].1, None), &[]);
         assert_eq!(
             second.as_ptr() as usize,
             list,

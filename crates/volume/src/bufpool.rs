@@ -27,6 +27,7 @@ use std::sync::Arc;
 
 use crossbeam_channel::{Receiver, Sender};
 use jbdev_device::AlignedBuf;
+use jbdev_journal::writer::BlockSums;
 use smallvec::SmallVec;
 
 /// Size classes: 1, 2, 4, … 256 blocks (1 MiB of 4 KiB blocks).
@@ -34,6 +35,9 @@ pub const CLASSES: usize = 9;
 
 struct Slot {
     buf: AlignedBuf,
+    /// Per block: the journal sums of its bytes, if the writer computed
+    /// them ([`WriteBuf::seal`]); cleared whenever the slot is taken.
+    sums: Vec<Option<BlockSums>>,
     class: u8,
 }
 
@@ -99,15 +103,26 @@ impl BufPool {
     fn take_class(&self, class: usize) -> OwnedBuf {
         let inner = &self.inner;
         let slot = match inner.classes[class].rx.try_recv() {
-            Ok(slot) => {
+            Ok(mut slot) => {
                 inner.kept.fetch_sub(slot.buf.len(), Ordering::Relaxed);
                 inner.reused.fetch_add(1, Ordering::Relaxed);
+                // IMPORTANT: sums of the previous contents must not survive
+                // into the next write. (A slot that came from
+                // `SharedBuf::from_aligned` has no sums list yet.)
+                match Arc::get_mut(&mut slot) {
+                    Some(s) => {
+                        s.sums.clear();
+                        s.sums.resize(1 << class, None);
+                    }
+                    None => unreachable!("a free-list slot is never shared"),
+                }
                 slot
             }
             Err(_) => {
                 inner.allocated.fetch_add(1, Ordering::Relaxed);
                 Arc::new(Slot {
                     buf: AlignedBuf::zeroed(inner.bs << class),
+                    sums: vec![None; 1 << class],
                     class: class as u8,
                 })
             }
@@ -199,10 +214,10 @@ struct OwnedBuf {
 }
 
 impl OwnedBuf {
-    fn bytes_mut(&mut self) -> &mut [u8] {
+    fn slot_mut(&mut self) -> &mut Slot {
         // Never cloned before `share`, so the holder is the only one.
         match Arc::get_mut(&mut self.slot) {
-            Some(s) => &mut s.buf,
+            Some(s) => s,
             None => unreachable!("an owned pool buffer is never shared"),
         }
     }
@@ -238,9 +253,18 @@ impl SharedBuf {
             u8::MAX
         };
         Self {
-            slot: Some(Arc::new(Slot { buf, class })),
+            slot: Some(Arc::new(Slot {
+                buf,
+                sums: Vec::new(),
+                class,
+            })),
             pool: pool.inner.clone(),
         }
+    }
+
+    /// The sums of block `i` of this buffer, if its writer computed them.
+    pub fn sums(&self, i: usize) -> Option<BlockSums> {
+        self.slot.as_ref()?.sums.get(i).copied().flatten()
     }
 }
 
@@ -282,11 +306,26 @@ pub struct WriteBuf {
 }
 
 impl WriteBuf {
-    /// Block `i` of the write, writable.
+    /// Block `i` of the write, writable. Forgets the block's sums: they
+    /// would not describe what the caller writes now.
     pub fn block_mut(&mut self, i: usize) -> &mut [u8] {
-        let (c, o) = (i / self.chunk_blocks, (i % self.chunk_blocks) * self.bs);
+        let (c, b) = (i / self.chunk_blocks, i % self.chunk_blocks);
         let bs = self.bs;
-        &mut self.chunks[c].bytes_mut()[o..o + bs]
+        let slot = self.chunks[c].slot_mut();
+        slot.sums[b] = None;
+        &mut slot.buf[b * bs..(b + 1) * bs]
+    }
+
+    /// Computes and keeps the journal sums of block `i` as it is now. The
+    /// block must not change afterwards (see [`WriteBuf::block_mut`]); a
+    /// block that needs escaping in the log gets none (the commit computes
+    /// them over the escaped bytes).
+    pub fn seal(&mut self, i: usize) {
+        let (c, b) = (i / self.chunk_blocks, i % self.chunk_blocks);
+        let bs = self.bs;
+        let slot = self.chunks[c].slot_mut();
+        let bytes = &slot.buf[b * bs..(b + 1) * bs];
+        slot.sums[b] = (!jbdev_journal::format::needs_escape(bytes)).then(|| BlockSums::of(bytes));
     }
 
     /// Shares the buffer: `(chunk, blocks per chunk)`; block `i` is at
@@ -325,6 +364,50 @@ mod tests {
                 kept_bytes: 0
             }
         );
+    }
+
+    /// Sums describe the bytes they were computed over and nothing else:
+    /// writing the block again forgets them, a reused buffer starts without
+    /// them, and a block that needs escaping in the log gets none.
+    #[test]
+    fn sums_are_of_the_sealed_bytes_only() {
+        let pool = BufPool::new(4096, 1 << 20);
+        let mut w = pool.take(2);
+        w.block_mut(0).fill(3);
+        w.block_mut(1).fill(4);
+        w.seal(0);
+        w.seal(1);
+        w.block_mut(1)[7] = 9;
+        let (chunks, _) = w.share();
+        assert_eq!(chunks[0].sums(0), Some(BlockSums::of(&chunks[0][..4096])));
+        assert_eq!(chunks[0].sums(1), None, "block 1 changed after its seal");
+        drop(chunks);
+        let mut again = pool.take(2);
+        assert_eq!(pool.stats().reused, 1);
+        let mut magic = [0u8; 4096];
+        magic[..4].copy_from_slice(&jbdev_journal::format::JBD2_MAGIC.to_be_bytes());
+        again.block_mut(0).copy_from_slice(&magic);
+        again.seal(0);
+        let (chunks, _) = again.share();
+        assert_eq!(
+            chunks[0].sums(0),
+            None,
+            "needs escaping: the commit sums it"
+        );
+        assert_eq!(
+            chunks[0].sums(1),
+            None,
+            "the previous write's sums survived"
+        );
+        // A buffer from outside the pool has no sums, and once recycled it
+        // is taken like any other.
+        let outside = SharedBuf::from_aligned(&pool, AlignedBuf::zeroed(4096));
+        assert_eq!(outside.sums(0), None);
+        drop(outside);
+        let mut one = pool.take(1);
+        one.block_mut(0).fill(1);
+        one.seal(0);
+        assert!(one.share().0[0].sums(0).is_some());
     }
 
     #[test]

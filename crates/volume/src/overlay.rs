@@ -27,6 +27,7 @@ use crossbeam_utils::CachePadded;
 use jbdev_device::AlignedBuf;
 
 use crate::bufpool::SharedBuf;
+use jbdev_journal::writer::BlockSums;
 use parking_lot::Mutex;
 
 use crate::lockorder::{Rank, Ranked};
@@ -53,6 +54,11 @@ pub struct BlockRef {
 impl BlockRef {
     pub fn bytes(&self, block_size: usize) -> &[u8] {
         &self.buf[self.offset..self.offset + block_size]
+    }
+
+    /// The journal sums of the block, if its writer computed them.
+    pub fn sums(&self, block_size: usize) -> Option<BlockSums> {
+        self.buf.sums(self.offset / block_size)
     }
 }
 

@@ -486,7 +486,7 @@ impl Engine {
                 now: SystemTime::now(),
             },
             newest.len(),
-            |i| (newest[i].0, newest[i].2.bytes(bs)),
+            |i| (newest[i].0, newest[i].2.bytes(bs), newest[i].2.sums(bs)),
             &revoke_list,
         );
         let k = log.len() as u64;

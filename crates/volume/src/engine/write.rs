@@ -119,6 +119,12 @@ impl Engine {
         // bytes on top.
         let mut buf = self.pool.take(lbas.len());
         apply_ops(&mut buf, ops, &lbas, self.bs, |i| !partial[i]);
+        // The log's checksum and hash of each whole block, here in the
+        // writer's thread while its bytes are in cache, not in the commit
+        // (one thread for every writer's blocks).
+        for i in (0..lbas.len()).filter(|&i| !partial[i]) {
+            buf.seal(i);
+        }
         loop {
             // Phase 1, no locks held across I/O: read home content of partial
             // blocks that have no newer copy, remembering the shard version.
@@ -206,6 +212,9 @@ impl Engine {
             }
             // Phase 3: the request's bytes over the bases of partial blocks.
             apply_ops(&mut buf, ops, &lbas, self.bs, |i| partial[i]);
+            for i in (0..lbas.len()).filter(|&i| partial[i]) {
+                buf.seal(i);
+            }
             // Phase 4: publish.
             let (chunks, per) = buf.share();
             let tid = stripe.tid;
@@ -407,8 +416,6 @@ enum Joined {
     WouldBlock,
 }
 
-/// True if the pieces `(block, lo, hi)` of one block, sorted by `lo`,
-/// cover `[0, bs)`.
 /// Applies `ops` (in order) to the blocks `i` of `buf` for which `want(i)`;
 /// `lbas` are the request's distinct blocks, ascending.
 pub(super) fn apply_ops(
@@ -442,6 +449,8 @@ pub(super) fn apply_ops(
     }
 }
 
+/// True if the pieces `(block, lo, hi)` of one block, sorted by `lo`,
+/// cover `[0, bs)`.
 pub(super) fn covers_block(pieces: &[(Lba, usize, usize)], bs: usize) -> bool {
     let mut reach = 0;
     for &(_, lo, hi) in pieces {
