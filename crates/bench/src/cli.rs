@@ -101,6 +101,12 @@ pub struct CommonArgs {
     /// No progress bar.
     #[arg(long)]
     pub no_progress: bool,
+    /// Runs every scenario this many times, one after the other, and
+    /// judges each target by the median of its rounds' ratios (every
+    /// round's ratio is printed next to it). This machine's run-to-run
+    /// noise is 10-15%; one round cannot tell 0.95x from 1.05x.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=15))]
+    pub rounds: u32,
 }
 
 impl CommonArgs {

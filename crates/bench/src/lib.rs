@@ -351,6 +351,7 @@ pub fn run_plans(
         quick: common.quick,
         command: command.to_string(),
         scenarios: Vec::new(),
+        verdicts: Vec::new(),
     };
     let _ = writeln!(
         out,
@@ -372,76 +373,106 @@ pub fn run_plans(
             }
         };
         for plan in plans {
-            let progress = if progress_visible {
-                Progress::new(plan.planned(cfg.duration), true)
-            } else {
-                Progress::hidden()
-            };
-            let ctx = Ctx {
-                backing: &b,
-                cfg: &cfg,
-                progress: &progress,
-            };
-            let res = plan.run(&ctx);
-            progress.finish();
-            match res {
-                Ok(mut rep) => {
-                    if rep.runs.iter().any(|r| r.cpu_us_per_op.is_some()) {
-                        rep.notes.push(report::CPU_NOTE.into());
-                    }
-                    if let Some(s) = b.slow_server() {
-                        rep.notes.push(format!(
+            let mut rounds_done: Vec<ScenarioReport> = Vec::new();
+            for round in 1..=common.rounds {
+                if common.rounds > 1 {
+                    let _ = writeln!(
+                        out,
+                        "\n--- {} on {}: round {round} of {}",
+                        plan.name(),
+                        kind.name(),
+                        common.rounds
+                    );
+                }
+                let progress = if progress_visible {
+                    Progress::new(plan.planned(cfg.duration), true)
+                } else {
+                    Progress::hidden()
+                };
+                let ctx = Ctx {
+                    backing: &b,
+                    cfg: &cfg,
+                    progress: &progress,
+                };
+                let res = plan.run(&ctx);
+                progress.finish();
+                match res {
+                    Ok(mut rep) => {
+                        if rep.runs.iter().any(|r| r.cpu_us_per_op.is_some()) {
+                            rep.notes.push(report::CPU_NOTE.into());
+                        }
+                        if let Some(s) = b.slow_server() {
+                            rep.notes.push(format!(
                             "slow backing: FUSE saw {} fsyncs and {} flushes so far, {:.1} ms each; its server threads' CPU is excluded from cpu_us/op",
                             s.stats.fsyncs.load(std::sync::atomic::Ordering::Relaxed),
                             s.stats.flushes.load(std::sync::atomic::Ordering::Relaxed),
                             s.delay.as_secs_f64() * 1e3
                         ));
-                    }
-                    if !common.no_plots {
-                        match write_plots(&rep, &common.plot_dir) {
-                            Ok(files) => rep.plots = files,
-                            Err(e) => rep.notes.push(format!("plots failed: {e}")),
                         }
+                        if !common.no_plots {
+                            match write_plots(&rep, &common.plot_dir) {
+                                Ok(files) => rep.plots = files,
+                                Err(e) => rep.notes.push(format!("plots failed: {e}")),
+                            }
+                        }
+                        let _ = write!(
+                            out,
+                            "{}",
+                            report::render_scenario(&rep, plan.name() == "mixed-iops")
+                        );
+                        if plan.name() == "fsync-batch" {
+                            let _ = write!(out, "{}", report::render_matrix(&rep));
+                        }
+                        if plan.name() == "large-writes" {
+                            let _ = write!(out, "{}", large::render(&rep));
+                        }
+                        rounds_done.push(rep.clone());
+                        report.scenarios.push(rep);
                     }
-                    let _ = write!(
-                        out,
-                        "{}",
-                        report::render_scenario(&rep, plan.name() == "mixed-iops")
-                    );
-                    if plan.name() == "fsync-batch" {
-                        let _ = write!(out, "{}", report::render_matrix(&rep));
+                    Err(BenchError::Interrupted) => {
+                        drop(b);
+                        return Err(BenchError::Interrupted);
                     }
-                    if plan.name() == "large-writes" {
-                        let _ = write!(out, "{}", large::render(&rep));
+                    Err(e) => {
+                        let msg = format!("{} on {}: {e}", plan.name(), kind.name());
+                        let _ = writeln!(out, "\n=== {msg}");
+                        failures.push(msg);
                     }
-                    report.scenarios.push(rep);
                 }
-                Err(BenchError::Interrupted) => {
-                    drop(b);
-                    return Err(BenchError::Interrupted);
-                }
-                Err(e) => {
-                    let msg = format!("{} on {}: {e}", plan.name(), kind.name());
-                    let _ = writeln!(out, "\n=== {msg}");
-                    failures.push(msg);
+                if cleanup::stop_requested() {
+                    break 'backings;
                 }
             }
-            if cleanup::stop_requested() {
-                break 'backings;
+            if common.rounds > 1 && !rounds_done.is_empty() {
+                let verdicts = report::median_verdicts(&rounds_done);
+                if !verdicts.is_empty() {
+                    let _ = writeln!(
+                        out,
+                        "\n=== {} on {}: targets by the median of {} rounds",
+                        plan.name(),
+                        kind.name(),
+                        rounds_done.len()
+                    );
+                    for v in &verdicts {
+                        let _ = writeln!(out, "{}", report::render_target(v));
+                    }
+                }
+                report.verdicts.extend(verdicts);
             }
         }
     }
     if cleanup::stop_requested() {
         return Err(BenchError::Interrupted);
     }
-    let all_targets: Vec<_> = report
-        .scenarios
-        .iter()
-        .flat_map(|s| s.targets.iter())
-        .collect();
+    let all_targets = report.final_targets();
     if !all_targets.is_empty() {
         let met = all_targets.iter().filter(|t| t.met).count();
-        let _ = writeln!(out, "\ntargets: {met} of {} met", all_targets.len());
+        let by = if !report.verdicts.is_empty() {
+            format!(" (each by the median of {} rounds)", common.rounds)
+        } else {
+            String::new()
+        };
+        let _ = writeln!(out, "\ntargets: {met} of {} met{by}", all_targets.len());
     }
     if let Some(path) = &common.json {
         let f = std::fs::File::create(path)

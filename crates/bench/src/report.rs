@@ -370,6 +370,24 @@ pub struct Report {
     pub quick: bool,
     pub command: String,
     pub scenarios: Vec<ScenarioReport>,
+    /// With `--rounds N > 1`: each target judged by the median of its
+    /// rounds' ratios (the rounds themselves are in `scenarios`).
+    pub verdicts: Vec<TargetCheck>,
+}
+
+impl Report {
+    /// The targets as judged: by the median of the rounds when the run had
+    /// several (`verdicts`), else each scenario's own.
+    pub fn final_targets(&self) -> Vec<&TargetCheck> {
+        if self.verdicts.is_empty() {
+            self.scenarios
+                .iter()
+                .flat_map(|s| s.targets.iter())
+                .collect()
+        } else {
+            self.verdicts.iter().collect()
+        }
+    }
 }
 
 fn fmt_rate(v: f64) -> String {
@@ -502,18 +520,64 @@ pub fn render_scenario(s: &ScenarioReport, fio_percentiles: bool) -> String {
         let _ = writeln!(out, "note: {n}");
     }
     for t in &s.targets {
-        let _ = writeln!(
-            out,
-            "[{}] {}: {:.2}x (target {} {}x) — {}",
-            if t.met { "MET " } else { "MISS" },
-            t.name,
-            t.ratio,
-            t.comparison,
-            t.threshold,
-            t.detail
-        );
+        let _ = writeln!(out, "{}", render_target(t));
     }
     out
+}
+
+/// One target's verdict line.
+pub fn render_target(t: &TargetCheck) -> String {
+    format!(
+        "[{}] {}: {:.2}x (target {} {}x) — {}",
+        if t.met { "MET " } else { "MISS" },
+        t.name,
+        t.ratio,
+        t.comparison,
+        t.threshold,
+        t.detail
+    )
+}
+
+/// Judges every target by the median of its ratios over `rounds` (reports
+/// of the same scenario and backing, one per round): targets keep the
+/// order of their first appearance; a target missing from some round (its
+/// run failed there) is judged on the rounds that have it.
+pub fn median_verdicts(rounds: &[ScenarioReport]) -> Vec<TargetCheck> {
+    let mut names: Vec<&str> = Vec::new();
+    for r in rounds {
+        for t in &r.targets {
+            if !names.contains(&t.name.as_str()) {
+                names.push(&t.name);
+            }
+        }
+    }
+    names
+        .into_iter()
+        .filter_map(|name| {
+            let all: Vec<&TargetCheck> = rounds
+                .iter()
+                .flat_map(|r| r.targets.iter().filter(|t| t.name == name))
+                .collect();
+            let first = *all.first()?;
+            let mut ratios: Vec<f64> = all.iter().map(|t| t.ratio).collect();
+            let listed = ratios
+                .iter()
+                .map(|r| format!("{r:.2}x"))
+                .collect::<Vec<_>>()
+                .join(", ");
+            ratios.sort_by(f64::total_cmp);
+            let n = ratios.len();
+            // The middle one, or the mean of the middle two.
+            let mid = ratios.get((n - 1) / 2..=n / 2)?;
+            let median = mid.iter().sum::<f64>() / mid.len() as f64;
+            let detail = format!("median of {n} rounds ({listed})");
+            Some(if first.comparison == ">=" {
+                TargetCheck::at_least(name, median, first.threshold, detail)
+            } else {
+                TargetCheck::at_most(name, median, first.threshold, detail)
+            })
+        })
+        .collect()
 }
 
 /// The group-commit matrix: threads down, policies across, ops/s in the
@@ -579,6 +643,43 @@ pub fn secs(d: Duration) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn rounds_are_judged_by_their_median_ratio() {
+        let round = |a: f64, b: f64| {
+            let mut r = ScenarioReport::new("s", "ram", "");
+            r.targets
+                .push(TargetCheck::at_least("up", a, 1.0, String::new()));
+            r.targets
+                .push(TargetCheck::at_most("down", b, 1.0, String::new()));
+            r
+        };
+        // "up" misses in two rounds of three, "down" in one of three.
+        let v = median_verdicts(&[round(0.9, 1.2), round(1.3, 0.8), round(0.95, 0.9)]);
+        assert_eq!(v.len(), 2);
+        assert_eq!(
+            (v[0].name.as_str(), v[0].ratio, v[0].met),
+            ("up", 0.95, false)
+        );
+        assert_eq!(
+            (v[1].name.as_str(), v[1].ratio, v[1].met),
+            ("down", 0.9, true)
+        );
+        assert_eq!(v[0].comparison, ">=");
+        assert!(
+            v[0].detail.contains("0.90x, 1.30x, 0.95x"),
+            "{}",
+            v[0].detail
+        );
+        // An even count takes the mean of the middle two.
+        let v = median_verdicts(&[round(0.9, 1.0), round(1.2, 1.0)]);
+        assert!((v[0].ratio - 1.05).abs() < 1e-9 && v[0].met);
+        // A target absent from a round is judged on the others.
+        let mut partial = round(2.0, 2.0);
+        partial.targets.remove(1);
+        let v = median_verdicts(&[partial, round(3.0, 0.5)]);
+        assert_eq!((v[1].ratio, v[1].met), (0.5, true));
+    }
 
     fn run(ops_per_sec: f64, p50_us: f64, p99_us: f64) -> RunRecord {
         RunRecord {

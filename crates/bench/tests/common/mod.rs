@@ -29,6 +29,7 @@ pub fn common(device: PathBuf, dir: &Path, plots: bool) -> CommonArgs {
         pipeline_depth: None,
         write_pacing: false,
         no_progress: true,
+        rounds: 1,
         force: false,
     }
 }
