@@ -38,6 +38,9 @@ pub enum VolumeError {
     /// The volume is closed (or closing).
     #[error("the volume is closed")]
     Closed,
+    /// A bug: an engine thread panicked. The volume aborts (fail-stop).
+    #[error("internal error (a bug in jbdev): {0}")]
+    Internal(String),
 }
 
 impl VolumeError {
@@ -50,7 +53,7 @@ impl VolumeError {
             Self::NotAVolume(_) | Self::BadSuperblock(_) | Self::CorruptJournal(_) => libc::EUCLEAN,
             Self::TooLarge { .. } => libc::EFBIG,
             Self::ReadOnly => libc::EROFS,
-            Self::Aborted(_) => libc::EIO,
+            Self::Aborted(_) | Self::Internal(_) => libc::EIO,
             Self::Closed => libc::EBADF,
         }
     }

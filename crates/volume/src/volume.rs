@@ -1236,6 +1236,35 @@ mod tests {
         assert!(c.iter().all(|&x| x == 7));
     }
 
+    /// A bug that panics inside a commit aborts the volume: the writer
+    /// gets an error, later writes fail, reads still work, and close
+    /// returns (before, the transaction stayed in flight and close waited
+    /// for it for ever).
+    #[test]
+    fn a_panic_in_a_commit_aborts_the_volume_instead_of_hanging() {
+        let (_dev, v) = mem_volume(1 << 20, 256 << 10);
+        v.write_at(&[1u8; 4096], 0, WriteFlags::FUA).unwrap();
+        v.engine
+            .panic_next_commit
+            .store(true, std::sync::atomic::Ordering::Release);
+        let err = v
+            .write_at(&[2u8; 4096], 4096, WriteFlags::FUA)
+            .expect_err("the commit panicked");
+        assert!(
+            err.to_string().contains("panicked"),
+            "the error names the panic: {err}"
+        );
+        assert!(matches!(
+            v.write_at(&[3u8; 4096], 8192, WriteFlags::FUA),
+            Err(VolumeError::Aborted(_))
+        ));
+        let mut b = vec![0u8; 4096];
+        v.read_at(&mut b, 0).unwrap();
+        assert!(b.iter().all(|&x| x == 1));
+        // Returns (with the abort as its error or not): no hang.
+        let _ = v.close();
+    }
+
     #[test]
     fn many_commits_wrap_the_log_and_checkpoint() {
         let (dev, v) = mem_volume(1 << 20, 128 << 10);

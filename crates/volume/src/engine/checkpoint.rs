@@ -135,7 +135,13 @@ impl Engine {
             if batch.is_empty() {
                 continue;
             }
-            if let Err(e) = self.checkpoint(batch, &later, urgent, &mut queue) {
+            // A panic (a bug) aborts the volume instead of ending this
+            // thread silently, which would leave writers waiting for log
+            // space for ever.
+            let res = contain_panic("checkpoint", || {
+                self.checkpoint(batch, &later, urgent, &mut queue)
+            });
+            if let Err(e) = res {
                 self.abort(format!("checkpoint failed: {e}"));
                 return;
             }

@@ -357,7 +357,12 @@ impl Engine {
                     self.last_sync_commit_us
                         .fetch_max(self.micros_since_born(), Ordering::AcqRel);
                 }
-                let res = self.write_commit(tid, &layout, newest, revoke_list, charged);
+                // A panic here (a bug) must not leave the transaction in
+                // flight for ever: its waiters, the next leader and close
+                // would wait on it. It fails the commit like an I/O error.
+                let res = contain_panic("journal commit", || {
+                    self.write_commit(tid, &layout, newest, revoke_list, charged)
+                });
                 if urgent {
                     self.sync_commits_in_io.fetch_sub(1, Ordering::AcqRel);
                 }
@@ -475,6 +480,10 @@ impl Engine {
         revoke_list: Vec<Lba>,
         charged: u64,
     ) -> Result<CommittedTxn> {
+        #[cfg(test)]
+        if self.panic_next_commit.swap(false, Ordering::AcqRel) {
+            panic!("injected panic in a commit (test)");
+        }
         let (sequence, head) = (layout.sequence, layout.head);
         let bs = self.bs;
         let mut builder = self.builders.lock().pop().unwrap_or_default();

@@ -106,6 +106,21 @@ const DIRECT_BUFS_KEPT: usize = 64;
 const DIRECT_BUFS_BYTES: usize = 64 << 20;
 const DIRECT_BUF_MIN_BYTES: usize = 64 << 10;
 
+/// Runs `f`, turning a panic in it into an error: the engine's threads
+/// must fail-stop (abort the volume, fail the waiters) on a bug, not die
+/// or unwind past state that others wait on. The panic still prints
+/// through the panic hook.
+fn contain_panic<T>(what: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or_else(|p| {
+        let msg = p
+            .downcast_ref::<&str>()
+            .map(|s| (*s).to_string())
+            .or_else(|| p.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "no message".into());
+        Err(VolumeError::Internal(format!("{what} panicked ({msg})")))
+    })
+}
+
 /// Blocks validated and written per checkpoint chunk (the home lock is
 /// held for one chunk at a time, so direct writes wait at most that long).
 const CHECKPOINT_CHUNK_BLOCKS: usize = 512;
@@ -354,6 +369,9 @@ pub struct Engine {
     last_sync_commit_us: AtomicU64,
     /// The engine's time base for `last_sync_commit_us`.
     born: Instant,
+    /// Test failpoint: the next commit panics in its I/O phase.
+    #[cfg(test)]
+    pub(crate) panic_next_commit: AtomicBool,
     /// Read on every write; written once, when the journal aborts.
     aborted: AtomicBool,
     /// Why the journal aborted. A `OnceLock`, not a field of `st`, so that a
@@ -476,6 +494,8 @@ impl Engine {
             home_flushed_gen: AtomicU64::new(0),
             log_taken_permille: AtomicU32::new(0),
             sync_commits_in_io: AtomicU32::new(0),
+            #[cfg(test)]
+            panic_next_commit: AtomicBool::new(false),
             last_sync_commit_us: AtomicU64::new(0),
             born: Instant::now(),
             aborted: AtomicBool::new(false),
