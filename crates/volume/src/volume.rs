@@ -1265,6 +1265,29 @@ mod tests {
         let _ = v.close();
     }
 
+    /// A panic in a checkpoint round aborts the volume: writers waiting
+    /// for log space get an error instead of waiting for ever for a
+    /// checkpoint thread that is gone.
+    #[test]
+    fn a_panic_in_a_checkpoint_aborts_the_volume_instead_of_hanging() {
+        let (_dev, v) = mem_volume(1 << 20, 128 << 10);
+        v.engine
+            .panic_next_checkpoint
+            .store(true, std::sync::atomic::Ordering::Release);
+        // 32 journal blocks: the log fills within a few dozen writes.
+        let failed = (0..2000u64).find_map(|i| {
+            v.write_at(&[i as u8; 4096], (i % 200) * 4096, WriteFlags::FUA)
+                .err()
+        });
+        match failed {
+            Some(VolumeError::Aborted(why)) => {
+                assert!(why.contains("checkpoint panicked"), "{why}")
+            }
+            other => panic!("expected the abort, got {other:?}"),
+        }
+        let _ = v.close();
+    }
+
     #[test]
     fn many_commits_wrap_the_log_and_checkpoint() {
         let (dev, v) = mem_volume(1 << 20, 128 << 10);

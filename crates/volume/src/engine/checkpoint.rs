@@ -159,6 +159,10 @@ impl Engine {
         urgent: bool,
         queue: &mut HomeQueue<'a>,
     ) -> Result<()> {
+        #[cfg(test)]
+        if self.panic_next_checkpoint.swap(false, Ordering::AcqRel) {
+            panic!("injected panic in a checkpoint (test)");
+        }
         if matches!(queue, HomeQueue::NotYet) {
             *queue = match self.home.queue(CHECKPOINT_QUEUE_DEPTH) {
                 Ok(q) => HomeQueue::Ready(q),

@@ -372,6 +372,9 @@ pub struct Engine {
     /// Test failpoint: the next commit panics in its I/O phase.
     #[cfg(test)]
     pub(crate) panic_next_commit: AtomicBool,
+    /// Test failpoint: the next checkpoint round panics.
+    #[cfg(test)]
+    pub(crate) panic_next_checkpoint: AtomicBool,
     /// Read on every write; written once, when the journal aborts.
     aborted: AtomicBool,
     /// Why the journal aborted. A `OnceLock`, not a field of `st`, so that a
@@ -496,6 +499,8 @@ impl Engine {
             sync_commits_in_io: AtomicU32::new(0),
             #[cfg(test)]
             panic_next_commit: AtomicBool::new(false),
+            #[cfg(test)]
+            panic_next_checkpoint: AtomicBool::new(false),
             last_sync_commit_us: AtomicU64::new(0),
             born: Instant::now(),
             aborted: AtomicBool::new(false),
