@@ -10,6 +10,7 @@ use jbdev_journal::format::JournalSuperblock;
 use jbdev_journal::recovery::{self, ScanEnd};
 use jbdev_journal::JournalRegion;
 use parking_lot::Mutex;
+use smallvec::SmallVec;
 
 use crate::bufpool::SharedBuf;
 use crate::engine::{Completion, DirectSync, Durability, Engine, Op};
@@ -742,21 +743,34 @@ impl Volume {
         let (mid_start, mid_end) = mid;
         let head = (mid_start - offset) as usize;
         let tail = (mid_end - offset) as usize;
-        let edges = [(offset, &buf[..head]), (mid_end, &buf[tail..])];
-        let edge_ops: Vec<Op<'_>> = edges
-            .iter()
-            .filter(|(_, d)| !d.is_empty())
-            .map(|&(offset, data)| Op::Write { offset, data })
-            .collect();
-        if !edge_ops.is_empty() {
-            self.engine.journaled(&edge_ops, false)?;
-        }
-        let sync = match (flags.fua, edge_ops.is_empty()) {
+        let journaled = self.journal_edges([
+            Op::Write {
+                offset,
+                data: &buf[..head],
+            },
+            Op::Write {
+                offset: mid_end,
+                data: &buf[tail..],
+            },
+        ])?;
+        let sync = match (flags.fua, journaled) {
             (false, _) => DirectSync::None,
-            (true, true) => DirectSync::Alone,
-            (true, false) => DirectSync::WithRunning,
+            (true, false) => DirectSync::Alone,
+            (true, true) => DirectSync::WithRunning,
         };
         Ok((head, tail, sync))
+    }
+
+    /// Journals the partial head and tail pieces of a request whose aligned
+    /// middle goes straight home, skipping empty ones, in one transaction
+    /// and without waiting for durability (the middle's direct write makes
+    /// them durable when it must). True if there was any.
+    fn journal_edges(&self, edges: [Op<'_>; 2]) -> Result<bool> {
+        let ops: SmallVec<[Op<'_>; 2]> = edges.into_iter().filter(|op| !op.is_empty()).collect();
+        if !ops.is_empty() {
+            self.engine.journaled(&ops, false)?;
+        }
+        Ok(!ops.is_empty())
     }
 
     /// Writes the aligned middle `mid` of a large write straight home.
@@ -881,18 +895,16 @@ impl Volume {
                 .engine
                 .journaled(&[Op::Zero { offset, len }], flags.fua);
         };
-        let edges = [
-            (offset, mid_start - offset),
-            (mid_end, offset + len - mid_end),
-        ];
-        let edge_ops: Vec<Op<'_>> = edges
-            .iter()
-            .filter(|(_, n)| *n > 0)
-            .map(|&(offset, len)| Op::Zero { offset, len })
-            .collect();
-        if !edge_ops.is_empty() {
-            self.engine.journaled(&edge_ops, false)?;
-        }
+        self.journal_edges([
+            Op::Zero {
+                offset,
+                len: mid_start - offset,
+            },
+            Op::Zero {
+                offset: mid_end,
+                len: offset + len - mid_end,
+            },
+        ])?;
         let bs = self.engine.bs as u64;
         // Zeroing has no durable form of its own: a FUA zero flushes.
         let sync = if flags.fua {

@@ -315,6 +315,12 @@ impl Op<'_> {
             Op::Zero { offset, len } => (*offset, *offset + *len),
         }
     }
+
+    /// Touches no byte.
+    pub(crate) fn is_empty(&self) -> bool {
+        let (s, e) = self.range();
+        s == e
+    }
 }
 
 /// The engine. Shared by the `Volume` handle and the background threads.
