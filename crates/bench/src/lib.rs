@@ -373,7 +373,8 @@ pub fn run_plans(
             }
         };
         for plan in plans {
-            let mut rounds_done: Vec<ScenarioReport> = Vec::new();
+            // This plan's rounds are the reports pushed from here on.
+            let first_round = report.scenarios.len();
             for round in 1..=common.rounds {
                 if common.rounds > 1 {
                     let _ = writeln!(
@@ -398,35 +399,7 @@ pub fn run_plans(
                 progress.finish();
                 match res {
                     Ok(mut rep) => {
-                        if rep.runs.iter().any(|r| r.cpu_us_per_op.is_some()) {
-                            rep.notes.push(report::CPU_NOTE.into());
-                        }
-                        if let Some(s) = b.slow_server() {
-                            rep.notes.push(format!(
-                            "slow backing: FUSE saw {} fsyncs and {} flushes so far, {:.1} ms each; its server threads' CPU is excluded from cpu_us/op",
-                            s.stats.fsyncs.load(std::sync::atomic::Ordering::Relaxed),
-                            s.stats.flushes.load(std::sync::atomic::Ordering::Relaxed),
-                            s.delay.as_secs_f64() * 1e3
-                        ));
-                        }
-                        if !common.no_plots {
-                            match write_plots(&rep, &common.plot_dir) {
-                                Ok(files) => rep.plots = files,
-                                Err(e) => rep.notes.push(format!("plots failed: {e}")),
-                            }
-                        }
-                        let _ = write!(
-                            out,
-                            "{}",
-                            report::render_scenario(&rep, plan.name() == "mixed-iops")
-                        );
-                        if plan.name() == "fsync-batch" {
-                            let _ = write!(out, "{}", report::render_matrix(&rep));
-                        }
-                        if plan.name() == "large-writes" {
-                            let _ = write!(out, "{}", large::render(&rep));
-                        }
-                        rounds_done.push(rep.clone());
+                        finish_scenario(&mut rep, plan, &b, common, out);
                         report.scenarios.push(rep);
                     }
                     Err(BenchError::Interrupted) => {
@@ -443,8 +416,9 @@ pub fn run_plans(
                     break 'backings;
                 }
             }
+            let rounds_done = report.scenarios.get(first_round..).unwrap_or_default();
             if common.rounds > 1 && !rounds_done.is_empty() {
-                let verdicts = report::median_verdicts(&rounds_done);
+                let verdicts = report::median_verdicts(rounds_done);
                 if !verdicts.is_empty() {
                     let _ = writeln!(
                         out,
@@ -491,6 +465,45 @@ pub fn run_plans(
         )));
     }
     Ok(report)
+}
+
+/// Adds a finished scenario's notes (CPU accounting, the slow backing's
+/// counters) and plots, and prints its tables.
+fn finish_scenario(
+    rep: &mut ScenarioReport,
+    plan: &Plan,
+    b: &Backing,
+    common: &CommonArgs,
+    out: &mut dyn Write,
+) {
+    if rep.runs.iter().any(|r| r.cpu_us_per_op.is_some()) {
+        rep.notes.push(report::CPU_NOTE.into());
+    }
+    if let Some(s) = b.slow_server() {
+        rep.notes.push(format!(
+            "slow backing: FUSE saw {} fsyncs and {} flushes so far, {:.1} ms each; its server threads' CPU is excluded from cpu_us/op",
+            s.stats.fsyncs.load(std::sync::atomic::Ordering::Relaxed),
+            s.stats.flushes.load(std::sync::atomic::Ordering::Relaxed),
+            s.delay.as_secs_f64() * 1e3
+        ));
+    }
+    if !common.no_plots {
+        match write_plots(rep, &common.plot_dir) {
+            Ok(files) => rep.plots = files,
+            Err(e) => rep.notes.push(format!("plots failed: {e}")),
+        }
+    }
+    let _ = write!(
+        out,
+        "{}",
+        report::render_scenario(rep, plan.name() == "mixed-iops")
+    );
+    if plan.name() == "fsync-batch" {
+        let _ = write!(out, "{}", report::render_matrix(rep));
+    }
+    if plan.name() == "large-writes" {
+        let _ = write!(out, "{}", large::render(rep));
+    }
 }
 
 /// Throughput and latency-CDF plots of one scenario.

@@ -248,13 +248,22 @@ pub fn crc32c_raw(seed: u32, data: &[u8]) -> u32 {
     !crc32c::crc32c_append(!seed, data)
 }
 
+/// `crc32c_raw(seed, zeros(len))`, without a buffer of that size.
+pub fn crc32c_raw_zeros(mut crc: u32, mut len: usize) -> u32 {
+    const ZEROS: [u8; 4096] = [0; 4096];
+    while len > 0 {
+        let n = len.min(ZEROS.len());
+        crc = crc32c_raw(crc, &ZEROS[..n]);
+        len -= n;
+    }
+    crc
+}
+
 /// `crc32c_raw(seed, a ++ zeros(zero_len) ++ b)`, without copying: used to
 /// checksum a block "with its checksum field set to 0".
 fn crc32c_raw_with_zeros(seed: u32, before: &[u8], zero_len: usize, after: &[u8]) -> u32 {
-    const ZEROS: [u8; 8] = [0; 8];
-    debug_assert!(zero_len <= ZEROS.len());
     let crc = crc32c_raw(seed, before);
-    let crc = crc32c_raw(crc, &ZEROS[..zero_len.min(ZEROS.len())]);
+    let crc = crc32c_raw_zeros(crc, zero_len);
     crc32c_raw(crc, after)
 }
 

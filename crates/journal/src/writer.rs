@@ -80,6 +80,16 @@ fn avalanche(mut z: u64) -> u64 {
     z ^ (z >> 31)
 }
 
+/// Both digest algorithms start from the journal and the transaction...
+fn digest_start(csum_seed: u32, sequence: u32) -> u64 {
+    avalanche((u64::from(csum_seed) << 32) | u64::from(sequence))
+}
+
+/// ...and end by folding in the block count.
+fn digest_finish(acc: u64, blocks: u64) -> u64 {
+    avalanche(acc ^ blocks)
+}
+
 /// What the log needs to know of one data block's content, independent of
 /// the transaction it lands in and of its home: so a writer can compute it
 /// right after copying the block (in its own thread, while the bytes are in
@@ -117,15 +127,8 @@ pub struct TagKey(u32);
 
 impl TagKey {
     pub fn new(csum_seed: u32, sequence: u32, block_size: usize) -> Self {
-        const ZEROS: [u8; 4096] = [0; 4096];
-        let mut crc = format::crc32c_raw(csum_seed, &sequence.to_be_bytes());
-        let mut left = block_size;
-        while left > 0 {
-            let n = left.min(ZEROS.len());
-            crc = format::crc32c_raw(crc, &ZEROS[..n]);
-            left -= n;
-        }
-        Self(crc)
+        let crc = format::crc32c_raw(csum_seed, &sequence.to_be_bytes());
+        Self(format::crc32c_raw_zeros(crc, block_size))
     }
 
     /// The tag checksum of a block whose sums are `sums`.
@@ -155,7 +158,7 @@ impl DataDigest {
     /// whose checksum seed is `csum_seed`.
     pub fn new(csum_seed: u32, sequence: u32) -> Self {
         Self {
-            acc: avalanche((u64::from(csum_seed) << 32) | u64::from(sequence)),
+            acc: digest_start(csum_seed, sequence),
             blocks: 0,
         }
     }
@@ -174,7 +177,7 @@ impl DataDigest {
 
     /// The digest so far.
     pub fn finish(&self) -> u64 {
-        avalanche(self.acc ^ self.blocks)
+        digest_finish(self.acc, self.blocks)
     }
 }
 
@@ -200,7 +203,7 @@ impl DataDigestV1 {
     /// whose checksum seed is `csum_seed`.
     pub fn new(csum_seed: u32, sequence: u32) -> Self {
         Self {
-            acc: avalanche((u64::from(csum_seed) << 32) | u64::from(sequence)),
+            acc: digest_start(csum_seed, sequence),
             blocks: 0,
         }
     }
@@ -242,7 +245,7 @@ impl DataDigestV1 {
 
     /// The digest so far.
     pub fn finish(&self) -> u64 {
-        avalanche(self.acc ^ self.blocks)
+        digest_finish(self.acc, self.blocks)
     }
 }
 

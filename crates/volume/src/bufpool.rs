@@ -309,11 +309,15 @@ impl WriteBuf {
     /// Block `i` of the write, writable. Forgets the block's sums: they
     /// would not describe what the caller writes now.
     pub fn block_mut(&mut self, i: usize) -> &mut [u8] {
-        let (c, b) = (i / self.chunk_blocks, i % self.chunk_blocks);
-        let bs = self.bs;
-        let slot = self.chunks[c].slot_mut();
+        let (slot, b, bs) = self.locate(i);
         slot.sums[b] = None;
         &mut slot.buf[b * bs..(b + 1) * bs]
+    }
+
+    /// The slot holding block `i`, the block's index in it, the block size.
+    fn locate(&mut self, i: usize) -> (&mut Slot, usize, usize) {
+        let (c, b) = (i / self.chunk_blocks, i % self.chunk_blocks);
+        (self.chunks[c].slot_mut(), b, self.bs)
     }
 
     /// Computes and keeps the journal sums of block `i` as it is now. The
@@ -321,9 +325,7 @@ impl WriteBuf {
     /// block that needs escaping in the log gets none (the commit computes
     /// them over the escaped bytes).
     pub fn seal(&mut self, i: usize) {
-        let (c, b) = (i / self.chunk_blocks, i % self.chunk_blocks);
-        let bs = self.bs;
-        let slot = self.chunks[c].slot_mut();
+        let (slot, b, bs) = self.locate(i);
         let bytes = &slot.buf[b * bs..(b + 1) * bs];
         slot.sums[b] = (!jbdev_journal::format::needs_escape(bytes)).then(|| BlockSums::of(bytes));
     }

@@ -118,13 +118,7 @@ impl Engine {
         // blocks get their base under the shard locks, then the request's
         // bytes on top.
         let mut buf = self.pool.take(lbas.len());
-        apply_ops(&mut buf, ops, &lbas, self.bs, |i| !partial[i]);
-        // The log's checksum and hash of each whole block, here in the
-        // writer's thread while its bytes are in cache, not in the commit
-        // (one thread for every writer's blocks).
-        for i in (0..lbas.len()).filter(|&i| !partial[i]) {
-            buf.seal(i);
-        }
+        fill_and_seal(&mut buf, ops, &lbas, self.bs, |i| !partial[i]);
         loop {
             // Phase 1, no locks held across I/O: read home content of partial
             // blocks that have no newer copy, remembering the shard version.
@@ -211,10 +205,7 @@ impl Engine {
                 continue;
             }
             // Phase 3: the request's bytes over the bases of partial blocks.
-            apply_ops(&mut buf, ops, &lbas, self.bs, |i| partial[i]);
-            for i in (0..lbas.len()).filter(|&i| partial[i]) {
-                buf.seal(i);
-            }
+            fill_and_seal(&mut buf, ops, &lbas, self.bs, |i| partial[i]);
             // Phase 4: publish.
             let (chunks, per) = buf.share();
             let tid = stripe.tid;
@@ -414,6 +405,22 @@ enum Joined {
     In(Tid),
     /// It would have had to wait (only when asked not to): nothing changed.
     WouldBlock,
+}
+
+/// [`apply_ops`], then seals every block it filled: the log's checksum
+/// and hash of each, computed here in the writer's thread while its bytes
+/// are in cache, not in the commit (one thread for every writer's blocks).
+fn fill_and_seal(
+    buf: &mut WriteBuf,
+    ops: &[Op<'_>],
+    lbas: &[Lba],
+    bs: usize,
+    want: impl Fn(usize) -> bool,
+) {
+    apply_ops(buf, ops, lbas, bs, &want);
+    for i in (0..lbas.len()).filter(|&i| want(i)) {
+        buf.seal(i);
+    }
 }
 
 /// Applies `ops` (in order) to the blocks `i` of `buf` for which `want(i)`;
