@@ -5,29 +5,23 @@
 //! sum were wrong, recovery would take the transaction for torn and drop
 //! it, and the acknowledged data would be gone after the power cut.
 
+mod common;
+
 use std::sync::Arc;
-use std::time::Duration;
 
 use jbdev_device::fault::FaultDevice;
 use jbdev_device::BlockDevice;
 use jbdev_journal::format::JBD2_MAGIC;
-use jbdev_volume::{BatchPolicy, FormatOptions, OpenOptions, Volume, WriteFlags};
+use jbdev_volume::{FormatOptions, Volume, WriteFlags};
 
 const BS: usize = 4096;
 const DATA: u64 = 4 << 20;
 const JOURNAL: u64 = 1 << 20;
 const SECTOR: u32 = 512;
 
-fn opts() -> OpenOptions {
-    OpenOptions {
-        batch_policy: BatchPolicy::None,
-        // Nothing goes home before the power cut: everything read back
-        // after it comes from replaying the log.
-        commit_interval: Duration::from_secs(3600),
-        checkpoint_interval: Duration::from_secs(3600),
-        ..OpenOptions::default()
-    }
-}
+// Nothing goes home before the power cut: everything read back after it
+// comes from replaying the log.
+use common::quiet_open_options as opts;
 
 fn pattern(len: usize, seed: u8) -> Vec<u8> {
     (0..len)

@@ -8,11 +8,10 @@
 mod common;
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use common::{describe_sector, stamped, SECTOR};
 use jbdev_device::fault::FaultDevice;
-use jbdev_volume::{BatchPolicy, FormatOptions, OpenOptions, Volume, WriteFlags};
+use jbdev_volume::{FormatOptions, Volume, WriteFlags};
 
 const BS: u64 = 4096;
 const DATA: u64 = 1 << 20;
@@ -26,14 +25,7 @@ const COLD: (u64, usize) = (64 * BS, 2 * BS as usize);
 const REWRITES: u64 = 200;
 const COLD_ID: u64 = 7;
 
-fn opts() -> OpenOptions {
-    OpenOptions {
-        batch_policy: BatchPolicy::None,
-        commit_interval: Duration::from_secs(3600),
-        checkpoint_interval: Duration::from_secs(3600),
-        ..OpenOptions::default()
-    }
-}
+use common::quiet_open_options as opts;
 
 fn base() -> Vec<u8> {
     let dev = Arc::new(FaultDevice::new(DATA + JOURNAL + 64 * 1024, SECTOR as u32));

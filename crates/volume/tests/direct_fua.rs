@@ -3,12 +3,13 @@
 //! write (no commit, no flush), and each kind survives a power cut that
 //! loses every write no flush or FUA covered.
 
+mod common;
+
 use std::sync::Arc;
-use std::time::Duration;
 
 use jbdev_device::fault::FaultDevice;
 use jbdev_device::BlockDevice;
-use jbdev_volume::{BatchPolicy, FormatOptions, OpenOptions, Volume, WriteFlags};
+use jbdev_volume::{FormatOptions, OpenOptions, Volume, WriteFlags};
 
 const BS: u64 = 4096;
 const DATA: u64 = 4 << 20;
@@ -18,12 +19,9 @@ const BIG: usize = 64 << 10;
 
 fn opts() -> OpenOptions {
     OpenOptions {
-        batch_policy: BatchPolicy::None,
         // No background commits or checkpoints: only what the test causes.
-        commit_interval: Duration::from_secs(3600),
-        checkpoint_interval: Duration::from_secs(3600),
         direct_write_threshold: BIG as u64,
-        ..OpenOptions::default()
+        ..common::quiet_open_options()
     }
 }
 

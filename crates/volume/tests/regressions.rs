@@ -38,15 +38,8 @@ fn format(dev: Arc<dyn BlockDevice>) {
     Volume::format_device(dev, None, &f).expect("format");
 }
 
-/// No background commits or checkpoints unless the test causes them.
-fn quiet() -> OpenOptions {
-    OpenOptions {
-        batch_policy: BatchPolicy::None,
-        commit_interval: Duration::from_secs(3600),
-        checkpoint_interval: Duration::from_secs(3600),
-        ..OpenOptions::default()
-    }
-}
+// No background commits or checkpoints unless the test causes them.
+use common::quiet_open_options as quiet;
 
 fn fault_volume() -> Arc<FaultDevice> {
     let dev = Arc::new(FaultDevice::new(DATA + JOURNAL + 64 * 1024, SECTOR as u32));

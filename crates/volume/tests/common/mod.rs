@@ -529,6 +529,16 @@ pub fn verify_open_options() -> OpenOptions {
     }
 }
 
+/// Options for a test that wants no background commits or checkpoints
+/// unless it causes them, and no batching delay.
+pub fn quiet_open_options() -> OpenOptions {
+    OpenOptions {
+        commit_interval: std::time::Duration::from_secs(3600),
+        checkpoint_interval: std::time::Duration::from_secs(3600),
+        ..verify_open_options()
+    }
+}
+
 /// Formats a device of `geo`, fills the whole volume with stamps of
 /// [`INITIAL_ID`] through the volume, closes it and returns the device
 /// image and the volume content.
