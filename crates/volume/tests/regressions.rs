@@ -152,8 +152,14 @@ impl GateDev {
     }
 
     /// Like `wait_until` but gives up quietly (used inside device calls).
-    fn wait_quietly(&self, mut cond: impl FnMut(&GateState) -> bool) {
-        let deadline = Instant::now() + WAIT;
+    fn wait_quietly(&self, cond: impl FnMut(&GateState) -> bool) {
+        self.wait_quietly_for(WAIT, cond)
+    }
+
+    /// Waits up to `limit` for `cond`, quietly (a negative check: the
+    /// caller asserts afterwards that it did not happen).
+    fn wait_quietly_for(&self, limit: Duration, mut cond: impl FnMut(&GateState) -> bool) {
+        let deadline = Instant::now() + limit;
         let mut st = self.state.lock();
         while !cond(&st) {
             if self.changed.wait_until(&mut st, deadline).timed_out() {
@@ -539,6 +545,72 @@ fn a_newer_commit_durable_before_an_older_one_is_the_end_of_the_log_after_a_cras
         "the newer commit was replayed without the older one"
     );
     assert_eq!(read(&vol, 0, BS as usize), vec![0u8; BS as usize]);
+}
+
+/// Pipelining is for commits somebody waits for (ARCHITECTURE 13): with
+/// `pipeline_depth` 2, a background commit (size trigger, no sync waiter)
+/// does not start while another commit is on the device — overlapping them
+/// only cut a stream of plain writes into more, smaller commits — and it is
+/// started as soon as that commit publishes (no lost kick). A FUA write
+/// still overlaps the held commit.
+#[test]
+fn background_commits_wait_for_the_commit_in_flight_at_depth_two() {
+    let gate = GateDev::new(fault_volume());
+    let opts = OpenOptions {
+        pipeline_depth: 2,
+        ..quiet()
+    };
+    let vol = Arc::new(Volume::open_device(gate.clone(), None, &opts).unwrap());
+    let plain = |first: u64, version: u64| {
+        // Three writes of three blocks: past the size trigger (half of a
+        // transaction's 16 blocks on this 64-block journal).
+        for i in 0..3 {
+            let off = (first + 3 * i) * BS;
+            vol.write_at(
+                &stamped(version + i, off, 3 * BS as usize),
+                off,
+                WriteFlags::NONE,
+            )
+            .unwrap();
+        }
+    };
+    gate.hold_fua.store(true, Ordering::SeqCst);
+    plain(0, 10);
+    gate.wait_until("the first background commit on the device", |st| {
+        st.fua_waiting == 1
+    });
+    plain(16, 20);
+    // The size trigger has kicked the commit thread; give it time to (wrongly)
+    // start a second commit.
+    gate.wait_quietly_for(Duration::from_millis(500), |st| st.fua_waiting >= 2);
+    assert_eq!(
+        gate.state.lock().fua_waiting,
+        1,
+        "a background commit overlapped the commit in flight"
+    );
+    assert_eq!(vol.stats().commits_pipelined, 0);
+    // A FUA write is somebody waiting: it may overlap.
+    let fua = fua_write_in_thread(&vol, 40, 30);
+    gate.wait_until("the FUA write's commit on the device", |st| {
+        st.fua_waiting == 2
+    });
+    assert_eq!(vol.stats().commits_pipelined, 1);
+    let before = gate.state.lock().fua_done;
+    gate.hold_fua.store(false, Ordering::SeqCst);
+    fua.join().unwrap().unwrap();
+    // The held-back background commit follows without being asked (or the
+    // FUA write's commit carried its blocks): every write is in the log.
+    gate.wait_until("the commits to finish", |st| st.fua_done >= before + 2);
+    for (first, version) in [(0u64, 10u64), (16, 20)] {
+        for i in 0..3 {
+            let off = (first + 3 * i) * BS;
+            assert_eq!(
+                read(&vol, off, 3 * BS as usize),
+                stamped(version + i, off, 3 * BS as usize)
+            );
+        }
+    }
+    vol.flush().unwrap();
 }
 
 /// A bulk read from home holds back while a commit that a writer waits for

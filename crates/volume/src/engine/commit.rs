@@ -238,11 +238,22 @@ impl Engine {
             // Completions are led here (see `when_durable`).
             let completions = st.async_want >= st.j.running();
             let drain = st.shutdown;
+            // Only commits somebody waits for overlap one in flight: a
+            // background commit (age or size) waits until the log is idle.
+            // Overlapping them split the stream of plain writes into more,
+            // smaller commits for nobody's benefit (mixed-iops on ram lost
+            // 13% of its IOPS at depth 2).
+            let urgent = completions || orphan || drain;
             if !(self.can_lead(&st) || (drain && !st.cutting && st.j.has_room()))
                 || st.error.is_some()
-                || !(timed || sized || drain || orphan || completions)
+                || !(timed || sized || urgent)
+                || !(urgent || st.j.in_flight() == 0)
             {
-                let deadline = st.running_created + self.opts.commit_interval;
+                // An age trigger already due but held back by a commit in
+                // flight is kicked when that commit publishes; the fallback
+                // timeout only bounds a missed kick (never a busy loop).
+                let due = st.running_created + self.opts.commit_interval;
+                let deadline = due.max(Instant::now() + self.opts.commit_interval);
                 self.kick.wait_until(st.inner(), deadline);
                 continue;
             }
@@ -440,11 +451,15 @@ impl Engine {
         }
         // Hand the lead to one waiter of the running transaction, if any.
         self.hand_lead(st);
-        // The commit thread only has work here if a size trigger or the
-        // drain was held back by the commit in flight (its age trigger is a
-        // timed wait). Waking it after every commit cost a context switch
-        // per commit: 14% of the CPU of a lone syncing writer.
-        if st.credits_since_cut >= self.max_txn_blocks / 2 || st.shutdown {
+        // The commit thread only has work here if a size or age trigger or
+        // the drain was held back by the commit in flight. Waking it after
+        // every commit cost a context switch per commit: 14% of the CPU of
+        // a lone syncing writer.
+        if st.credits_since_cut >= self.max_txn_blocks / 2
+            || st.shutdown
+            || (st.credits_since_cut > 0
+                && st.running_created.elapsed() >= self.opts.commit_interval)
+        {
             self.kick.notify_one();
         }
         if st.space_waiters > 0 {
