@@ -245,6 +245,62 @@ fn not_before(a: u32, b: u32) -> bool {
     a.wrapping_sub(b) < 1 << 31
 }
 
+/// Log blocks read at once by the walk and by replay (1 MiB of 4 KiB
+/// blocks). One 4 KiB read per block made recovery of a quarter-full 64 MiB
+/// journal on a virtual disk take 0.6 s, nearly all of it read latency.
+pub const READ_AHEAD_BLOCKS: u32 = 256;
+
+/// The walk's read-ahead: a window of consecutive log blocks read with one
+/// device read; blocks are served from it until the walk leaves it.
+struct LogWindow {
+    buf: AlignedBuf,
+    bs: usize,
+    start: u32,
+    held: u32,
+    /// After a window read failed, blocks before this position are read
+    /// one at a time (so an unreadable block is found exactly, and a bad
+    /// region costs one failed window read, not one per block).
+    single_until: u32,
+}
+
+impl LogWindow {
+    fn new(bs: usize) -> Self {
+        Self {
+            buf: AlignedBuf::zeroed(bs * READ_AHEAD_BLOCKS as usize),
+            bs,
+            start: 0,
+            held: 0,
+            single_until: 0,
+        }
+    }
+
+    /// Copies log block `pos` into `out`, reading a window that starts at
+    /// `pos` and ends at most at `end` (the log's end: never past a wrap)
+    /// unless the window already holds it. An error is the block's own.
+    fn read(&mut self, region: &JournalRegion, pos: u32, end: u32, out: &mut [u8]) -> Result<()> {
+        let bs = self.bs;
+        if pos < self.start || pos >= self.start + self.held {
+            self.held = 0;
+            if pos < self.single_until {
+                return region.read_blocks(pos, out);
+            }
+            let n = READ_AHEAD_BLOCKS.min(end.saturating_sub(pos)).max(1);
+            if region
+                .read_blocks(pos, &mut self.buf[..n as usize * bs])
+                .is_err()
+            {
+                self.single_until = pos + n;
+                return region.read_blocks(pos, out);
+            }
+            self.start = pos;
+            self.held = n;
+        }
+        let at = (pos - self.start) as usize * bs;
+        out.copy_from_slice(&self.buf[at..at + bs]);
+        Ok(())
+    }
+}
+
 /// Walks and verifies transactions from `s_start`; appends the complete
 /// ones to `out.txns`. Returns why the walk stopped.
 fn walk_log(
@@ -261,6 +317,7 @@ fn walk_log(
     let mut pos = sb.start;
     let mut sequence = sb.sequence;
     let mut walked: u64 = 0;
+    let mut window = LogWindow::new(bs);
     // Reads one log block; an unreadable one ends the walk as damage.
     let mut read = |pos: u32, buf: &mut [u8], out: &mut Scan| -> Result<Option<Bad>> {
         if walked >= usable {
@@ -272,7 +329,7 @@ fn walk_log(
         walked += 1;
         out.blocks_read += 1;
         progress(out.blocks_read);
-        match region.read_blocks(pos, buf) {
+        match window.read(region, pos, len, buf) {
             Ok(()) => Ok(None),
             Err(JournalError::Device(e)) => Ok(Some(Bad {
                 pos,
@@ -420,7 +477,7 @@ fn survey_log(
     sb: &JournalSuperblock,
     failed_sequence: u32,
 ) -> Result<Survey> {
-    const CHUNK: u32 = 64;
+    const CHUNK: u32 = READ_AHEAD_BLOCKS;
     let bs = sb.block_size as usize;
     let seed = sb.csum_seed();
     let mut out = Survey {
@@ -559,11 +616,45 @@ pub fn replay_plan(txns: &[ScannedTxn]) -> (Vec<ReplayEntry>, u64) {
     (plan, cancelled)
 }
 
-/// Reads the journal copy of a replay entry into `buf`, unescaped.
-pub fn read_replay_block(region: &JournalRegion, e: &ReplayEntry, buf: &mut [u8]) -> Result<()> {
-    region.read_blocks(e.pos, buf)?;
-    if e.escaped {
-        format::unescape(buf);
+/// Reads the journal copies of `plan`'s blocks in log order, a window of
+/// up to [`READ_AHEAD_BLOCKS`] consecutive log blocks per device read, and
+/// hands each window's entries to `sink` with their bytes (unescaped):
+/// `sink(entries, blocks)`, entry `i`'s block at `blocks[i]`.
+///
+/// The plan holds one entry per home block, so the windows can be handed
+/// on in any order; `sink` is free to write them out in parallel.
+pub fn for_each_replay_window(
+    region: &JournalRegion,
+    plan: &[ReplayEntry],
+    mut sink: impl FnMut(&[&ReplayEntry], &[&[u8]]) -> Result<()>,
+) -> Result<()> {
+    let bs = region.block_size() as usize;
+    let end = region.len_blocks();
+    let mut by_pos: Vec<&ReplayEntry> = plan.iter().collect();
+    by_pos.sort_unstable_by_key(|e| e.pos);
+    let mut buf = AlignedBuf::zeroed(bs * READ_AHEAD_BLOCKS as usize);
+    let mut rest = &by_pos[..];
+    while let Some(first) = rest.first() {
+        let start = first.pos;
+        let n = READ_AHEAD_BLOCKS.min(end.saturating_sub(start)).max(1);
+        let k = rest.iter().take_while(|e| e.pos < start + n).count();
+        // Read only up to the last wanted block of the window.
+        let span = (rest[k - 1].pos - start + 1) as usize;
+        region.read_blocks(start, &mut buf[..span * bs])?;
+        let (group, later) = rest.split_at(k);
+        let mut blocks: Vec<&[u8]> = Vec::with_capacity(k);
+        for e in group {
+            let at = (e.pos - start) as usize * bs;
+            if e.escaped {
+                format::unescape(&mut buf[at..at + bs]);
+            }
+        }
+        for e in group {
+            let at = (e.pos - start) as usize * bs;
+            blocks.push(&buf[at..at + bs]);
+        }
+        sink(group, &blocks)?;
+        rest = later;
     }
     Ok(())
 }
@@ -818,9 +909,70 @@ mod tests {
         let (plan, _) = replay_plan(&scan.txns);
         assert_eq!(plan.len(), 1);
         assert_eq!((plan[0].home, plan[0].pos), (9, pos));
-        let mut buf = vec![0u8; BS];
-        read_replay_block(&region, &plan[0], &mut buf).unwrap();
-        assert_eq!(buf, new);
+        let mut got = Vec::new();
+        for_each_replay_window(&region, &plan, |_, blocks| {
+            got.extend(blocks.iter().map(|b| b.to_vec()));
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(got, vec![new]);
+    }
+
+    proptest::proptest! {
+        /// Replay reads: every entry's block exactly once, unescaped when
+        /// flagged, equal to reading it alone; one device read per window
+        /// of `READ_AHEAD_BLOCKS` starting at the first entry not yet read
+        /// (counted as sink calls, one read each).
+        #[test]
+        fn replay_windows_hand_on_every_block_once(
+            picks in proptest::collection::btree_map(0u32..700, proptest::bool::ANY, 0..200),
+        ) {
+            const N: u32 = 700;
+            let dev = Arc::new(MemDevice::new(u64::from(N) * BS as u64, 512));
+            let region =
+                JournalRegion::new(dev, Arc::new(FlushCoalescer::new()), 0, BS as u32, N).unwrap();
+            let content = |pos: u32| -> Vec<u8> {
+                let mut b: Vec<u8> = (0..BS).map(|i| (i as u32 ^ pos.wrapping_mul(2654435761)) as u8).collect();
+                b[..4].copy_from_slice(&[0; 4]);
+                b
+            };
+            for pos in 0..N {
+                region.write_blocks(pos, &[IoSlice::new(&content(pos))], IoPriority::Urgent).unwrap();
+            }
+            // Homes in reverse log order: the sink must not rely on either.
+            let plan: Vec<ReplayEntry> = picks
+                .iter()
+                .map(|(&pos, &escaped)| ReplayEntry { home: u64::from(N - pos), pos, escaped, sequence: 1 })
+                .collect();
+            let mut seen = HashMap::new();
+            let mut windows = 0;
+            for_each_replay_window(&region, &plan, |entries, blocks| {
+                windows += 1;
+                assert_eq!(entries.len(), blocks.len());
+                let first = entries[0].pos;
+                for (e, b) in entries.iter().zip(blocks) {
+                    assert!(e.pos >= first && e.pos < first + READ_AHEAD_BLOCKS);
+                    let mut want = content(e.pos);
+                    if e.escaped {
+                        format::unescape(&mut want);
+                    }
+                    assert_eq!(*b, &want[..], "block at {}", e.pos);
+                    assert!(seen.insert(e.pos, ()).is_none(), "block at {} twice", e.pos);
+                }
+                Ok(())
+            })
+            .unwrap();
+            proptest::prop_assert_eq!(seen.len(), plan.len());
+            // The greedy window count.
+            let (mut want, mut until) = (0, 0u32);
+            for &pos in picks.keys() {
+                if want == 0 || pos >= until {
+                    want += 1;
+                    until = pos + READ_AHEAD_BLOCKS;
+                }
+            }
+            proptest::prop_assert_eq!(windows, want);
+        }
     }
 
     /// Journals written with the first digest algorithm (marker `JBDG`)

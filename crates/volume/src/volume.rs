@@ -1,11 +1,12 @@
 //! The public volume API.
 
+use std::io::IoSlice;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
-use jbdev_device::{open_device, AlignedBuf, BlockDevice, FlushCoalescer, IoPriority};
+use jbdev_device::{open_device, AlignedBuf, BlockDevice, FlushCoalescer, IoPriority, WriteReq};
 use jbdev_journal::format::JournalSuperblock;
 use jbdev_journal::recovery::{self, ScanEnd};
 use jbdev_journal::JournalRegion;
@@ -442,15 +443,32 @@ impl Volume {
         } else {
             // Replay: restore every block, make it durable, then mark the log
             // empty but in use (s_start = first) for this session.
-            let mut buf = AlignedBuf::zeroed(bsz);
-            for e in &plan {
-                recovery::read_replay_block(&engine.region, e, &mut buf)?;
-                dev.write_at(
-                    &buf,
-                    data_offset + e.home * u64::from(bs),
-                    IoPriority::Urgent,
-                )?;
-            }
+            // A window of log blocks per read; its blocks go home as one
+            // batch (the device's queue depth), consecutive homes as one
+            // write each. The plan has one copy per home block, so the
+            // writes are independent.
+            recovery::for_each_replay_window(&engine.region, &plan, |entries, blocks| {
+                let mut order: Vec<usize> = (0..entries.len()).collect();
+                order.sort_unstable_by_key(|&i| entries[i].home);
+                let slices: Vec<IoSlice<'_>> =
+                    order.iter().map(|&i| IoSlice::new(blocks[i])).collect();
+                let mut reqs = Vec::new();
+                let mut a = 0;
+                for b in 1..=order.len() {
+                    let run_ends = b == order.len()
+                        || entries[order[b]].home != entries[order[b - 1]].home + 1;
+                    if run_ends {
+                        reqs.push(WriteReq {
+                            offset: data_offset + entries[order[a]].home * u64::from(bs),
+                            bufs: &slices[a..b],
+                            durable: false,
+                        });
+                        a = b;
+                    }
+                }
+                dev.write_batch(&reqs, IoPriority::Urgent)?;
+                Ok(())
+            })?;
             if !plan.is_empty() {
                 home_flusher.flush(dev.as_ref())?;
             }
@@ -1135,17 +1153,20 @@ fn load_plan_into_overlay(
     plan: &[recovery::ReplayEntry],
     bs: usize,
 ) -> Result<()> {
-    for e in plan {
-        let mut buf = AlignedBuf::zeroed(bs);
-        recovery::read_replay_block(&engine.region, e, &mut buf)?;
-        let data = BlockRef {
-            buf: SharedBuf::from_aligned(&engine.pool, buf),
-            offset: 0,
-        };
-        let mut sh = engine.overlay.lock(Overlay::shard_of(e.home));
-        let ver = sh.bump();
-        sh.map.entry(e.home).or_default().newest = Some(Version { ver, data });
-    }
+    recovery::for_each_replay_window(&engine.region, plan, |entries, blocks| {
+        for (e, block) in entries.iter().zip(blocks) {
+            let mut buf = AlignedBuf::zeroed(bs);
+            buf.copy_from_slice(block);
+            let data = BlockRef {
+                buf: SharedBuf::from_aligned(&engine.pool, buf),
+                offset: 0,
+            };
+            let mut sh = engine.overlay.lock(Overlay::shard_of(e.home));
+            let ver = sh.bump();
+            sh.map.entry(e.home).or_default().newest = Some(Version { ver, data });
+        }
+        Ok(())
+    })?;
     Ok(())
 }
 
