@@ -772,6 +772,52 @@ mod tests {
         assert_eq!(scan.next_sequence, sb.sequence + 1);
     }
 
+    /// The walk reads a window of log blocks at once; when the window
+    /// holds an unreadable block, the blocks before it still verify (read
+    /// one by one) and the bad block itself is the one reported.
+    #[test]
+    fn an_unreadable_block_inside_a_read_window_is_found_exactly() {
+        let dev = Arc::new(jbdev_device::fault::FaultDevice::new(
+            u64::from(LEN_BLOCKS) * BS as u64,
+            512,
+        ));
+        let region = JournalRegion::new(
+            dev.clone(),
+            Arc::new(FlushCoalescer::new()),
+            0,
+            BS as u32,
+            LEN_BLOCKS,
+        )
+        .unwrap();
+        let mut sb = JournalSuperblock::new(BS as u32, LEN_BLOCKS, [7; 16]);
+        sb.start = sb.first;
+        sb.sequence = 40;
+        region.write_superblock_full(&sb).unwrap();
+        let first = sb.clone();
+        let mut data_at = Vec::new();
+        for v in 0..3u8 {
+            data_at.push(write_txn(&region, &sb, &framed(v)));
+            sb.start += 3;
+            sb.sequence += 1;
+        }
+        // The second transaction's data block: inside the walk's first window.
+        let bad = data_at[1];
+        dev.set_unreadable(u64::from(bad) * BS as u64 + 1024, 512);
+        let scan = scan(&region, &mut |_| {}).unwrap();
+        assert_eq!(scan.txns.len(), 1, "the transaction before the bad block");
+        match &scan.end {
+            ScanEnd::CorruptMiddle {
+                sequence,
+                pos,
+                reason,
+            } => {
+                assert_eq!((*sequence, *pos), (first.sequence + 1, bad));
+                assert!(reason.contains("unreadable"), "{reason}");
+            }
+            other => panic!("expected the unreadable block, got {other:?}"),
+        }
+    }
+
     /// Regression: a damaged FIRST block of a middle transaction was taken
     /// for the clean end of the log — the later transaction (acknowledged)
     /// was dropped, and the next sequence (42) was one that still existed
