@@ -422,6 +422,15 @@ impl Volume {
                 e.sequence, e.home
             )));
         }
+        if !was_clean && !plan.is_empty() {
+            // Replay can take a while on a large journal: say so first.
+            tracing::info!(
+                "journal recovery: replaying {} block(s) of {} transaction(s){}",
+                plan.len(),
+                scan.txns.len(),
+                if opts.read_only { " into memory (read-only)" } else { "" }
+            );
+        }
         let mut jsb = scan.superblock.clone();
         jsb.sequence = scan.next_sequence;
         let data_offset = sb.data_offset_bytes;
