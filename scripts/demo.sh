@@ -84,12 +84,14 @@ cat <<'TXT'
 What was measured: each thread writes 4 KiB at a time and waits until the
 write is durable (jbdev: a FUA write; kernel: pwrite on an O_DIRECT|O_SYNC
 descriptor of the same scratch file), for 3 seconds per thread count.
-Why jbdev can lose: the kernel sends every thread's write to the device in
-parallel, one write each. jbdev writes each block twice (to the journal now,
-home at checkpoint) and today commits one transaction at a time (the next
-waits until the previous is durable). Group commit lets all waiting writers
-share one commit, which wins when a flush is slow compared with a write, and
-loses to the kernel's parallel path on a device with cheap flushes and many
-threads. Figures and analysis for other devices: docs/BENCHMARKS.md.
+Why jbdev can lose here: a lone writer's commit is one FUA write of three
+blocks (descriptor, data, commit block) where the kernel writes one, and
+every block is written twice (to the journal now, home at checkpoint). With
+many threads the kernel sends every thread's write and flush to the device
+in parallel; jbdev commits one transaction at a time by default (the next
+waits until the previous is durable; --pipeline-depth 2 overlaps them).
+Group commit lets all waiting writers share one flush, which wins when a
+flush is slow compared with a write and loses on a device with cheap
+flushes. Figures and analysis for other devices: docs/BENCHMARKS.md.
 TXT
 echo "demo: volume $img is ready; serve it with: $jbdev serve $img"

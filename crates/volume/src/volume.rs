@@ -428,7 +428,11 @@ impl Volume {
                 "journal recovery: replaying {} block(s) of {} transaction(s){}",
                 plan.len(),
                 scan.txns.len(),
-                if opts.read_only { " into memory (read-only)" } else { "" }
+                if opts.read_only {
+                    " into memory (read-only)"
+                } else {
+                    ""
+                }
             );
         }
         let mut jsb = scan.superblock.clone();
