@@ -253,7 +253,12 @@ impl Engine {
                 // flight is kicked when that commit publishes; the fallback
                 // timeout only bounds a missed kick (never a busy loop).
                 let due = st.running_created + self.opts.commit_interval;
-                let deadline = due.max(Instant::now() + self.opts.commit_interval);
+                let now = Instant::now();
+                let deadline = if due > now {
+                    due
+                } else {
+                    now + self.opts.commit_interval
+                };
                 self.kick.wait_until(st.inner(), deadline);
                 continue;
             }
