@@ -666,7 +666,7 @@ mod tests {
     use std::time::SystemTime;
 
     use jbdev_device::mem::MemDevice;
-    use jbdev_device::{FlushCoalescer, IoPriority};
+    use jbdev_device::{BlockDevice, FlushCoalescer, IoPriority};
 
     use super::*;
     use crate::writer;
@@ -690,7 +690,14 @@ mod tests {
     }
 
     fn journal() -> (JournalRegion, JournalSuperblock) {
-        let dev = Arc::new(MemDevice::new(u64::from(LEN_BLOCKS) * BS as u64, 512));
+        journal_on(Arc::new(MemDevice::new(
+            u64::from(LEN_BLOCKS) * BS as u64,
+            512,
+        )))
+    }
+
+    /// An empty journal of `LEN_BLOCKS` on `dev`, next transaction 40.
+    fn journal_on(dev: Arc<dyn BlockDevice>) -> (JournalRegion, JournalSuperblock) {
         let region = JournalRegion::new(
             dev,
             Arc::new(FlushCoalescer::new()),
@@ -781,18 +788,7 @@ mod tests {
             u64::from(LEN_BLOCKS) * BS as u64,
             512,
         ));
-        let region = JournalRegion::new(
-            dev.clone(),
-            Arc::new(FlushCoalescer::new()),
-            0,
-            BS as u32,
-            LEN_BLOCKS,
-        )
-        .unwrap();
-        let mut sb = JournalSuperblock::new(BS as u32, LEN_BLOCKS, [7; 16]);
-        sb.start = sb.first;
-        sb.sequence = 40;
-        region.write_superblock_full(&sb).unwrap();
+        let (region, mut sb) = journal_on(dev.clone());
         let first = sb.clone();
         let mut data_at = Vec::new();
         for v in 0..3u8 {
