@@ -459,8 +459,10 @@ impl Volume {
             // A window of log blocks per read; its blocks go home as one
             // batch (the device's queue depth), consecutive homes as one
             // write each. The plan has one copy per home block, so the
-            // writes are independent.
-            recovery::for_each_replay_window(&engine.region, &plan, |entries, blocks| {
+            // writes are independent, and REPLAY_THREADS threads replay
+            // consecutive parts of the log at once (each batch waits for
+            // its slowest write; several keep the device busy meanwhile).
+            let write_window = |entries: &[&recovery::ReplayEntry], blocks: &[&[u8]]| {
                 let mut order: Vec<usize> = (0..entries.len()).collect();
                 order.sort_unstable_by_key(|&i| entries[i].home);
                 let slices: Vec<IoSlice<'_>> =
@@ -480,6 +482,25 @@ impl Volume {
                     }
                 }
                 dev.write_batch(&reqs, IoPriority::Urgent)?;
+                Ok(())
+            };
+            let mut by_pos = plan.clone();
+            by_pos.sort_unstable_by_key(|e| e.pos);
+            let part = by_pos.len().div_ceil(REPLAY_THREADS).max(1);
+            let region = &engine.region;
+            std::thread::scope(|s| -> Result<()> {
+                let workers: Vec<_> = by_pos
+                    .chunks(part)
+                    .map(|p| {
+                        let write_window = &write_window;
+                        s.spawn(move || recovery::for_each_replay_window(region, p, write_window))
+                    })
+                    .collect();
+                for w in workers {
+                    w.join().map_err(|_| {
+                        VolumeError::Internal("a journal replay thread panicked".into())
+                    })??;
+                }
                 Ok(())
             })?;
             if !plan.is_empty() {
@@ -1160,6 +1181,10 @@ fn describe_end(end: &ScanEnd) -> String {
         }
     }
 }
+
+/// Threads that replay a journal at once (each with its own batches of
+/// writes in flight); only while a volume is opened after a crash.
+const REPLAY_THREADS: usize = 4;
 
 fn load_plan_into_overlay(
     engine: &Engine,
