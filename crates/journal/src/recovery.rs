@@ -477,7 +477,6 @@ fn survey_log(
     sb: &JournalSuperblock,
     failed_sequence: u32,
 ) -> Result<Survey> {
-    const CHUNK: u32 = READ_AHEAD_BLOCKS;
     let bs = sb.block_size as usize;
     let seed = sb.csum_seed();
     let mut out = Survey {
@@ -488,50 +487,42 @@ fn survey_log(
     // Sequences before the superblock's lap are stale; only those in the
     // half of the sequence space from `s_sequence - 1` onwards count.
     let floor = sb.sequence.wrapping_sub(1);
-    let mut buf = AlignedBuf::zeroed(bs * CHUNK as usize);
-    let mut pos = sb.first;
-    while pos < sb.max_len {
-        let n = CHUNK.min(sb.max_len - pos);
-        let chunk_ok = region.read_blocks(pos, &mut buf[..n as usize * bs]).is_ok();
-        for i in 0..n {
-            let block = &mut buf[i as usize * bs..(i as usize + 1) * bs];
-            if !chunk_ok {
-                // Find which blocks of the chunk fail.
-                if let Err(e) = region.read_blocks(pos + i, block) {
-                    if out.unreadable.is_none() {
-                        out.unreadable = Some((pos + i, e.to_string()));
-                    }
-                    continue;
-                }
+    // Windows of the walk's size; a failed window is read block by block,
+    // which finds the unreadable ones.
+    let mut window = LogWindow::new(bs);
+    let mut block = AlignedBuf::zeroed(bs);
+    for pos in sb.first..sb.max_len {
+        if let Err(e) = window.read(region, pos, sb.max_len, &mut block) {
+            if out.unreadable.is_none() {
+                out.unreadable = Some((pos, e.to_string()));
             }
-            let block = &buf[i as usize * bs..(i as usize + 1) * bs];
-            let Some(view) = format::decode_log_block(block, seed) else {
-                continue;
-            };
-            let h = view.header;
-            if !is_after(h.sequence, floor) || view.record.is_err() {
-                continue;
-            }
-            if out.max_sequence.is_none_or(|m| is_after(h.sequence, m)) {
-                out.max_sequence = Some(h.sequence);
-            }
-            // IMPORTANT: with commits in flight at once, later transactions
-            // may be written, commit block included, while S still is; only
-            // a later COMMIT block whose overlap does not reach back to S
-            // proves S was durable (see `CommitBlock::overlap`).
-            let proves = match &view.record {
-                _ if sb.pipeline_depth <= 1 => true,
-                Ok(LogRecord::Commit(c)) => {
-                    c.overlap < sb.pipeline_depth
-                        && is_after(h.sequence.wrapping_sub(c.overlap), failed_sequence)
-                }
-                _ => false,
-            };
-            if out.later_at.is_none() && is_after(h.sequence, failed_sequence) && proves {
-                out.later_at = Some((pos + i, h.sequence));
-            }
+            continue;
         }
-        pos += n;
+        let Some(view) = format::decode_log_block(&block, seed) else {
+            continue;
+        };
+        let h = view.header;
+        if !is_after(h.sequence, floor) || view.record.is_err() {
+            continue;
+        }
+        if out.max_sequence.is_none_or(|m| is_after(h.sequence, m)) {
+            out.max_sequence = Some(h.sequence);
+        }
+        // IMPORTANT: with commits in flight at once, later transactions
+        // may be written, commit block included, while S still is; only
+        // a later COMMIT block whose overlap does not reach back to S
+        // proves S was durable (see `CommitBlock::overlap`).
+        let proves = match &view.record {
+            _ if sb.pipeline_depth <= 1 => true,
+            Ok(LogRecord::Commit(c)) => {
+                c.overlap < sb.pipeline_depth
+                    && is_after(h.sequence.wrapping_sub(c.overlap), failed_sequence)
+            }
+            _ => false,
+        };
+        if out.later_at.is_none() && is_after(h.sequence, failed_sequence) && proves {
+            out.later_at = Some((pos, h.sequence));
+        }
     }
     Ok(out)
 }

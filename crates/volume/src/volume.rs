@@ -411,7 +411,7 @@ impl Volume {
                 )));
             }
         }
-        let (plan, revoked) = recovery::replay_plan(&scan.txns);
+        let (mut plan, revoked) = recovery::replay_plan(&scan.txns);
         // Every home block named by the log must lie inside the volume: a
         // checksummed tag pointing elsewhere is a bug or a forged image, and
         // replaying it would write outside the data area.
@@ -484,12 +484,12 @@ impl Volume {
                 dev.write_batch(&reqs, IoPriority::Urgent)?;
                 Ok(())
             };
-            let mut by_pos = plan.clone();
-            by_pos.sort_unstable_by_key(|e| e.pos);
-            let part = by_pos.len().div_ceil(REPLAY_THREADS).max(1);
+            // Log order, so each thread gets a consecutive part of the log.
+            plan.sort_unstable_by_key(|e| e.pos);
+            let part = plan.len().div_ceil(REPLAY_THREADS).max(1);
             let region = &engine.region;
             std::thread::scope(|s| -> Result<()> {
-                let workers: Vec<_> = by_pos
+                let workers: Vec<_> = plan
                     .chunks(part)
                     .map(|p| {
                         let write_window = &write_window;
