@@ -111,12 +111,39 @@ fn device_time() -> CpuTime {
     t
 }
 
+/// Busy microseconds of all CPUs together from the aggregate `cpu` line of
+/// `/proc/stat` (fields in clock ticks: user nice system idle iowait irq
+/// softirq steal ...): user + nice + system + irq + softirq. None if the
+/// line is missing or malformed.
+fn busy_us_from_proc_stat(stat: &str, ticks_per_sec: u64) -> Option<u64> {
+    let line = stat.lines().find(|l| l.starts_with("cpu "))?;
+    let f: Vec<u64> = line
+        .split_whitespace()
+        .skip(1)
+        .map(|v| v.parse().ok())
+        .collect::<Option<_>>()?;
+    let [user, nice, system, _idle, _iowait, irq, softirq, ..] = f.as_slice() else {
+        return None;
+    };
+    let ticks = user + nice + system + irq + softirq;
+    Some(ticks.checked_mul(1_000_000)? / ticks_per_sec.max(1))
+}
+
+fn machine_busy_us() -> Option<u64> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    let hz = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
+        .ok()
+        .flatten()?;
+    busy_us_from_proc_stat(&stat, u64::try_from(hz).ok()?)
+}
+
 /// A point in time for CPU accounting.
 #[derive(Clone, Copy, Debug)]
 pub struct CpuMark {
     process: CpuTime,
     children: CpuTime,
     device: CpuTime,
+    machine_us: Option<u64>,
 }
 
 /// Takes a mark, or None if getrusage failed (then no CPU is reported).
@@ -127,6 +154,7 @@ pub fn mark() -> Option<CpuMark> {
         process,
         children,
         device: device_time(),
+        machine_us: machine_busy_us(),
     })
 }
 
@@ -140,6 +168,9 @@ pub struct CpuDelta {
     pub device: CpuTime,
     /// Children that finished and were waited for (fs_mark).
     pub children: CpuTime,
+    /// Busy time of all CPUs of the machine (`/proc/stat`), every process
+    /// and kernel thread included; None where it could not be read.
+    pub machine_us: Option<u64>,
 }
 
 impl CpuMark {
@@ -150,6 +181,10 @@ impl CpuMark {
             process: self.process.minus(earlier.process).minus(device),
             device,
             children: self.children.minus(earlier.children),
+            machine_us: self
+                .machine_us
+                .zip(earlier.machine_us)
+                .map(|(now, then)| now.saturating_sub(then)),
         }
     }
 }
@@ -182,5 +217,21 @@ mod tests {
         assert!(d.device.total_us() > 0, "{d:?}");
         // No subtraction below zero.
         assert!(d.process.total_us() < 10_000_000);
+        // Linux has /proc/stat: the machine figure is there.
+        assert!(d.machine_us.is_some(), "{d:?}");
+    }
+
+    #[test]
+    fn proc_stat_busy_time_counts_user_system_and_interrupts_only() {
+        // user nice system idle iowait irq softirq steal guest guest_nice
+        let stat = "cpu  100 5 40 9000 300 2 3 50 0 0\ncpu0 50 2 20 4500 150 1 1 25 0 0\n";
+        // (100 + 5 + 40 + 2 + 3) ticks at 100 per second = 1.5 s.
+        assert_eq!(busy_us_from_proc_stat(stat, 100), Some(1_500_000));
+        assert_eq!(busy_us_from_proc_stat(stat, 1000), Some(150_000));
+        // Malformed or missing: None, never a panic.
+        assert_eq!(busy_us_from_proc_stat("cpu  1 2 x 4 5 6 7\n", 100), None);
+        assert_eq!(busy_us_from_proc_stat("cpu  1 2 3\n", 100), None);
+        assert_eq!(busy_us_from_proc_stat("intr 5\n", 100), None);
+        assert_eq!(busy_us_from_proc_stat("", 100), None);
     }
 }

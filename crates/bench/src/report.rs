@@ -116,6 +116,9 @@ pub struct RunRecord {
     /// (user + system) microseconds per operation. Work done in kernel
     /// threads (loop workers, jbd2) is not included: see [`CPU_NOTE`].
     pub cpu_us_per_op: Option<f64>,
+    /// Busy microseconds of all the machine's CPUs per operation
+    /// (`/proc/stat`): kernel threads included, and anything else that ran.
+    pub machine_cpu_us_per_op: Option<f64>,
     /// The volume's own metrics after the run (jbdev only).
     pub volume_stats: Option<serde_json::Value>,
     /// Anything worth knowing about this run.
@@ -155,6 +158,15 @@ impl RunRecord {
             ..Default::default()
         }
         .with_cpu(r.cpu.map(|c| (c.process, c.device)), r.ops)
+        .with_machine_cpu(r.cpu.and_then(|c| c.machine_us), r.ops)
+    }
+
+    /// Fills the whole machine's CPU per operation from its busy time.
+    pub fn with_machine_cpu(mut self, busy_us: Option<u64>, ops: u64) -> RunRecord {
+        if let (Some(us), true) = (busy_us, ops > 0) {
+            self.machine_cpu_us_per_op = Some(us as f64 / ops as f64);
+        }
+        self
     }
 
     /// Fills the CPU fields from a measured (process, device) CPU time.
@@ -401,7 +413,7 @@ fn fmt_rate(v: f64) -> String {
 }
 
 /// Printed under every table with a CPU column.
-pub const CPU_NOTE: &str = "cpu_us/op = (user + sys) CPU of the bench process per operation (getrusage RUSAGE_SELF around the measured run; fs_mark: RUSAGE_CHILDREN). jbdev's engine threads are included; work in kernel threads is NOT: the loop device's workers (the actual file I/O of the ram/disk/slow backings), block-layer completions, ext4's jbd2 thread. Both sides lose that work, and the kernel path loses more of its own (below its syscalls), so the kernel figure is an under-count.";
+pub const CPU_NOTE: &str = "cpu_us/op = (user + sys) CPU of the bench process per operation (getrusage RUSAGE_SELF around the measured run; fs_mark: RUSAGE_CHILDREN). jbdev's engine threads are included; work in kernel threads is NOT: the loop device's workers (the actual file I/O of the ram/disk/slow backings), block-layer completions, ext4's jbd2 thread. Both sides lose that work, and the kernel path loses more of its own (below its syscalls), so the kernel figure is an under-count. all_us/op = busy time of all CPUs of the machine per operation (/proc/stat: user, nice, system, irq, softirq) over the same interval: every process and kernel thread, the loop workers included, and anything else that ran then (an upper bound where cpu_us/op is a lower one).";
 
 fn fmt_cpu(v: Option<f64>) -> String {
     match v {
@@ -429,7 +441,7 @@ pub fn render_scenario(s: &ScenarioReport, fio_percentiles: bool) -> String {
     );
     let _ = writeln!(
         out,
-        "{:<44} {:>4} {:>3} {:>9} {:>9} {:>8} {:>8} {:>8} {:>9} {:>10}",
+        "{:<44} {:>4} {:>3} {:>9} {:>9} {:>8} {:>8} {:>8} {:>9} {:>10} {:>10}",
         "engine variant [phase]",
         "thr",
         "qd",
@@ -439,7 +451,8 @@ pub fn render_scenario(s: &ScenarioReport, fio_percentiles: bool) -> String {
         "p50_us",
         "p99_us",
         "p99.9_us",
-        "cpu_us/op"
+        "cpu_us/op",
+        "all_us/op"
     );
     for r in &s.runs {
         // fs_mark reports no latency.
@@ -459,7 +472,7 @@ pub fn render_scenario(s: &ScenarioReport, fio_percentiles: bool) -> String {
             .unwrap_or(0.0);
         let _ = writeln!(
             out,
-            "{:<44} {:>4} {:>3} {:>9} {:>9.1} {:>8} {:>8} {:>8} {:>9} {:>10}",
+            "{:<44} {:>4} {:>3} {:>9} {:>9.1} {:>8} {:>8} {:>8} {:>9} {:>10} {:>10}",
             truncate(&r.label(), 44),
             r.threads,
             r.iodepth,
@@ -474,6 +487,7 @@ pub fn render_scenario(s: &ScenarioReport, fio_percentiles: bool) -> String {
             lat(r.latency.p99_us),
             lat(p999),
             fmt_cpu(r.cpu_us_per_op),
+            fmt_cpu(r.machine_cpu_us_per_op),
         );
     }
     if fio_percentiles {

@@ -192,7 +192,16 @@ pub fn sync_writers(ctx: &Ctx<'_>, p: &SyncWritersParams) -> Result<ScenarioRepo
                 ),
                 jc / kc.max(1e-9),
                 1.0,
-                format!("jbdev {jc:.1} us/op, kernel {kc:.1} us/op (kernel under-counted: loop workers not included)"),
+                format!(
+                    "jbdev {jc:.1} us/op, kernel {kc:.1} us/op (kernel under-counted: loop workers not included){}",
+                    match (j.machine_cpu_us_per_op, k.machine_cpu_us_per_op) {
+                        (Some(jm), Some(km)) => format!(
+                            "; whole machine (all_us/op, not the target's measure): jbdev {jm:.1}, kernel {km:.1}, {:.2}x",
+                            jm / km.max(1e-9)
+                        ),
+                        _ => String::new(),
+                    }
+                ),
             ));
         }
     }
