@@ -10,7 +10,7 @@
 
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Seek, SeekFrom, Write};
-use std::os::unix::fs::FileTypeExt;
+use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -19,6 +19,34 @@ use std::time::{Duration, Instant};
 use crate::cleanup::{self, Action, Cleanup};
 use crate::error::{io_err, BenchError, Result};
 use crate::slow::SlowServer;
+
+/// Bytes at the end of the backing reserved for the kernel's raw writes.
+pub const KERNEL_AREA_BYTES: u64 = 32 << 20;
+
+/// Opens the raw backing for the kernel's own path: `O_DIRECT`, plus
+/// `O_SYNC` when `sync`. Falls back to buffered I/O only where the file
+/// system refuses `O_DIRECT` (noted in the returned flag).
+pub fn open_kernel(path: &Path, sync: bool) -> Result<(File, bool)> {
+    let open = |direct: bool| {
+        let mut flags = if sync { libc::O_SYNC } else { 0 };
+        if direct {
+            flags |= libc::O_DIRECT;
+        }
+        std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .custom_flags(flags)
+            .open(path)
+    };
+    match open(true) {
+        Ok(f) => Ok((f, true)),
+        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+            let f = open(false).map_err(io_err(format!("open {}", path.display())))?;
+            Ok((f, false))
+        }
+        Err(e) => Err(io_err(format!("open {}", path.display()))(e)),
+    }
+}
 
 /// Which backing to benchmark on.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -190,10 +218,10 @@ impl Backing {
         check_tool("losetup")?;
         crate::slow::fuse_available()
             .map_err(|why| BenchError::Setup(format!("the slow backing needs FUSE: {why}")))?;
-        if cfg.size_bytes < 2 * crate::ctx::KERNEL_AREA_BYTES {
+        if cfg.size_bytes < 2 * KERNEL_AREA_BYTES {
             return Err(BenchError::InvalidArgument(format!(
                 "--backing-size must be at least {} MiB for the slow backing",
-                (2 * crate::ctx::KERNEL_AREA_BYTES) >> 20
+                (2 * KERNEL_AREA_BYTES) >> 20
             )));
         }
         let dir = if cfg.slow_on_disk {
@@ -367,13 +395,13 @@ fn attach_loop(file: &Path, direct: bool) -> Result<(PathBuf, Cleanup)> {
 pub fn probe_flush(dev: &Path, size_bytes: u64) -> Result<String> {
     const N: usize = 15;
     let off = size_bytes.saturating_sub(4096) & !4095;
-    let buf = crate::ctx::pattern_buf(4096, 7);
+    let buf = crate::pattern::pattern_buf(4096, 7);
     let mut p50 = [0.0f64; 3];
     for (slot, (osync, fdatasync)) in
         p50.iter_mut()
             .zip([(false, false), (false, true), (true, false)])
     {
-        let (f, _) = crate::ctx::open_kernel(dev, osync)?;
+        let (f, _) = open_kernel(dev, osync)?;
         let mut lat = Vec::with_capacity(N);
         for _ in 0..N {
             if cleanup::stop_requested() {

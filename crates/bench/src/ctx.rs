@@ -1,21 +1,17 @@
 //! What every scenario needs: the backing, run-wide settings, the progress
-//! bar, and helpers to open the two sides (jbdev and the kernel) on it.
+//! bar, and helpers to open jbdev's side on it (the kernel's side opens
+//! the raw backing with [`crate::backing::open_kernel`]).
 
-use std::fs::File;
-use std::os::unix::fs::OpenOptionsExt;
-use std::path::Path;
 use std::time::Duration;
 
 use jbdev_device::Backend;
 use jbdev_volume::{BatchPolicy, FormatOptions, OpenOptions, Volume};
 
-use crate::backing::Backing;
-use crate::error::{io_err, Result};
+use crate::backing::{Backing, KERNEL_AREA_BYTES};
+use crate::error::Result;
 use crate::load::LoadSpec;
+use crate::pattern::pattern_buf;
 use crate::progress::Progress;
-
-/// Bytes at the end of the backing reserved for the kernel's raw writes.
-pub const KERNEL_AREA_BYTES: u64 = 32 << 20;
 
 /// Settings shared by every scenario of a run.
 #[derive(Clone, Debug)]
@@ -132,49 +128,6 @@ impl Ctx<'_> {
             &self.open_options(policy),
         )?)
     }
-}
-
-/// Opens the raw backing for the kernel's own path: `O_DIRECT`, plus
-/// `O_SYNC` when `sync`. Falls back to buffered I/O only where the file
-/// system refuses `O_DIRECT` (noted in the returned flag).
-pub fn open_kernel(path: &Path, sync: bool) -> Result<(File, bool)> {
-    let open = |direct: bool| {
-        let mut flags = if sync { libc::O_SYNC } else { 0 };
-        if direct {
-            flags |= libc::O_DIRECT;
-        }
-        std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .custom_flags(flags)
-            .open(path)
-    };
-    match open(true) {
-        Ok(f) => Ok((f, true)),
-        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
-            let f = open(false).map_err(io_err(format!("open {}", path.display())))?;
-            Ok((f, false))
-        }
-        Err(e) => Err(io_err(format!("open {}", path.display()))(e)),
-    }
-}
-
-/// A buffer of `len` bytes of non-zero, thread-specific content (so no
-/// layer can short-cut zero blocks), aligned for O_DIRECT.
-pub fn pattern_buf(len: usize, seed: u64) -> jbdev_device::AlignedBuf {
-    let mut b = jbdev_device::AlignedBuf::zeroed(len);
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    for chunk in b.chunks_mut(8) {
-        // xorshift64: cheap, deterministic, never zero.
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        let bytes = x.to_le_bytes();
-        for (d, s) in chunk.iter_mut().zip(bytes) {
-            *d = s;
-        }
-    }
-    b
 }
 
 /// Writes `len_bytes` of pattern `seed` at `base` in 1 MiB pieces, then

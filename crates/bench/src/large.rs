@@ -32,8 +32,10 @@ use crate::cleanup;
 use crate::cpu;
 use std::os::unix::fs::FileExt;
 
-use crate::ctx::{open_kernel, pattern_buf, Ctx};
+use crate::backing::open_kernel;
+use crate::ctx::Ctx;
 use crate::error::{io_err, BenchError, Result};
+use crate::pattern::pattern_buf;
 use crate::report::{LatencySummary, RunRecord, ScenarioReport, TargetCheck};
 
 /// Arguments of `large-writes`.
@@ -284,7 +286,7 @@ pub fn large_writes(ctx: &Ctx<'_>, p: &LargeWritesParams) -> Result<ScenarioRepo
     let mut unsettled = 0;
     // The device's own linearity, for reference: the same bytes with
     // O_DIRECT pwrite + fdatasync in the area no volume uses.
-    let kernel_fits = p.large_bytes as u64 <= crate::ctx::KERNEL_AREA_BYTES;
+    let kernel_fits = p.large_bytes as u64 <= crate::backing::KERNEL_AREA_BYTES;
     let (kfile, kdirect) = open_kernel(&ctx.backing.path, false)?;
     let kpath = ctx.backing.path.display().to_string();
     let mut ktimes: [Vec<f64>; 2] = [Vec::new(), Vec::new()];

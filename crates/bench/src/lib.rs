@@ -22,6 +22,7 @@ mod error;
 pub mod large;
 pub mod load;
 pub mod mixed;
+pub mod pattern;
 pub mod plot;
 pub mod progress;
 #[cfg(feature = "rbd")]

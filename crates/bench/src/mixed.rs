@@ -13,9 +13,11 @@ use std::sync::Arc;
 use jbdev_volume::{BatchPolicy, WriteFlags};
 use rand::{Rng, SeedableRng};
 
-use crate::ctx::{open_kernel, pattern_buf, prefill, stats_json, Ctx};
+use crate::backing::open_kernel;
+use crate::ctx::{prefill, stats_json, Ctx};
 use crate::error::{io_err, BenchError, Result};
 use crate::load::{run_load, Op};
+use crate::pattern::pattern_buf;
 use crate::report::{Percentile, RunRecord, ScenarioReport, TargetCheck};
 
 /// Arguments of `mixed-iops`.

@@ -21,9 +21,9 @@ use jbdev_device::{open_device, BlockDevice, IoPriority, OpenOptions as DevOpenO
 use jbdev_volume::{FormatOptions, JournalPlacement, OpenOptions, Volume, WriteFlags};
 
 use crate::cli::SyncWritersArgs;
-use crate::ctx::pattern_buf;
 use crate::error::{BenchError, Result};
 use crate::load::{run_load, LoadResult, LoadSpec, Op};
+use crate::pattern::pattern_buf;
 use crate::progress::Progress;
 
 /// One measured run.

@@ -28,9 +28,10 @@ use nix::fcntl::{posix_fadvise, PosixFadviseAdvice};
 use rand::{Rng, SeedableRng};
 
 use crate::cleanup;
-use crate::ctx::{pattern_buf, prefill, stats_json, Ctx};
+use crate::ctx::{prefill, stats_json, Ctx};
 use crate::error::{io_err, BenchError, Result};
 use crate::load::{probe_series, run_load, Op};
+use crate::pattern::pattern_buf;
 use crate::report::{LatencySummary, RunRecord, ScenarioReport, TargetCheck};
 
 /// Arguments of `read-latency`.

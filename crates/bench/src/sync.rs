@@ -17,11 +17,13 @@ use std::time::{Duration, Instant};
 
 use jbdev_volume::{BatchPolicy, Volume, WriteFlags};
 
+use crate::backing::open_kernel;
 use crate::backing::tool_exists;
 use crate::cleanup;
-use crate::ctx::{open_kernel, pattern_buf, stats_json, Ctx};
+use crate::ctx::{stats_json, Ctx};
 use crate::error::{io_err, BenchError, Result};
 use crate::load::{run_load, Op};
+use crate::pattern::pattern_buf;
 use crate::report::{Percentile, RunRecord, ScenarioReport, TargetCheck};
 
 /// How a jbdev writer makes its write durable.
@@ -131,13 +133,13 @@ pub fn jbdev_sync_run(
 
 fn check_threads_fit(ctx: &Ctx<'_>, shape: SyncShape) -> Result<()> {
     let need = (shape.threads * shape.region_bytes) as u64;
-    if need > ctx.volume_bytes() || need > crate::ctx::KERNEL_AREA_BYTES {
+    if need > ctx.volume_bytes() || need > crate::backing::KERNEL_AREA_BYTES {
         return Err(BenchError::InvalidArgument(format!(
             "{} threads x {} bytes do not fit the {}-byte volume or the {}-byte kernel area",
             shape.threads,
             shape.region_bytes,
             ctx.volume_bytes(),
-            crate::ctx::KERNEL_AREA_BYTES
+            crate::backing::KERNEL_AREA_BYTES
         )));
     }
     Ok(())

@@ -14,6 +14,10 @@
 //! * `rbd::RbdDevice` (cargo feature `rbd`) — a Ceph RBD image through
 //!   librbd's asynchronous API, opened from `rbd:POOL/IMAGE[:conf=PATH][:id=USER]`.
 //!
+//! The two file backends share [`file`]: the open file or block device with
+//! its geometry, and the positional I/O, bounce buffers, zeroing and
+//! allocation queries on it.
+//!
 //! Besides the synchronous calls, every device has a request queue
 //! ([`BlockDevice::queue`], see [`queue`]): one thread keeps many requests
 //! in flight with owned buffers and reaps their completions; ordering is
@@ -33,6 +37,7 @@ pub mod aligned;
 pub mod error;
 #[cfg(any(test, feature = "testing"))]
 pub mod fault;
+pub mod file;
 pub mod flush;
 pub mod heap;
 #[cfg(any(test, feature = "testing"))]

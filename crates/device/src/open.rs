@@ -170,10 +170,10 @@ pub const DEAD_HOLDER_WAIT: Duration = Duration::from_secs(10);
 fn open_waiting_for_dead_holder(
     path: &Path,
     opts: &OpenOptions,
-) -> Result<crate::pread::DeviceFile> {
+) -> Result<crate::file::DeviceFile> {
     let mut deadline: Option<Instant> = None;
     loop {
-        match crate::pread::open_file(path, opts) {
+        match crate::file::open_file(path, opts) {
             Err(DeviceError::Busy(what)) if opts.exclusive => {
                 let Some(holders) = flock_holders(path) else {
                     return Err(DeviceError::Busy(what));

@@ -28,7 +28,7 @@ use std::thread::JoinHandle;
 
 use parking_lot::{Condvar, Mutex};
 
-use crate::pread::{check_writable, pread_all, pwrite_all, zero_range, DeviceFile};
+use crate::file::{check_writable, pread_all, pwrite_all, zero_range, DeviceFile};
 use crate::queue::{
     check_depth, check_mutation, check_push, queue_or_refuse, write_slices, IoDone, IoOp, IoQueue,
     IoRequest, Refused,

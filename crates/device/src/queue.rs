@@ -61,7 +61,7 @@ use std::collections::VecDeque;
 use std::io::IoSlice;
 use std::sync::Arc;
 
-pub use crate::pread::IOV_MAX;
+pub use crate::file::IOV_MAX;
 use crate::{check_request, AlignedBuf, BlockDevice, DeviceError, IoPriority, Result};
 
 /// The largest depth a queue may have (io_uring rings get this many entries;

@@ -44,7 +44,7 @@ use std::sync::{Once, OnceLock};
 
 use io_uring::{opcode, squeue, types, IoUring};
 
-use crate::pread::{advance_iovecs, check_writable, needs_bounce, DeviceFile, IOV_MAX};
+use crate::file::{advance_iovecs, check_writable, needs_bounce, DeviceFile, IOV_MAX};
 use crate::{
     check_request, iov_len, iov_len_mut, AlignedBuf, BlockDevice, DeviceError, IoPriority, Result,
     WriteReq,
@@ -430,7 +430,7 @@ impl UringDevice {
         if needs_bounce(&self.f, bufs.iter().map(|b| &**b)) {
             // SAFETY: the iovec describes the bounce, borrowed mutably (and
             // touched by nothing else) for the call.
-            return crate::pread::read_bounced(bufs, |iov| unsafe {
+            return crate::file::read_bounced(bufs, |iov| unsafe {
                 transfer(ring, fd, Dir::Read, iov, offset, 0, &what)
             });
         }
@@ -458,11 +458,11 @@ impl UringDevice {
         let what = self.f.what();
         if needs_bounce(&self.f, bufs.iter().map(|b| &**b)) {
             // SAFETY: the iovec describes the bounce, borrowed for the call.
-            return crate::pread::write_bounced(bufs, |iov| unsafe {
+            return crate::file::write_bounced(bufs, |iov| unsafe {
                 transfer(ring, fd, dir, iov, offset, ioprio, &what)
             });
         }
-        let mut iovs = crate::pread::write_iovecs(bufs);
+        let mut iovs = crate::file::write_iovecs(bufs);
         // SAFETY: the iovecs describe `bufs`, borrowed for the whole call;
         // a write only reads them.
         unsafe { transfer(ring, fd, dir, &mut iovs, offset, ioprio, &what) }
@@ -505,7 +505,7 @@ impl UringDevice {
         let mut iovs: Vec<Vec<libc::iovec>> = Vec::with_capacity(reqs.len());
         for r in reqs {
             if needs_bounce(&self.f, r.bufs.iter().map(|b| &**b)) {
-                let mut b = crate::pread::gather(r.bufs);
+                let mut b = crate::file::gather(r.bufs);
                 iovs.push(vec![libc::iovec {
                     iov_base: b.as_mut_ptr().cast(),
                     iov_len: b.len(),
@@ -626,7 +626,7 @@ impl UringDevice {
         match with_ring(|ring| self.write_on_ring(ring, bufs, offset, ioprio_of(prio), dir)) {
             Some(res) => res,
             None => {
-                crate::pread::pwrite_all(&self.f, bufs, offset)?;
+                crate::file::pwrite_all(&self.f, bufs, offset)?;
                 if dir == Dir::WriteDsync {
                     self.flush()?;
                 }
@@ -656,17 +656,17 @@ impl BlockDevice for UringDevice {
             return Ok(());
         }
         if let Some(reader) = &self.f.cached {
-            return crate::pread::pread_cached(&self.f, reader, bufs, offset);
+            return crate::file::pread_cached(&self.f, reader, bufs, offset);
         }
         // Only a thread that cannot have a ring uses the portable path.
         match with_ring(|ring| self.read_on_ring(ring, bufs, offset)) {
             Some(res) => res,
-            None => crate::pread::pread_all(&self.f, bufs, offset),
+            None => crate::file::pread_all(&self.f, bufs, offset),
         }
     }
 
     fn try_read_cached(&self, bufs: &mut [IoSliceMut<'_>], offset: u64) -> Result<bool> {
-        crate::pread::try_read_cached(&self.f, bufs, offset)
+        crate::file::try_read_cached(&self.f, bufs, offset)
     }
 
     fn has_write_cache(&self) -> bool {
@@ -674,7 +674,7 @@ impl BlockDevice for UringDevice {
     }
 
     fn write_cached(&self, bufs: &[IoSlice<'_>], offset: u64) -> Result<()> {
-        crate::pread::pwrite_cached(&self.f, bufs, offset)
+        crate::file::pwrite_cached(&self.f, bufs, offset)
     }
 
     fn write_vectored_at(&self, bufs: &[IoSlice<'_>], offset: u64, prio: IoPriority) -> Result<()> {
@@ -714,7 +714,7 @@ impl BlockDevice for UringDevice {
             Some(res) => res,
             None => {
                 for r in reqs {
-                    crate::pread::pwrite_all(&self.f, r.bufs, r.offset)?;
+                    crate::file::pwrite_all(&self.f, r.bufs, r.offset)?;
                 }
                 if reqs.iter().any(|r| r.durable) {
                     self.flush()?;
@@ -737,11 +737,11 @@ impl BlockDevice for UringDevice {
 
     fn write_zeroes(&self, offset: u64, len: u64) -> Result<()> {
         check_request(self.f.size_bytes, self.f.logical_block_size, offset, len)?;
-        crate::pread::zero_range(&self.f, offset, len)
+        crate::file::zero_range(&self.f, offset, len)
     }
 
     fn allocation(&self, offset: u64, len: u64) -> Result<Vec<crate::Extent>> {
-        crate::pread::allocation(&self.f, offset, len)
+        crate::file::allocation(&self.f, offset, len)
     }
 
     /// A queue with its own ring of `depth` entries (see `uring/queue.rs`).

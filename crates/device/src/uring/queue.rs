@@ -39,7 +39,7 @@ use std::os::unix::io::AsRawFd;
 use io_uring::{opcode, squeue, types, IoUring};
 
 use super::{ioprio_of, is_transient, UringDevice, RETRIES_MAX};
-use crate::pread::{advance_iovecs, check_writable, gather, needs_bounce, zero_range};
+use crate::file::{advance_iovecs, check_writable, gather, needs_bounce, zero_range};
 use crate::queue::{
     check_depth, check_push, write_len, write_slices, IoDone, IoOp, IoQueue, IoRequest, Refused,
 };
