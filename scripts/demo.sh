@@ -64,15 +64,17 @@ import json, sys
 rep = json.load(open(sys.argv[1]))
 for sc in rep.get("scenarios", []):
     runs = sc.get("runs", [])
-    print(f"{'threads':>7}  {'jbdev writes/s':>14}  {'kernel writes/s':>15}  {'jbdev/kernel':>12}  verdict")
+    print(f"{'threads':>7}  {'jbdev writes/s':>14}  {'kernel writes/s':>15}  {'jbdev/kernel':>12}  {'CPU us/write':>15}  verdict")
     for t in sorted({r["threads"] for r in runs}):
         j = next((r for r in runs if r["engine"] == "jbdev" and r["threads"] == t), None)
         k = next((r for r in runs if r["engine"] == "kernel" and r["threads"] == t), None)
         if not j or not k or not j["ops_per_sec"] or not k["ops_per_sec"]:
             continue
         ratio = j["ops_per_sec"] / k["ops_per_sec"]
-        verdict = f"jbdev {ratio:.1f}x faster" if ratio >= 1 else f"kernel {1 / ratio:.1f}x faster"
-        print(f"{t:>7}  {j['ops_per_sec']:>14,.0f}  {k['ops_per_sec']:>15,.0f}  {ratio:>11.2f}x  {verdict}")
+        verdict = f"jbdev {ratio:.2f}x faster" if ratio >= 1 else f"kernel {1 / ratio:.2f}x faster"
+        jc, kc = j.get("machine_cpu_us_per_op"), k.get("machine_cpu_us_per_op")
+        cpu = f"{jc:.1f} / {kc:.1f}" if jc and kc else "-"
+        print(f"{t:>7}  {j['ops_per_sec']:>14,.0f}  {k['ops_per_sec']:>15,.0f}  {ratio:>11.2f}x  {cpu:>15}  {verdict}")
     for p in sc.get("plots", []):
         if p.endswith(".png"):
             print(f"plot: {p}  (same name .svg beside it)")
@@ -84,6 +86,8 @@ cat <<'TXT'
 What was measured: each thread writes 4 KiB at a time and waits until the
 write is durable (jbdev: a FUA write; kernel: pwrite on an O_DIRECT|O_SYNC
 descriptor of the same scratch file), for 3 seconds per thread count.
+CPU us/write: busy time of the whole machine's CPUs per write (jbdev /
+kernel), kernel threads included (/proc/stat over the same interval).
 Why jbdev can lose here: a lone writer's commit is one FUA write of three
 blocks (descriptor, data, commit block) where the kernel writes one, and
 every block is written twice (to the journal now, home at checkpoint). With
