@@ -157,27 +157,21 @@ pub fn open_file(path: &Path, opts: &OpenOptions) -> Result<DeviceFile> {
     })
 }
 
-/// Architectures whose ioctl direction bits differ from the generic layout
-/// (`_IOC_NONE` = 1 and `_IOC_READ` = 2 at bit 29, instead of 0 and 2 at bit
-/// 30), so the numbers are built like the kernel headers do.
-#[cfg(any(
+/// `_IOC_NONE` and `_IOC_READ` in place: 1 and 2 at bit 29 on the
+/// architectures whose ioctl direction bits differ from the generic layout
+/// (0 and 2 at bit 30), so the numbers are built like the kernel headers do.
+const IOC_NONE_READ: (libc::c_ulong, libc::c_ulong) = if cfg!(any(
     target_arch = "mips",
     target_arch = "mips64",
     target_arch = "powerpc",
     target_arch = "powerpc64",
     target_arch = "sparc",
     target_arch = "sparc64"
-))]
-const IOC_NONE_READ: (libc::c_ulong, libc::c_ulong) = (1 << 29, 2 << 29);
-#[cfg(not(any(
-    target_arch = "mips",
-    target_arch = "mips64",
-    target_arch = "powerpc",
-    target_arch = "powerpc64",
-    target_arch = "sparc",
-    target_arch = "sparc64"
-)))]
-const IOC_NONE_READ: (libc::c_ulong, libc::c_ulong) = (0, 2 << 30);
+)) {
+    (1 << 29, 2 << 29)
+} else {
+    (0, 2 << 30)
+};
 
 /// `_IOR(0x12, 114, size_t)`.
 const BLKGETSIZE64: libc::c_ulong =
@@ -358,7 +352,7 @@ pub(crate) fn allocation(f: &DeviceFile, offset: u64, len: u64) -> Result<Vec<cr
 pub const IOV_MAX: usize = 1024;
 
 /// Retries of a syscall failing with `EINTR`/`EAGAIN` before giving up.
-const RETRIES_MAX: u32 = 100;
+pub(crate) const RETRIES_MAX: u32 = 100;
 
 /// Moves the cursor `iovs[idx..]` past `done` bytes; returns the new index.
 /// Consumed iovecs get length 0; a partly consumed one is shrunk in place.
@@ -430,23 +424,15 @@ unsafe fn transfer_on(
     fd: std::os::fd::RawFd,
     dir: Dir,
     iovs: &mut [libc::iovec],
-    mut offset: u64,
+    offset: u64,
 ) -> Result<()> {
     let op = match dir {
         Dir::Read => "preadv",
         Dir::Write => "pwritev",
     };
-    let mut idx = 0;
-    let mut retries = 0;
-    while idx < iovs.len() {
-        if iovs[idx].iov_len == 0 {
-            idx += 1;
-            continue;
-        }
-        let chunk = &iovs[idx..(idx + IOV_MAX).min(iovs.len())];
-        let off = libc::off_t::try_from(offset).map_err(|_| {
-            DeviceError::io(op, f.what(), io::Error::from_raw_os_error(libc::EOVERFLOW))
-        })?;
+    transfer_all(iovs, offset, dir == Dir::Read, |chunk, off| {
+        let off = libc::off_t::try_from(off)
+            .map_err(|_| io::Error::from_raw_os_error(libc::EOVERFLOW))?;
         // SAFETY: `chunk` points at at most IOV_MAX iovecs that describe
         // memory valid per this function's contract; the call is synchronous.
         let n = unsafe {
@@ -455,25 +441,59 @@ unsafe fn transfer_on(
                 Dir::Write => libc::pwritev(fd, chunk.as_ptr(), chunk.len() as libc::c_int, off),
             }
         };
-        if n < 0 {
-            let e = io::Error::last_os_error();
-            if matches!(e.raw_os_error(), Some(libc::EINTR) | Some(libc::EAGAIN))
-                && retries < RETRIES_MAX
+        Ok(if n < 0 {
+            Err(io::Error::last_os_error())
+        } else {
+            Ok(n as usize)
+        })
+    })
+    .map_err(|e| DeviceError::io(op, f.what(), e))
+}
+
+/// Moves all of `iovs` at `offset` with `op(chunk, offset)`: skips empty
+/// iovecs, hands `op` at most [`IOV_MAX`] of them at a time, continues
+/// after short transfers (`iovs` is consumed as a cursor: bases and lengths
+/// advance), and reports no progress as end of device (`read`) or a zero
+/// write. `op` returns the transfer's own outcome (bytes moved, or its
+/// errno: `EINTR`/`EAGAIN` are retried up to [`RETRIES_MAX`] times) inside
+/// `Ok`, and a failure to even issue it, never retried, as `Err`. The loop
+/// of both file backends: `op` is a `preadv`/`pwritev` call or one io_uring
+/// request.
+pub(crate) fn transfer_all(
+    iovs: &mut [libc::iovec],
+    mut offset: u64,
+    read: bool,
+    mut op: impl FnMut(&[libc::iovec], u64) -> io::Result<io::Result<usize>>,
+) -> io::Result<()> {
+    let mut idx = 0;
+    let mut retries = 0;
+    while idx < iovs.len() {
+        if iovs[idx].iov_len == 0 {
+            idx += 1;
+            continue;
+        }
+        let chunk = &iovs[idx..(idx + IOV_MAX).min(iovs.len())];
+        let n = match op(chunk, offset)? {
+            Ok(n) => n,
+            Err(e)
+                if matches!(e.raw_os_error(), Some(libc::EINTR) | Some(libc::EAGAIN))
+                    && retries < RETRIES_MAX =>
             {
                 retries += 1;
                 continue;
             }
-            return Err(DeviceError::io(op, f.what(), e));
-        }
+            Err(e) => return Err(e),
+        };
         if n == 0 {
-            let kind = match dir {
-                Dir::Read => io::ErrorKind::UnexpectedEof,
-                Dir::Write => io::ErrorKind::WriteZero,
-            };
-            return Err(DeviceError::io(op, f.what(), kind.into()));
+            return Err(if read {
+                io::ErrorKind::UnexpectedEof
+            } else {
+                io::ErrorKind::WriteZero
+            }
+            .into());
         }
         offset += n as u64;
-        idx = advance_iovecs(iovs, idx, n as usize);
+        idx = advance_iovecs(iovs, idx, n);
     }
     Ok(())
 }
@@ -515,6 +535,17 @@ pub(crate) fn write_iovecs(bufs: &[IoSlice<'_>]) -> Vec<libc::iovec> {
     bufs.iter()
         .map(|b| libc::iovec {
             iov_base: b.as_ptr().cast_mut().cast(),
+            iov_len: b.len(),
+        })
+        .collect()
+}
+
+/// The iovecs of a read's buffers (borrowed mutably: the kernel writes
+/// through them).
+pub(crate) fn read_iovecs(bufs: &mut [IoSliceMut<'_>]) -> Vec<libc::iovec> {
+    bufs.iter_mut()
+        .map(|b| libc::iovec {
+            iov_base: b.as_mut_ptr().cast(),
             iov_len: b.len(),
         })
         .collect()
@@ -708,13 +739,7 @@ pub(crate) fn pread_all(f: &DeviceFile, bufs: &mut [IoSliceMut<'_>], offset: u64
         // touched by nothing else) for the call.
         return read_bounced(bufs, |iov| unsafe { transfer(f, Dir::Read, iov, offset) });
     }
-    let mut iovs: Vec<libc::iovec> = bufs
-        .iter_mut()
-        .map(|b| libc::iovec {
-            iov_base: b.as_mut_ptr().cast(),
-            iov_len: b.len(),
-        })
-        .collect();
+    let mut iovs = read_iovecs(bufs);
     // SAFETY: the iovecs describe `bufs`, borrowed mutably (exclusively) for
     // the whole call.
     unsafe { transfer(f, Dir::Read, &mut iovs, offset) }
@@ -749,5 +774,128 @@ mod bounce_tests {
         });
         // Every buffer is aligned for O_DIRECT.
         with_bounce(4096, |b| assert_eq!(b.as_ptr() as usize % 4096, 0));
+    }
+}
+
+#[cfg(test)]
+mod transfer_tests {
+    use super::*;
+
+    fn iovecs(lens: &[usize], mem: &mut [u8]) -> Vec<libc::iovec> {
+        let mut at = 0;
+        lens.iter()
+            .map(|&len| {
+                let iov = libc::iovec {
+                    iov_base: mem[at..].as_mut_ptr().cast(),
+                    iov_len: len,
+                };
+                at += len;
+                iov
+            })
+            .collect()
+    }
+
+    #[test]
+    fn short_transfers_advance_across_iovecs_and_skip_empty_ones() {
+        let mut mem = vec![0u8; 100];
+        let mut iovs = iovecs(&[10, 0, 30, 0, 60], &mut mem);
+        let mut calls = Vec::new();
+        transfer_all(&mut iovs, 1000, false, |chunk, off| {
+            assert!(chunk[0].iov_len > 0, "an empty iovec was handed on");
+            let total: usize = chunk.iter().map(|c| c.iov_len).sum();
+            // Move at most 25 bytes per call: every call is short.
+            let n = total.min(25);
+            calls.push((off, n));
+            Ok(Ok(n))
+        })
+        .expect("transfer completes");
+        let offsets: Vec<u64> = calls.iter().map(|c| c.0).collect();
+        assert_eq!(offsets, [1000, 1025, 1050, 1075]);
+        assert_eq!(calls.iter().map(|c| c.1).sum::<usize>(), 100);
+        assert!(iovs.iter().all(|i| i.iov_len == 0));
+    }
+
+    #[test]
+    fn at_most_iov_max_iovecs_per_call() {
+        let mut mem = vec![0u8; IOV_MAX + 5];
+        let mut iovs = iovecs(&vec![1; IOV_MAX + 5], &mut mem);
+        let mut sizes = Vec::new();
+        transfer_all(&mut iovs, 0, true, |chunk, _| {
+            sizes.push(chunk.len());
+            Ok(Ok(chunk.len()))
+        })
+        .unwrap();
+        assert_eq!(sizes, [IOV_MAX, 5]);
+    }
+
+    #[test]
+    fn interrupted_calls_are_retried_a_bounded_number_of_times() {
+        let mut mem = vec![0u8; 8];
+        let mut iovs = iovecs(&[8], &mut mem);
+        let mut fails = 3;
+        transfer_all(&mut iovs, 0, true, |chunk, _| {
+            if fails > 0 {
+                fails -= 1;
+                return Ok(Err(io::Error::from_raw_os_error(libc::EINTR)));
+            }
+            Ok(Ok(chunk[0].iov_len))
+        })
+        .expect("three EINTRs are retried");
+
+        let mut iovs = iovecs(&[8], &mut mem);
+        let mut calls = 0;
+        let e = transfer_all(&mut iovs, 0, true, |_, _| {
+            calls += 1;
+            Ok(Err(io::Error::from_raw_os_error(libc::EAGAIN)))
+        })
+        .unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::EAGAIN));
+        assert_eq!(calls, RETRIES_MAX + 1);
+    }
+
+    #[test]
+    fn other_errors_and_failures_to_issue_are_not_retried() {
+        let mut mem = vec![0u8; 8];
+        for issue_failed in [false, true] {
+            let mut iovs = iovecs(&[8], &mut mem);
+            let mut calls = 0;
+            let e = transfer_all(&mut iovs, 0, false, |_, _| {
+                calls += 1;
+                let e = io::Error::from_raw_os_error(if issue_failed {
+                    libc::EINTR
+                } else {
+                    libc::EIO
+                });
+                if issue_failed {
+                    Err(e)
+                } else {
+                    Ok(Err(e))
+                }
+            })
+            .unwrap_err();
+            assert_eq!(calls, 1, "issue_failed={issue_failed}");
+            assert!(e.raw_os_error().is_some());
+        }
+    }
+
+    #[test]
+    fn no_progress_is_end_of_device_or_a_zero_write() {
+        let mut mem = vec![0u8; 8];
+        for (read, kind) in [
+            (true, io::ErrorKind::UnexpectedEof),
+            (false, io::ErrorKind::WriteZero),
+        ] {
+            let mut iovs = iovecs(&[8], &mut mem);
+            let e = transfer_all(&mut iovs, 0, read, |_, _| Ok(Ok(0))).unwrap_err();
+            assert_eq!(e.kind(), kind);
+        }
+    }
+
+    #[test]
+    fn ioctl_numbers_match_the_kernel_headers() {
+        if cfg!(any(target_arch = "x86_64", target_arch = "aarch64")) {
+            assert_eq!(BLKGETSIZE64, 0x8008_1272);
+            assert_eq!(BLKZEROOUT, 0x127f);
+        }
     }
 }

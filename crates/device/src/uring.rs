@@ -44,7 +44,9 @@ use std::sync::{Once, OnceLock};
 
 use io_uring::{opcode, squeue, types, IoUring};
 
-use crate::file::{advance_iovecs, check_writable, needs_bounce, DeviceFile, IOV_MAX};
+use crate::file::{
+    advance_iovecs, check_writable, needs_bounce, transfer_all, DeviceFile, IOV_MAX,
+};
 use crate::{
     check_request, iov_len, iov_len_mut, AlignedBuf, BlockDevice, DeviceError, IoPriority, Result,
     WriteReq,
@@ -339,30 +341,23 @@ unsafe fn transfer(
     fd: RawFd,
     dir: Dir,
     iovs: &mut [libc::iovec],
-    mut offset: u64,
+    offset: u64,
     ioprio: u16,
     what: &str,
 ) -> Result<()> {
-    let mut idx = 0;
-    let mut retries = 0;
-    while idx < iovs.len() {
-        if iovs[idx].iov_len == 0 {
-            idx += 1;
-            continue;
-        }
-        let chunk = &iovs[idx..(idx + IOV_MAX).min(iovs.len())];
+    transfer_all(iovs, offset, dir == Dir::Read, |chunk, off| {
         let (ptr, count) = (chunk.as_ptr(), chunk.len() as u32);
         let entry = match dir {
             Dir::Read => opcode::Readv::new(types::Fd(fd), ptr, count)
-                .offset(offset)
+                .offset(off)
                 .ioprio(ioprio)
                 .build(),
             Dir::Write => opcode::Writev::new(types::Fd(fd), ptr, count)
-                .offset(offset)
+                .offset(off)
                 .ioprio(ioprio)
                 .build(),
             Dir::WriteDsync => opcode::Writev::new(types::Fd(fd), ptr, count)
-                .offset(offset)
+                .offset(off)
                 .ioprio(ioprio)
                 .rw_flags(libc::RWF_DSYNC)
                 .build(),
@@ -370,31 +365,14 @@ unsafe fn transfer(
         // SAFETY: `iovs` (and so `chunk`) lives until we return, and the
         // memory it describes is valid per this function's contract;
         // submit_one returns only after the completion.
-        let res = unsafe { ring.submit_one(entry) }
-            .map_err(|e| DeviceError::io(dir.op_name(), what, e))?;
-        if res < 0 {
-            let errno = -res;
-            if (errno == libc::EINTR || errno == libc::EAGAIN) && retries < RETRIES_MAX {
-                retries += 1;
-                continue;
-            }
-            return Err(DeviceError::io(
-                dir.op_name(),
-                what,
-                io::Error::from_raw_os_error(errno),
-            ));
-        }
-        if res == 0 {
-            let kind = match dir {
-                Dir::Read => io::ErrorKind::UnexpectedEof,
-                Dir::Write | Dir::WriteDsync => io::ErrorKind::WriteZero,
-            };
-            return Err(DeviceError::io(dir.op_name(), what, kind.into()));
-        }
-        offset += res as u64;
-        idx = advance_iovecs(iovs, idx, res as usize);
-    }
-    Ok(())
+        let res = unsafe { ring.submit_one(entry) }?;
+        Ok(if res < 0 {
+            Err(io::Error::from_raw_os_error(-res))
+        } else {
+            Ok(res as usize)
+        })
+    })
+    .map_err(|e| DeviceError::io(dir.op_name(), what, e))
 }
 
 fn ioprio_of(prio: IoPriority) -> u16 {
@@ -434,13 +412,7 @@ impl UringDevice {
                 transfer(ring, fd, Dir::Read, iov, offset, 0, &what)
             });
         }
-        let mut iovs: Vec<libc::iovec> = bufs
-            .iter_mut()
-            .map(|b| libc::iovec {
-                iov_base: b.as_mut_ptr().cast(),
-                iov_len: b.len(),
-            })
-            .collect();
+        let mut iovs = crate::file::read_iovecs(bufs);
         // SAFETY: the iovecs describe `bufs`, which we borrow mutably
         // (exclusively) for the whole call.
         unsafe { transfer(ring, fd, Dir::Read, &mut iovs, offset, 0, &what) }
