@@ -163,9 +163,7 @@ impl RunRecord {
 
     /// Fills the whole machine's CPU per operation from its busy time.
     pub fn with_machine_cpu(mut self, busy_us: Option<u64>, ops: u64) -> RunRecord {
-        if let (Some(us), true) = (busy_us, ops > 0) {
-            self.machine_cpu_us_per_op = Some(us as f64 / ops as f64);
-        }
+        self.machine_cpu_us_per_op = busy_us.filter(|_| ops > 0).map(|us| us as f64 / ops as f64);
         self
     }
 

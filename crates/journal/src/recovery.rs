@@ -633,17 +633,11 @@ pub fn for_each_replay_window(
         let span = (rest[k - 1].pos - start + 1) as usize;
         region.read_blocks(start, &mut buf[..span * bs])?;
         let (group, later) = rest.split_at(k);
-        let mut blocks: Vec<&[u8]> = Vec::with_capacity(k);
-        for e in group {
-            let at = (e.pos - start) as usize * bs;
-            if e.escaped {
-                format::unescape(&mut buf[at..at + bs]);
-            }
+        let at = |e: &ReplayEntry| (e.pos - start) as usize * bs;
+        for e in group.iter().filter(|e| e.escaped) {
+            format::unescape(&mut buf[at(e)..at(e) + bs]);
         }
-        for e in group {
-            let at = (e.pos - start) as usize * bs;
-            blocks.push(&buf[at..at + bs]);
-        }
+        let blocks: Vec<&[u8]> = group.iter().map(|e| &buf[at(e)..at(e) + bs]).collect();
         sink(group, &blocks)?;
         rest = later;
     }

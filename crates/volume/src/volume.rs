@@ -468,18 +468,14 @@ impl Volume {
                 let slices: Vec<IoSlice<'_>> =
                     order.iter().map(|&i| IoSlice::new(blocks[i])).collect();
                 let mut reqs = Vec::new();
-                let mut a = 0;
-                for b in 1..=order.len() {
-                    let run_ends = b == order.len()
-                        || entries[order[b]].home != entries[order[b - 1]].home + 1;
-                    if run_ends {
-                        reqs.push(WriteReq {
-                            offset: data_offset + entries[order[a]].home * u64::from(bs),
-                            bufs: &slices[a..b],
-                            durable: false,
-                        });
-                        a = b;
-                    }
+                let mut at = 0;
+                for run in order.chunk_by(|&a, &b| entries[b].home == entries[a].home + 1) {
+                    reqs.push(WriteReq {
+                        offset: data_offset + entries[run[0]].home * u64::from(bs),
+                        bufs: &slices[at..at + run.len()],
+                        durable: false,
+                    });
+                    at += run.len();
                 }
                 dev.write_batch(&reqs, IoPriority::Urgent)?;
                 Ok(())

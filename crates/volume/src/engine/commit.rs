@@ -10,6 +10,18 @@ impl Engine {
         !st.cutting && st.j.has_room() && st.error.is_none() && !st.shutdown
     }
 
+    /// The background size trigger: the running transaction holds half a
+    /// transaction's worth of credits.
+    fn sized(&self, st: &JState) -> bool {
+        st.credits_since_cut >= self.max_txn_blocks / 2
+    }
+
+    /// The background age trigger: the running transaction is older than
+    /// `commit_interval`.
+    fn aged(&self, st: &JState) -> bool {
+        st.running_created.elapsed() >= self.opts.commit_interval
+    }
+
     /// Commits that may be in flight at once.
     pub fn pipeline_depth(&self) -> u32 {
         self.state().j.depth()
@@ -231,8 +243,8 @@ impl Engine {
             if st.error.is_some() && st.shutdown {
                 return;
             }
-            let timed = st.running_created.elapsed() >= self.opts.commit_interval;
-            let sized = st.credits_since_cut >= self.max_txn_blocks / 2;
+            let timed = self.aged(&st);
+            let sized = self.sized(&st);
             // A sync request nobody leads (a leader that hit shutdown).
             let orphan = st.want_commit >= st.j.running() && st.shutdown;
             // Completions are led here (see `when_durable`).
@@ -460,11 +472,7 @@ impl Engine {
         // the drain was held back by the commit in flight. Waking it after
         // every commit cost a context switch per commit: 14% of the CPU of
         // a lone syncing writer.
-        if st.credits_since_cut >= self.max_txn_blocks / 2
-            || st.shutdown
-            || (st.credits_since_cut > 0
-                && st.running_created.elapsed() >= self.opts.commit_interval)
-        {
+        if self.sized(st) || st.shutdown || (st.credits_since_cut > 0 && self.aged(st)) {
             self.kick.notify_one();
         }
         if st.space_waiters > 0 {
