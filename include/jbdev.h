@@ -7,7 +7,9 @@
  * Rules:
  *  - Every function returns 0 (or a documented non-negative value) on success
  *    and a negative errno (-EINVAL, -EBADF, -ENOSPC, -EROFS, -EFBIG, -EIO,
- *    -EUCLEAN for "not a jbdev volume / corrupt", ...) on failure.
+ *    -EUCLEAN for "not a jbdev volume / corrupt", ...) on failure. After
+ *    the journal aborts, writes fail with -EIO, or with -ENOSPC when what
+ *    aborted it was a full backing store (free space, then reopen).
  *    jbdev_last_error() returns the calling thread's message of its latest
  *    failed call; messages of other threads are never visible.
  *  - A NULL pointer argument is an error (-EINVAL; -EBADF for a NULL handle),

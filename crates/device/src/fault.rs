@@ -236,6 +236,9 @@ struct State {
     fail_at_reads: BTreeSet<u64>,
     /// Byte ranges every read touching fails.
     unreadable: Vec<(u64, u64)>,
+    /// Writes reaching at or past this offset fail with `ENOSPC`, without
+    /// effect (see [`FaultDevice::set_full_from`]).
+    full_from: Option<u64>,
     odds: CrashOdds,
     /// Queued writes that completed but whose completion the caller has not
     /// reaped yet: write id -> id of the queue.
@@ -328,6 +331,7 @@ impl FaultDevice {
                 reads: 0,
                 fail_at_reads: BTreeSet::new(),
                 unreadable: Vec::new(),
+                full_from: None,
                 odds: CrashOdds::default(),
                 unreaped: std::collections::BTreeMap::new(),
                 next_write_id: 0,
@@ -412,6 +416,15 @@ impl FaultDevice {
     /// Forgets every bad range.
     pub fn clear_unreadable(&self) {
         self.state.lock().unreadable.clear();
+    }
+
+    /// Models a thin or sparse backing store that has run out of space:
+    /// from now on every write (not zeroing, which frees space) reaching
+    /// at or past `offset` fails with `ENOSPC`, without effect, while
+    /// writes below it (space already allocated) and flushes and reads
+    /// keep working. `None` makes room again.
+    pub fn set_full_from(&self, offset: Option<u64>) {
+        self.state.lock().full_from = offset;
     }
 
     /// Seeds the order in which queues made from now on deliver completions.
@@ -603,6 +616,16 @@ impl FaultDevice {
             }
             Admission::PoweredOff => Err(DeviceError::PowerCut),
             Admission::Injected => Err(DeviceError::Injected(what)),
+            Admission::Proceed
+                if matches!(w.payload, Payload::Bytes(_))
+                    && st.full_from.is_some_and(|f| w.offset + w.len() > f) =>
+            {
+                Err(DeviceError::Io {
+                    op: what,
+                    what: "fault device".into(),
+                    error: std::io::Error::from_raw_os_error(libc::ENOSPC),
+                })
+            }
             Admission::Proceed => {
                 w.apply(&mut st.live);
                 if w.fua {

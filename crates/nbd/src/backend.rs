@@ -273,6 +273,11 @@ pub fn map_volume_error(e: jbdev_volume::VolumeError) -> BackendError {
         V::ReadOnly => proto::EPERM,
         V::InvalidArgument(_) => proto::EINVAL,
         V::Closed => proto::ESHUTDOWN,
+        // The backing store is full (this request's own write, or the one
+        // whose failure aborted the journal): ENOSPC, not EIO, so a client
+        // can stop and wait for space (qemu's default werror=enospc pauses
+        // the guest) instead of failing the guest's I/O.
+        e if jbdev_volume::is_no_space(e.errno()) => proto::ENOSPC,
         _ => proto::EIO,
     };
     BackendError::new(errno, e.to_string())

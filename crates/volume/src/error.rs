@@ -33,8 +33,16 @@ pub enum VolumeError {
     #[error("the volume is open read-only")]
     ReadOnly,
     /// An earlier journal write or flush failed; the volume refuses writes until reopened.
-    #[error("the journal was aborted after an I/O error ({0}); close and reopen the volume")]
-    Aborted(String),
+    #[error("the journal was aborted after an I/O error ({reason}); close and reopen the volume")]
+    Aborted {
+        /// What failed, with the device's error.
+        reason: String,
+        /// The errno of that failure (`EIO` if it had none): `ENOSPC` or
+        /// `EDQUOT` say the backing store is full, which [`VolumeError::errno`]
+        /// passes on so a client can tell "free space and retry" from a
+        /// broken device.
+        cause_errno: i32,
+    },
     /// The volume is closed (or closing).
     #[error("the volume is closed")]
     Closed,
@@ -53,10 +61,16 @@ impl VolumeError {
             Self::NotAVolume(_) | Self::BadSuperblock(_) | Self::CorruptJournal(_) => libc::EUCLEAN,
             Self::TooLarge { .. } => libc::EFBIG,
             Self::ReadOnly => libc::EROFS,
-            Self::Aborted(_) | Self::Internal(_) => libc::EIO,
+            Self::Aborted { cause_errno, .. } if is_no_space(*cause_errno) => libc::ENOSPC,
+            Self::Aborted { .. } | Self::Internal(_) => libc::EIO,
             Self::Closed => libc::EBADF,
         }
     }
+}
+
+/// Whether an errno says the backing store is out of space (or over quota).
+pub fn is_no_space(errno: i32) -> bool {
+    errno == libc::ENOSPC || errno == libc::EDQUOT
 }
 
 impl From<jbdev_journal::JournalError> for VolumeError {

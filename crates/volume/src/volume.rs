@@ -1323,7 +1323,7 @@ mod tests {
         );
         assert!(matches!(
             v.write_at(&[3u8; 4096], 8192, WriteFlags::FUA),
-            Err(VolumeError::Aborted(_))
+            Err(VolumeError::Aborted { .. })
         ));
         let mut b = vec![0u8; 4096];
         v.read_at(&mut b, 0).unwrap();
@@ -1347,7 +1347,7 @@ mod tests {
                 .err()
         });
         match failed {
-            Some(VolumeError::Aborted(why)) => {
+            Some(VolumeError::Aborted { reason: why, .. }) => {
                 assert!(why.contains("checkpoint panicked"), "{why}")
             }
             other => panic!("expected the abort, got {other:?}"),

@@ -365,7 +365,7 @@ fn thread_workload(
         match res {
             Ok(()) => {}
             // Power cut or injected failure: the thread stops here.
-            Err(VolumeError::Device(_) | VolumeError::Aborted(_)) => break,
+            Err(VolumeError::Device(_) | VolumeError::Aborted { .. }) => break,
             Err(e) => panic!(
                 "case seed {:#x} thread {t}: {} failed with an error no fault explains: {e}",
                 p.seed,
@@ -1193,7 +1193,7 @@ fn check_refuses_writes(vol: &Volume, off: u64) -> Result<bool, String> {
     results.push(("transaction", tx));
     for (name, r) in results {
         match r {
-            Err(VolumeError::Aborted(_)) => {}
+            Err(VolumeError::Aborted { .. }) => {}
             Err(e) => {
                 return Err(format!(
                     "{name} after the failure returned {e:?}, not Aborted"

@@ -142,7 +142,7 @@ impl Engine {
                 self.checkpoint(batch, &later, urgent, &mut queue)
             });
             if let Err(e) = res {
-                self.abort(format!("checkpoint failed: {e}"));
+                self.abort(format!("checkpoint failed: {e}"), e.errno());
                 return;
             }
         }
@@ -233,7 +233,7 @@ impl Engine {
                 // Abort at once: no write may be acknowledged after a
                 // failure is seen (a streamed chunk aborted already).
                 if self.ack().is_ok() {
-                    self.abort(format!("checkpoint write failed: {e}"));
+                    self.abort(format!("checkpoint write failed: {e}"), e.errno());
                 }
                 return Err(e);
             }
@@ -325,7 +325,7 @@ impl Engine {
                     IoRequest::write_v(off, home_bufs(&todo[run.start..run.end], bs))
                 };
                 if let Err(r) = q.push(req.with_priority(prio), tag as u64) {
-                    self.abort(format!("checkpoint write refused: {r}"));
+                    self.abort(format!("checkpoint write refused: {r}"), r.error.errno());
                     failed = Some(r.error);
                 }
             }
@@ -340,7 +340,7 @@ impl Engine {
                     if failed.is_none() {
                         // Abort at once (nothing is acknowledged after a
                         // failure is seen), then reap what is in flight.
-                        self.abort(format!("checkpoint write failed: {e}"));
+                        self.abort(format!("checkpoint write failed: {e}"), e.errno());
                         failed = Some(e);
                     }
                 }

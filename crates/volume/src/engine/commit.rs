@@ -42,7 +42,7 @@ impl Engine {
     pub fn wait_commit(&self, tid: Tid) -> Result<()> {
         let mut st = self.state();
         if st.error.is_some() {
-            return Err(Self::aborted_error(&st));
+            return Err(self.aborted_error(&st));
         }
         if st.j.committed() >= tid {
             return Ok(());
@@ -59,7 +59,7 @@ impl Engine {
         if st.j.committed() >= tid && st.error.is_none() {
             Ok(())
         } else {
-            Err(Self::aborted_error(&st))
+            Err(self.aborted_error(&st))
         }
     }
 
@@ -167,7 +167,7 @@ impl Engine {
         let written = self.home_written_gen.load(Ordering::Acquire);
         if written > self.home_flushed_gen.load(Ordering::Acquire) {
             if let Err(e) = self.home_flusher.flush(self.home.as_ref()) {
-                self.abort(format!("flush of the home device failed: {e}"));
+                self.abort(format!("flush of the home device failed: {e}"), e.errno());
                 return Err(e.into());
             }
             self.home_flushed_gen.fetch_max(written, Ordering::AcqRel);
@@ -403,7 +403,11 @@ impl Engine {
                     Err(e) => {
                         // IMPORTANT: recorded under the same lock hold that
                         // ends the commit, before anything could publish past it.
-                        self.record_abort(&mut st, format!("journal commit failed: {e}"));
+                        self.record_abort(
+                            &mut st,
+                            format!("journal commit failed: {e}"),
+                            e.errno(),
+                        );
                         Outcome::Failed
                     }
                 }

@@ -186,7 +186,10 @@ impl Engine {
             // and stops once aborted, so it can never skip them and then move
             // the tail past them (found by the simulator: a durable FUA write
             // read back as the initial content after such a failure).
-            self.abort(format!("direct write to the home location failed: {e}"));
+            self.abort(
+                format!("direct write to the home location failed: {e}"),
+                e.errno(),
+            );
             drop(home_guard);
             for &(s, _) in &shard_versions {
                 let mut sh = self.overlay.lock(s);

@@ -383,9 +383,10 @@ pub struct Engine {
     pub(crate) panic_next_checkpoint: AtomicBool,
     /// Read on every write; written once, when the journal aborts.
     aborted: AtomicBool,
-    /// Why the journal aborted. A `OnceLock`, not a field of `st`, so that a
-    /// writer can report it while holding a stripe or shard lock.
-    abort_reason: OnceLock<String>,
+    /// Why the journal aborted, and the errno of that failure. A
+    /// `OnceLock`, not a field of `st`, so that a writer can report it while
+    /// holding a stripe or shard lock.
+    abort_reason: OnceLock<(String, i32)>,
     pending_id: AtomicU64,
     pub opts: OpenOptions,
     pub max_txn_blocks: u64,
@@ -585,7 +586,15 @@ impl Engine {
 
     /// The error every request gets after an abort. Lock-free.
     fn aborted_now(&self) -> VolumeError {
-        VolumeError::Aborted(self.abort_reason.get().cloned().unwrap_or_default())
+        let (reason, cause_errno) = self
+            .abort_reason
+            .get()
+            .cloned()
+            .unwrap_or_else(|| (String::new(), libc::EIO));
+        VolumeError::Aborted {
+            reason,
+            cause_errno,
+        }
     }
 
     /// IMPORTANT: the last check before acknowledging anything. After an
@@ -600,17 +609,27 @@ impl Engine {
     }
 
     /// Aborts the journal: every later write fails until the volume is reopened.
-    pub fn abort(&self, why: String) {
+    /// `cause_errno` is the errno of the failure (`EIO` if it has none).
+    pub fn abort(&self, why: String, cause_errno: i32) {
         let mut st = self.state();
-        self.record_abort(&mut st, why);
+        self.record_abort(&mut st, why, cause_errno);
         drop(self.run_due(st));
     }
 
     /// [`Engine::abort`] for a caller that holds the state lock: records
     /// the first reason, raises the flag and wakes every waiter.
-    fn record_abort(&self, st: &mut JState, why: String) {
-        tracing::error!("journal aborted: {why}");
-        let _ = self.abort_reason.set(why.clone());
+    fn record_abort(&self, st: &mut JState, why: String, cause_errno: i32) {
+        if crate::error::is_no_space(cause_errno) {
+            // The one abort an operator can fix without a new device.
+            tracing::error!(
+                "journal aborted: {why}. The backing store is full: free space on it, then \
+                 reopen the volume (restart `jbdev serve`). Nothing acknowledged is lost: \
+                 what did not reach its home is in the journal and the next open replays it."
+            );
+        } else {
+            tracing::error!("journal aborted: {why}");
+        }
+        let _ = self.abort_reason.set((why.clone(), cause_errno));
         if st.error.is_none() {
             st.error = Some(why);
         }
@@ -632,8 +651,15 @@ impl Engine {
         self.checkpoint_kick.notify_all();
     }
 
-    fn aborted_error(st: &JState) -> VolumeError {
-        VolumeError::Aborted(st.error.clone().unwrap_or_default())
+    fn aborted_error(&self, st: &JState) -> VolumeError {
+        match self.abort_reason.get() {
+            Some(_) => self.aborted_now(),
+            // `st.error` is set only by `record_abort`, after the reason.
+            None => VolumeError::Aborted {
+                reason: st.error.clone().unwrap_or_default(),
+                cause_errno: libc::EIO,
+            },
+        }
     }
 
     // ----- shutdown -------------------------------------------------------
@@ -656,7 +682,10 @@ impl Engine {
     pub fn mark_clean(&self) -> Result<()> {
         let st = self.state();
         if let Some(e) = &st.error {
-            return Err(VolumeError::Aborted(e.clone()));
+            return Err(VolumeError::Aborted {
+                reason: e.clone(),
+                cause_errno: self.abort_reason.get().map_or(libc::EIO, |r| r.1),
+            });
         }
         let next = st.j.space.next_sequence();
         drop(st);
