@@ -5,17 +5,17 @@
 //! rank are taken in ascending index order: stripes by number, overlay
 //! shards by number). The order, lowest first:
 //!
-//! | rank | lock                                   | taken by                                   |
+//! | rank | lock (engine part)                      | taken by                                   |
 //! |------|----------------------------------------|--------------------------------------------|
-//! | 0    | `home_lock` (RwLock)                    | direct writes (shared), checkpoint (exclusive) |
-//! | 1    | `st` (journal state)                    | commits, credits, waits                    |
+//! | 0    | `Home::lock` (RwLock)                   | direct writes (shared), checkpoint (exclusive) |
+//! | 1    | `StateSync::st` (journal state)         | commits, credits, waits                    |
 //! | 2    | stripes                                 | writers joining, `cut` (all, under `st`)    |
 //! | 3    | overlay shards                          | reads, writers publishing, checkpoint      |
-//! | 4    | leaves: stats, committed queue, jsb, direct buffers | never hold another lock while held (not even another leaf) |
+//! | 4    | leaves: stats, `Log::committed`, `Log::jsb`, `Log::builders`, `Home::direct_bufs` | never hold another lock while held (not even another leaf) |
 //!
 //! Nothing that can be called with a stripe or shard held takes `st`: the
 //! abort reason a writer checks under its stripe lock is a lock-free
-//! `OnceLock`, not a field of `st` (a writer holding a stripe and waiting
+//! `OnceLock` (`AbortFlag::reason`), not a field of `st` (a writer holding a stripe and waiting
 //! for `st` while `cut` holds `st` and waits for that stripe deadlocks).
 //!
 //! Leaves are [`Leaf`] mutexes: taking any ranked lock while holding one

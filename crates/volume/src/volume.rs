@@ -483,7 +483,7 @@ impl Volume {
             // Log order, so each thread gets a consecutive part of the log.
             plan.sort_unstable_by_key(|e| e.pos);
             let part = plan.len().div_ceil(REPLAY_THREADS).max(1);
-            let region = &engine.region;
+            let region = &engine.log.region;
             std::thread::scope(|s| -> Result<()> {
                 let workers: Vec<_> = plan
                     .chunks(part)
@@ -507,9 +507,9 @@ impl Volume {
             // recovery judges a torn tail by the depth of the session that
             // wrote the log.
             jsb.pipeline_depth = opts.pipeline_depth.clamp(1, recovery::MAX_PIPELINE_DEPTH);
-            engine.region.update_superblock(&jsb)?;
-            engine.region.flush()?;
-            *engine.jsb.get_mut() = jsb;
+            engine.log.region.update_superblock(&jsb)?;
+            engine.log.region.flush()?;
+            *engine.log.jsb.get_mut() = jsb;
         }
         if !was_clean {
             tracing::info!(
@@ -598,7 +598,7 @@ impl Volume {
 
     /// Name of the device backend in use ("io_uring", "pread", ...).
     pub fn backend_name(&self) -> &'static str {
-        self.engine.home.backend_name()
+        self.engine.home.dev.backend_name()
     }
 
     fn check(&self, offset: u64, len: u64) -> Result<()> {
@@ -1028,12 +1028,13 @@ impl Volume {
         }
         let home = e
             .home
-            .allocation(e.data_offset + first * bs, (last - first) * bs)?;
+            .dev
+            .allocation(e.home.offset + first * bs, (last - first) * bs)?;
         let mut holes = vec![false; n];
         for x in home {
             if !x.allocated {
-                let s = (x.offset - e.data_offset) / bs;
-                let t = (x.offset + x.len - e.data_offset) / bs;
+                let s = (x.offset - e.home.offset) / bs;
+                let t = (x.offset + x.len - e.home.offset) / bs;
                 for b in s.max(first)..t.min(last) {
                     holes[(b - first) as usize] = true;
                 }
@@ -1187,7 +1188,7 @@ fn load_plan_into_overlay(
     plan: &[recovery::ReplayEntry],
     bs: usize,
 ) -> Result<()> {
-    recovery::for_each_replay_window(&engine.region, plan, |entries, blocks| {
+    recovery::for_each_replay_window(&engine.log.region, plan, |entries, blocks| {
         for (e, block) in entries.iter().zip(blocks) {
             let mut buf = AlignedBuf::zeroed(bs);
             buf.copy_from_slice(block);

@@ -77,7 +77,7 @@ impl Engine {
                     if st.error.is_some() {
                         return;
                     }
-                    let have = !self.committed.lock().is_empty();
+                    let have = !self.log.committed.lock().is_empty();
                     let fill_high =
                         st.j.space
                             .fill_at_least(CHECKPOINT_START.0, CHECKPOINT_START.1);
@@ -88,20 +88,21 @@ impl Engine {
                         return;
                     }
                     let timed_out = self
+                        .sync
                         .checkpoint_kick
                         .wait_for(st.inner(), self.opts.checkpoint_interval)
                         .timed_out();
                     if timed_out {
-                        if !self.committed.lock().is_empty() {
+                        if !self.log.committed.lock().is_empty() {
                             break;
                         }
                         // Idle for a whole interval: give the write
                         // buffers kept for reuse back (outside the lock).
-                        let direct_kept = !self.direct_bufs.lock().is_empty();
+                        let direct_kept = !self.home.direct_bufs.lock().is_empty();
                         if self.pool.stats().kept_bytes > 0 || direct_kept {
                             drop(st);
                             self.pool.trim();
-                            self.direct_bufs.lock().clear();
+                            self.home.direct_bufs.lock().clear();
                             st = self.state();
                         }
                     }
@@ -121,7 +122,7 @@ impl Engine {
                     (st.j.space.capacity() as usize / 8).clamp(1, CHECKPOINT_ROUND_BLOCKS);
             }
             let (batch, later) = {
-                let mut q = self.committed.lock();
+                let mut q = self.log.committed.lock();
                 let mut blocks = 0;
                 let mut n = 0;
                 while n < q.len() && (n == 0 || blocks + q[n].blocks.len() <= round_blocks) {
@@ -164,7 +165,7 @@ impl Engine {
             panic!("injected panic in a checkpoint (test)");
         }
         if matches!(queue, HomeQueue::NotYet) {
-            *queue = match self.home.queue(CHECKPOINT_QUEUE_DEPTH) {
+            *queue = match self.home.dev.queue(CHECKPOINT_QUEUE_DEPTH) {
                 Ok(q) => HomeQueue::Ready(q),
                 Err(e) => {
                     tracing::warn!(
@@ -187,7 +188,7 @@ impl Engine {
         let mut written = 0u64;
         let mut superseded = 0u64;
         for chunk in all.chunks(CHECKPOINT_CHUNK_BLOCKS) {
-            let _home = self.home_lock.write();
+            let _home = self.home.lock.write();
             // Validate under the shard locks: skip versions a direct write
             // superseded (cancel_below) — their revoke protects replay —
             // and versions a newer copy in a committed transaction
@@ -244,13 +245,13 @@ impl Engine {
                 std::thread::yield_now();
             }
         }
-        self.home_flusher.flush(self.home.as_ref())?;
+        self.home.flusher.flush(self.home.dev.as_ref())?;
         // Advance the tail: to the oldest transaction still in the log, or
         // to the head when the log is empty.
         let last = batch.last().expect("non-empty batch");
         let (tail_pos, tail_seq) = {
             let st = self.state();
-            let q = self.committed.lock();
+            let q = self.log.committed.lock();
             // IMPORTANT: never past a transaction still in flight: it may be
             // acknowledged after this superblock update, and recovery must
             // then still find it.
@@ -264,13 +265,13 @@ impl Engine {
         // whatever the journal still holds.
         self.ack()?;
         {
-            let mut jsb = self.jsb.lock();
+            let mut jsb = self.log.jsb.lock();
             jsb.start = tail_pos;
             jsb.sequence = tail_seq;
             // IMPORTANT: the new tail must be durable before the space it
             // frees is reused, or recovery would start in overwritten log.
-            self.region.update_superblock(&jsb)?;
-            self.region.flush()?;
+            self.log.region.update_superblock(&jsb)?;
+            self.log.region.flush()?;
         }
         let freed: u64 = batch.iter().map(|t| t.log_blocks).sum();
         {
@@ -278,7 +279,7 @@ impl Engine {
             st.j.checkpointed(last.tid, freed);
             self.note_taken(&st);
 
-            self.space.notify_all();
+            self.sync.space.notify_all();
         }
         // Forget versions that are now home and durable, and tombstones
         // whose revoke records left the log.
@@ -366,6 +367,7 @@ impl Engine {
             let off = self.home_offset(todo[run.start].0);
             if run.punch {
                 self.home
+                    .dev
                     .write_zeroes(off, ((run.end - run.start) * bs) as u64)?;
             } else {
                 let iov = todo[run.start..run.end]
@@ -386,7 +388,7 @@ impl Engine {
                 durable: false,
             })
             .collect();
-        self.home.write_batch(&reqs, prio)?;
+        self.home.dev.write_batch(&reqs, prio)?;
         Ok(())
     }
 }

@@ -53,7 +53,7 @@ impl Engine {
                 st = self.commit_once(st, true);
                 continue;
             }
-            self.done[Self::slot(tid)].wait(st.inner());
+            self.sync.done[Self::slot(tid)].wait(st.inner());
         }
         st.sync_waiters -= 1;
         if st.j.committed() >= tid && st.error.is_none() {
@@ -79,7 +79,7 @@ impl Engine {
             }
         }
         if st.running_waiters >= Self::batch_target(st) {
-            self.joined.notify_one();
+            self.sync.joined.notify_one();
         }
     }
 
@@ -107,7 +107,7 @@ impl Engine {
         // Only the first completion of a transaction finds the commit thread
         // free to lead (it then holds `cutting`): one wake-up per commit.
         if tid == st.j.running() && self.can_lead(&st) {
-            self.kick.notify_one();
+            self.sync.kick.notify_one();
         }
     }
 
@@ -141,8 +141,8 @@ impl Engine {
         if let Err(e) = self.check_writable() {
             return Some(Err(e));
         }
-        let written = self.home_written_gen.load(Ordering::Acquire);
-        if written > self.home_flushed_gen.load(Ordering::Acquire) {
+        let written = self.home.written_gen.load(Ordering::Acquire);
+        if written > self.home.flushed_gen.load(Ordering::Acquire) {
             return None;
         }
         Some(Ok(Durability {
@@ -164,13 +164,13 @@ impl Engine {
     /// flusher would let a second one return before the first's device
     /// flush finished.)
     fn flush_home(&self) -> Result<()> {
-        let written = self.home_written_gen.load(Ordering::Acquire);
-        if written > self.home_flushed_gen.load(Ordering::Acquire) {
-            if let Err(e) = self.home_flusher.flush(self.home.as_ref()) {
+        let written = self.home.written_gen.load(Ordering::Acquire);
+        if written > self.home.flushed_gen.load(Ordering::Acquire) {
+            if let Err(e) = self.home.flusher.flush(self.home.dev.as_ref()) {
                 self.abort(format!("flush of the home device failed: {e}"), e.errno());
                 return Err(e.into());
             }
-            self.home_flushed_gen.fetch_max(written, Ordering::AcqRel);
+            self.home.flushed_gen.fetch_max(written, Ordering::AcqRel);
         }
         Ok(())
     }
@@ -271,7 +271,7 @@ impl Engine {
                 } else {
                     now + self.opts.commit_interval
                 };
-                self.kick.wait_until(st.inner(), deadline);
+                self.sync.kick.wait_until(st.inner(), deadline);
                 continue;
             }
             let tid = st.j.running();
@@ -318,7 +318,7 @@ impl Engine {
                     && !st.shutdown
                     && st.error.is_none()
                 {
-                    self.joined.wait_until(st.inner(), deadline);
+                    self.sync.joined.wait_until(st.inner(), deadline);
                 }
             }
         }
@@ -381,8 +381,9 @@ impl Engine {
                 // waits for is on the device (see `Engine::read_home_runs_yielding`).
                 let urgent = waiters > 0;
                 if urgent {
-                    self.sync_commits_in_io.fetch_add(1, Ordering::AcqRel);
-                    self.last_sync_commit_us
+                    self.hints.sync_commits_in_io.fetch_add(1, Ordering::AcqRel);
+                    self.hints
+                        .last_sync_commit_us
                         .fetch_max(self.micros_since_born(), Ordering::AcqRel);
                 }
                 // A panic here (a bug) must not leave the transaction in
@@ -392,7 +393,7 @@ impl Engine {
                     self.write_commit(tid, &layout, newest, revoke_list, charged)
                 });
                 if urgent {
-                    self.sync_commits_in_io.fetch_sub(1, Ordering::AcqRel);
+                    self.hints.sync_commits_in_io.fetch_sub(1, Ordering::AcqRel);
                 }
                 st = self.state();
                 match res {
@@ -442,16 +443,16 @@ impl Engine {
                         .commit_latency_us
                         .record((txn.elapsed.as_micros() as u64).max(1));
                 }
-                self.committed.lock().push_back(txn);
+                self.log.committed.lock().push_back(txn);
                 if st
                     .j
                     .space
                     .fill_at_least(CHECKPOINT_START.0, CHECKPOINT_START.1)
                 {
-                    self.checkpoint_kick.notify_one();
+                    self.sync.checkpoint_kick.notify_one();
                 }
             }
-            self.done[Self::slot(tid)].notify_all();
+            self.sync.done[Self::slot(tid)].notify_all();
         }
         self.note_taken(st);
         if !st.durable_cbs.is_empty() && st.error.is_none() {
@@ -477,10 +478,10 @@ impl Engine {
         // every commit cost a context switch per commit: 14% of the CPU of
         // a lone syncing writer.
         if self.sized(st) || st.shutdown || (st.credits_since_cut > 0 && self.aged(st)) {
-            self.kick.notify_one();
+            self.sync.kick.notify_one();
         }
         if st.space_waiters > 0 {
-            self.space.notify_all();
+            self.sync.space.notify_all();
         }
     }
 
@@ -489,19 +490,19 @@ impl Engine {
     /// completions — the commit thread.
     fn hand_lead(&self, st: &JState) {
         if st.want_commit >= st.j.running() && self.can_lead(st) {
-            self.done[Self::slot(st.j.running())].notify_one();
+            self.sync.done[Self::slot(st.j.running())].notify_one();
             if st.async_want >= st.j.running() {
-                self.kick.notify_one();
+                self.sync.kick.notify_one();
             }
         }
     }
 
     pub(super) fn wake_all_waiters(&self) {
-        self.done.iter().for_each(|c| {
+        self.sync.done.iter().for_each(|c| {
             c.notify_all();
         });
-        self.space.notify_all();
-        self.kick.notify_all();
+        self.sync.space.notify_all();
+        self.sync.kick.notify_all();
     }
 
     pub(super) fn write_commit(
@@ -518,9 +519,9 @@ impl Engine {
         }
         let (sequence, head) = (layout.sequence, layout.head);
         let bs = self.bs;
-        let mut builder = self.builders.lock().pop().unwrap_or_default();
+        let mut builder = self.log.builders.lock().pop().unwrap_or_default();
         let log: Vec<LogBlock<'_>> = builder.build(
-            &self.log_params,
+            &self.log.params,
             writer::TxnHead {
                 sequence,
                 overlap: layout.overlap,
@@ -544,11 +545,11 @@ impl Engine {
                 IoPriority::Background
             }
         };
-        let len = self.region.len_blocks();
+        let len = self.log.region.len_blocks();
         if !revoke_list.is_empty() {
             // IMPORTANT: revokes protect data that direct writes put home;
             // that data must be durable before a revoke can be.
-            self.home_flusher.flush(self.home.as_ref())?;
+            self.home.flusher.flush(self.home.dev.as_ref())?;
         }
         if layout.overlap > 0 {
             // IMPORTANT: written while older commits are still on the device
@@ -568,36 +569,46 @@ impl Engine {
                     // returns, with no separate flush round trip. Torn
                     // commits are still caught by the block checksums and
                     // the data digest.
-                    writer::write_log_blocks(&self.region, self.first, head, &log, &prio, true)?
+                    writer::write_log_blocks(
+                        &self.log.region,
+                        self.log.first,
+                        head,
+                        &log,
+                        &prio,
+                        true,
+                    )?
                 }
                 CommitMode::TwoFlush => {
                     let (body, commit) = log.split_at(log.len() - 1);
                     let mid = writer::write_log_blocks(
-                        &self.region,
-                        self.first,
+                        &self.log.region,
+                        self.log.first,
                         head,
                         body,
                         &prio,
                         false,
                     )?;
-                    self.region.flush()?;
+                    self.log.region.flush()?;
                     let end = writer::write_log_blocks(
-                        &self.region,
-                        self.first,
+                        &self.log.region,
+                        self.log.first,
                         mid,
                         commit,
                         &|| IoPriority::Urgent,
                         false,
                     )?;
-                    self.region.flush()?;
+                    self.log.region.flush()?;
                     end
                 }
             }
         };
         // The layout fixed at the cut is what was written.
-        debug_assert_eq!(end_pos, writer::advance(head, log.len(), self.first, len));
+        debug_assert_eq!(
+            end_pos,
+            writer::advance(head, log.len(), self.log.first, len)
+        );
         builder.recycle(log);
-        self.builders.lock().push(builder);
+        self.log.builders.lock().push(builder);
         Ok(CommittedTxn {
             tid,
             sequence,

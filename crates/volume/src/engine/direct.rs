@@ -53,7 +53,7 @@ impl Engine {
         if start >= end {
             return Ok(());
         }
-        self.direct_under(self.home_lock.read(), start, end, data, sync)
+        self.direct_under(self.home.lock.read(), start, end, data, sync)
     }
 
     /// [`Engine::direct`] of data, not FUA, only if it need not wait: the
@@ -79,7 +79,7 @@ impl Engine {
         if have < charge && !self.try_reserve(stripe_idx, charge - have)? {
             return Ok(Err(buf));
         }
-        let Some(home_guard) = self.home_lock.try_read() else {
+        let Some(home_guard) = self.home.lock.try_read() else {
             return Ok(Err(buf));
         };
         let data = DirectData::Caller(buf, range);
@@ -90,7 +90,7 @@ impl Engine {
     /// Journal credits a direct write of `[start, end)` reserves for its
     /// revoke records.
     fn direct_charge(&self, start: Lba, end: Lba) -> u64 {
-        let bound = (end - start).min(self.region.len_blocks() as u64 * 2);
+        let bound = (end - start).min(self.log.region.len_blocks() as u64 * 2);
         bound.div_ceil(RevokeBlock::capacity(self.bs) as u64) + 1
     }
 
@@ -161,7 +161,7 @@ impl Engine {
             sync == DirectSync::Alone && !in_log && data.is_some() && !self.home_writes_cached();
         // Step 2.
         let res = match &data {
-            Some(buf) if durable_alone => self.home.write_vectored_durable_at(
+            Some(buf) if durable_alone => self.home.dev.write_vectored_durable_at(
                 &[IoSlice::new(buf)],
                 self.home_offset(start),
                 IoPriority::Urgent,
@@ -170,12 +170,15 @@ impl Engine {
             // durable, like the O_DIRECT write, only after a home flush.
             Some(buf) if self.home_writes_cached() => self
                 .home
+                .dev
                 .write_cached(&[IoSlice::new(buf)], self.home_offset(start)),
             Some(buf) => self
                 .home
+                .dev
                 .write_at(buf, self.home_offset(start), IoPriority::Urgent),
             None => self
                 .home
+                .dev
                 .write_zeroes(self.home_offset(start), (end - start) * self.bs as u64),
         };
         if let Err(e) = res {
@@ -243,7 +246,7 @@ impl Engine {
             stats.direct_writes += 1;
             stats.direct_writes_uncopied += u64::from(uncopied);
         }
-        self.home_written_gen.fetch_add(1, Ordering::AcqRel);
+        self.home.written_gen.fetch_add(1, Ordering::AcqRel);
         // The pending entries are gone: unless a reader still holds it for a
         // moment, the buffer is ours again and the next large write reuses it.
         if let Some(DirectData::Engine(buf)) = data.and_then(|d| Arc::try_unwrap(d).ok()) {
@@ -270,7 +273,7 @@ impl Engine {
     /// Whether direct writes go through the page cache (`write_cache` on a
     /// device with a buffered descriptor: ARCHITECTURE 22c).
     pub(crate) fn home_writes_cached(&self) -> bool {
-        self.opts.write_cache && self.home.has_write_cache()
+        self.opts.write_cache && self.home.dev.has_write_cache()
     }
 
     /// An aligned buffer of `len` bytes for the aligned middle of a large
@@ -279,7 +282,7 @@ impl Engine {
     /// faults and zeroing (measured: 8.8-9.1 ms) than writing it to the
     /// device, and makes one 16 MiB write slower than sixteen 1 MiB ones.
     pub fn direct_buf(&self, len: usize) -> AlignedBuf {
-        let mut kept = self.direct_bufs.lock();
+        let mut kept = self.home.direct_bufs.lock();
         match kept.iter().position(|b| b.len() == len) {
             Some(i) => kept.swap_remove(i),
             None => {
@@ -296,7 +299,7 @@ impl Engine {
         if buf.len() < DIRECT_BUF_MIN_BYTES || buf.len() > DIRECT_BUFS_BYTES {
             return;
         }
-        let mut kept = self.direct_bufs.lock();
+        let mut kept = self.home.direct_bufs.lock();
         kept.push(buf);
         while kept.len() > DIRECT_BUFS_KEPT
             || kept.iter().map(|b| b.len()).sum::<usize>() > DIRECT_BUFS_BYTES

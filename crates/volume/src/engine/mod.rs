@@ -324,28 +324,84 @@ impl Op<'_> {
 }
 
 /// The engine. Shared by the `Volume` handle and the background threads.
+///
+/// Its state is in named parts, each with its own locks (their ranks are in
+/// [`crate::lockorder`]): the home area ([`Home`]), the log area ([`Log`]),
+/// the journal state lock and the condition variables that go with it
+/// ([`StateSync`]), the write path's stripes, the overlay and the buffer
+/// pool, lock-free hints between threads ([`Hints`]) and the abort flag
+/// ([`AbortFlag`]).
 pub struct Engine {
+    /// Fixed for the volume's life.
     pub bs: usize,
     pub size_bytes: u64,
-    pub home: Arc<dyn BlockDevice>,
-    pub home_flusher: Arc<FlushCoalescer>,
-    pub data_offset: u64,
-    pub region: JournalRegion,
-    pub jsb: Leaf<JournalSuperblock>,
+    pub max_txn_blocks: u64,
+    pub read_only: bool,
+    pub opts: OpenOptions,
+    pub home: Home,
+    pub log: Log,
     pub overlay: Overlay,
     /// Buffers of journaled writes (one copy per write, reused).
     pub pool: BufPool,
+    stripes: Box<[CachePadded<Mutex<Stripe>>]>,
+    /// Ids of pending direct writes in the overlay.
+    pending_id: AtomicU64,
+    sync: StateSync,
+    hints: Hints,
+    abort: AbortFlag,
+    pub stats: Leaf<StatsInner>,
+    /// Test failpoint: the next commit panics in its I/O phase.
+    #[cfg(test)]
+    pub(crate) panic_next_commit: AtomicBool,
+    /// Test failpoint: the next checkpoint round panics.
+    #[cfg(test)]
+    pub(crate) panic_next_checkpoint: AtomicBool,
+}
+
+/// The home area: where every block lives once checkpointed, and where
+/// direct writes go.
+pub struct Home {
+    pub dev: Arc<dyn BlockDevice>,
+    /// Coalesces concurrent flushes of `dev` (shared with the log when the
+    /// journal is internal).
+    pub flusher: Arc<FlushCoalescer>,
+    /// Byte offset of home block 0 on `dev`.
+    pub offset: u64,
+    /// Excludes checkpoint writes (exclusive) from direct home writes
+    /// (shared), so the two never have writes to one block in flight at once.
+    lock: RwLock<()>,
+    /// Direct home writes completed / covered by a finished home flush.
+    /// Touched only by direct writes and flushes, never by journaled I/O.
+    written_gen: AtomicU64,
+    flushed_gen: AtomicU64,
     /// Large buffers of direct writes kept for reuse (a leaf lock, never
     /// held with another).
     direct_bufs: Leaf<Vec<AlignedBuf>>,
+}
+
+/// The log area: the journal's device region and superblock, what a commit
+/// needs to lay out a transaction, and the committed transactions waiting
+/// for the checkpoint.
+pub struct Log {
+    pub region: JournalRegion,
+    pub jsb: Leaf<JournalSuperblock>,
+    /// What laying out a transaction needs of the journal superblock
+    /// (block size, checksum seed, uuid): fixed for the volume's life.
+    params: writer::LogParams,
     /// Transaction builders kept between commits (one per commit in
     /// flight at most): a commit allocates no log buffers or lists.
     builders: Leaf<Vec<writer::TxnBuilder>>,
-    /// What laying out a transaction needs of the journal superblock
-    /// (block size, checksum seed, uuid): fixed for the volume's life.
-    log_params: writer::LogParams,
-    stripes: Box<[CachePadded<Mutex<Stripe>>]>,
+    /// Published transactions, oldest first, until the checkpoint takes them.
+    committed: Leaf<VecDeque<CommittedTxn>>,
+    /// First log block after the journal superblock.
+    first: u32,
+}
+
+/// The journal state lock and the condition variables its holders sleep on.
+struct StateSync {
     st: Mutex<JState>,
+    /// The commit thread sleeps here for a trigger (age, size, completions,
+    /// drain).
     kick: Condvar,
     /// A batching leader waits here for more sync waiters to join.
     joined: Condvar,
@@ -353,16 +409,15 @@ pub struct Engine {
     /// in-flight transactions and the running one can have waiters (at most
     /// `pipeline_depth + 1 <= DONE_SLOTS`), so a commit wakes only its own.
     done: [Condvar; DONE_SLOTS],
+    /// Writers waiting for log space.
     space: Condvar,
+    /// The checkpoint thread sleeps here.
     checkpoint_kick: Condvar,
-    committed: Leaf<VecDeque<CommittedTxn>>,
-    /// Excludes checkpoint writes (exclusive) from direct home writes
-    /// (shared), so the two never have writes to one block in flight at once.
-    home_lock: RwLock<()>,
-    /// Direct home writes completed / covered by a finished home flush.
-    /// Touched only by direct writes and flushes, never by journaled I/O.
-    home_written_gen: AtomicU64,
-    home_flushed_gen: AtomicU64,
+}
+
+/// Hints one thread leaves another without a lock: reading a stale value
+/// costs a little speed, never correctness.
+struct Hints {
     /// The log's `LogSpace::taken_permille`, refreshed whenever the state
     /// lock changes it: journaled writes pace themselves by it without
     /// taking that lock (`Engine::pace`).
@@ -375,24 +430,16 @@ pub struct Engine {
     last_sync_commit_us: AtomicU64,
     /// The engine's time base for `last_sync_commit_us`.
     born: Instant,
-    /// Test failpoint: the next commit panics in its I/O phase.
-    #[cfg(test)]
-    pub(crate) panic_next_commit: AtomicBool,
-    /// Test failpoint: the next checkpoint round panics.
-    #[cfg(test)]
-    pub(crate) panic_next_checkpoint: AtomicBool,
+}
+
+/// Whether the journal aborted, and why.
+struct AbortFlag {
     /// Read on every write; written once, when the journal aborts.
-    aborted: AtomicBool,
+    raised: AtomicBool,
     /// Why the journal aborted, and the errno of that failure. A
-    /// `OnceLock`, not a field of `st`, so that a writer can report it while
-    /// holding a stripe or shard lock.
-    abort_reason: OnceLock<(String, i32)>,
-    pending_id: AtomicU64,
-    pub opts: OpenOptions,
-    pub max_txn_blocks: u64,
-    pub read_only: bool,
-    pub stats: Leaf<StatsInner>,
-    first: u32,
+    /// `OnceLock`, not a field of `JState`, so that a writer can report it
+    /// while holding a stripe or shard lock.
+    reason: OnceLock<(String, i32)>,
 }
 
 /// Most journal credits a journaled request of `n` blocks can pay: the
@@ -478,44 +525,55 @@ impl Engine {
         Self {
             bs,
             size_bytes,
-            home,
-            home_flusher,
-            data_offset,
-            region,
-            log_params: writer::LogParams::of(&jsb),
-            jsb: Leaf::new(jsb),
+            max_txn_blocks,
+            read_only,
+            opts,
+            home: Home {
+                dev: home,
+                flusher: home_flusher,
+                offset: data_offset,
+                lock: RwLock::new(()),
+                written_gen: AtomicU64::new(0),
+                flushed_gen: AtomicU64::new(0),
+                direct_bufs: Leaf::new(Vec::new()),
+            },
+            log: Log {
+                region,
+                params: writer::LogParams::of(&jsb),
+                jsb: Leaf::new(jsb),
+                builders: Leaf::new(Vec::new()),
+                committed: Leaf::new(VecDeque::new()),
+                first,
+            },
             overlay: Overlay::new(),
             // Keeps up to a journal's worth (bounded at 64 MiB): the
             // buffers one checkpoint round frees are what the next writes
             // take.
             pool: BufPool::new(bs, 64 << 20),
-            direct_bufs: Leaf::new(Vec::new()),
-            builders: Leaf::new(Vec::new()),
             stripes,
-            st: Mutex::new(st),
-            kick: Condvar::new(),
-            joined: Condvar::new(),
-            done: std::array::from_fn(|_| Condvar::new()),
-            space: Condvar::new(),
-            checkpoint_kick: Condvar::new(),
-            committed: Leaf::new(VecDeque::new()),
-            home_lock: RwLock::new(()),
-            home_written_gen: AtomicU64::new(0),
-            home_flushed_gen: AtomicU64::new(0),
-            log_taken_permille: AtomicU32::new(0),
-            sync_commits_in_io: AtomicU32::new(0),
+            pending_id: AtomicU64::new(1),
+            sync: StateSync {
+                st: Mutex::new(st),
+                kick: Condvar::new(),
+                joined: Condvar::new(),
+                done: std::array::from_fn(|_| Condvar::new()),
+                space: Condvar::new(),
+                checkpoint_kick: Condvar::new(),
+            },
+            hints: Hints {
+                log_taken_permille: AtomicU32::new(0),
+                sync_commits_in_io: AtomicU32::new(0),
+                last_sync_commit_us: AtomicU64::new(0),
+                born: Instant::now(),
+            },
+            abort: AbortFlag {
+                raised: AtomicBool::new(false),
+                reason: OnceLock::new(),
+            },
             #[cfg(test)]
             panic_next_commit: AtomicBool::new(false),
             #[cfg(test)]
             panic_next_checkpoint: AtomicBool::new(false),
-            last_sync_commit_us: AtomicU64::new(0),
-            born: Instant::now(),
-            aborted: AtomicBool::new(false),
-            abort_reason: OnceLock::new(),
-            pending_id: AtomicU64::new(1),
-            opts,
-            max_txn_blocks,
-            read_only,
             stats: Leaf::new(StatsInner {
                 started: Instant::now(),
                 commits: 0,
@@ -536,7 +594,6 @@ impl Engine {
                 read_retries: 0,
                 locked_reads: 0,
             }),
-            first,
         }
     }
 
@@ -551,14 +608,15 @@ impl Engine {
 
     /// The journal state lock (rank 1 in [`crate::lockorder`]).
     fn state(&self) -> Ranked<'_, JState> {
-        Ranked::lock(&self.st, Rank::State)
+        Ranked::lock(&self.sync.st, Rank::State)
     }
 
     /// Refreshes `log_taken_permille` from the ledger (only pacing reads
     /// it: without pacing, no shared store on the write path).
     fn note_taken(&self, st: &JState) {
         if self.opts.write_pacing {
-            self.log_taken_permille
+            self.hints
+                .log_taken_permille
                 .store(st.j.space.taken_permille(), Ordering::Relaxed);
         }
     }
@@ -569,7 +627,7 @@ impl Engine {
     }
 
     fn home_offset(&self, lba: Lba) -> u64 {
-        self.data_offset + lba * self.bs as u64
+        self.home.offset + lba * self.bs as u64
     }
 
     // ----- errors ---------------------------------------------------------
@@ -578,7 +636,7 @@ impl Engine {
         if self.read_only {
             return Err(VolumeError::ReadOnly);
         }
-        if self.aborted.load(Ordering::Acquire) {
+        if self.abort.raised.load(Ordering::Acquire) {
             return Err(self.aborted_now());
         }
         Ok(())
@@ -587,7 +645,8 @@ impl Engine {
     /// The error every request gets after an abort. Lock-free.
     fn aborted_now(&self) -> VolumeError {
         let (reason, cause_errno) = self
-            .abort_reason
+            .abort
+            .reason
             .get()
             .cloned()
             .unwrap_or_else(|| (String::new(), libc::EIO));
@@ -602,7 +661,7 @@ impl Engine {
     /// the caller then treats it as "may or may not have happened", which is
     /// always true of a failed request.
     fn ack(&self) -> Result<()> {
-        if self.aborted.load(Ordering::Acquire) {
+        if self.abort.raised.load(Ordering::Acquire) {
             return Err(self.aborted_now());
         }
         Ok(())
@@ -629,30 +688,30 @@ impl Engine {
         } else {
             tracing::error!("journal aborted: {why}");
         }
-        let _ = self.abort_reason.set((why.clone(), cause_errno));
+        let _ = self.abort.reason.set((why.clone(), cause_errno));
         if st.error.is_none() {
             st.error = Some(why);
         }
-        self.aborted.store(true, Ordering::Release);
+        self.abort.raised.store(true, Ordering::Release);
         st.j.fail();
         // Completions waiting for a commit fail (run by whoever releases
         // the state lock through `run_due`).
         st.sync_waiters -= st.durable_cbs.len() as u32;
         let failed = std::mem::take(&mut st.durable_cbs);
         st.cbs_due.extend(failed.into_iter().map(|(_, cb)| cb));
-        self.done.iter().for_each(|c| {
+        self.sync.done.iter().for_each(|c| {
             c.notify_all();
         });
         // A batching leader sleeps here: it must not go on to commit and
         // acknowledge after the abort.
-        self.joined.notify_all();
-        self.space.notify_all();
-        self.kick.notify_all();
-        self.checkpoint_kick.notify_all();
+        self.sync.joined.notify_all();
+        self.sync.space.notify_all();
+        self.sync.kick.notify_all();
+        self.sync.checkpoint_kick.notify_all();
     }
 
     fn aborted_error(&self, st: &JState) -> VolumeError {
-        match self.abort_reason.get() {
+        match self.abort.reason.get() {
             Some(_) => self.aborted_now(),
             // `st.error` is set only by `record_abort`, after the reason.
             None => VolumeError::Aborted {
@@ -668,14 +727,14 @@ impl Engine {
     pub fn stop_commit(&self) {
         let mut st = self.state();
         st.shutdown = true;
-        self.kick.notify_all();
+        self.sync.kick.notify_all();
     }
 
     /// Tells the checkpoint thread to checkpoint everything and exit.
     pub fn stop_checkpoint(&self) {
         let mut st = self.state();
         st.checkpoint_shutdown = true;
-        self.checkpoint_kick.notify_all();
+        self.sync.checkpoint_kick.notify_all();
     }
 
     /// After both threads exited cleanly: mark the journal clean.
@@ -684,17 +743,17 @@ impl Engine {
         if let Some(e) = &st.error {
             return Err(VolumeError::Aborted {
                 reason: e.clone(),
-                cause_errno: self.abort_reason.get().map_or(libc::EIO, |r| r.1),
+                cause_errno: self.abort.reason.get().map_or(libc::EIO, |r| r.1),
             });
         }
         let next = st.j.space.next_sequence();
         drop(st);
-        self.home_flusher.flush(self.home.as_ref())?;
-        let mut jsb = self.jsb.lock();
+        self.home.flusher.flush(self.home.dev.as_ref())?;
+        let mut jsb = self.log.jsb.lock();
         jsb.start = 0;
         jsb.sequence = next;
-        self.region.update_superblock(&jsb)?;
-        self.region.flush()?;
+        self.log.region.update_superblock(&jsb)?;
+        self.log.region.flush()?;
         Ok(())
     }
 
@@ -711,9 +770,9 @@ impl Engine {
 
     /// Device cache flushes issued (home, plus the journal's when external).
     pub fn device_flushes(&self) -> u64 {
-        let home = self.home_flusher.flushes_issued();
-        let journal = self.region.flusher();
-        if Arc::ptr_eq(journal, &self.home_flusher) {
+        let home = self.home.flusher.flushes_issued();
+        let journal = self.log.region.flusher();
+        if Arc::ptr_eq(journal, &self.home.flusher) {
             home
         } else {
             home + journal.flushes_issued()
@@ -722,7 +781,7 @@ impl Engine {
 
     /// Transactions committed and waiting for checkpoint.
     pub fn committed_len(&self) -> usize {
-        self.committed.lock().len()
+        self.log.committed.lock().len()
     }
 
     pub fn avg_commit(&self) -> Duration {

@@ -89,7 +89,7 @@ impl Engine {
             let mut done = 0;
             while done < len {
                 let n = if self.sync_writers_active() {
-                    while self.sync_commits_in_io.load(Ordering::Acquire) > 0
+                    while self.hints.sync_commits_in_io.load(Ordering::Acquire) > 0
                         && Instant::now() < until
                     {
                         yielded = true;
@@ -112,15 +112,15 @@ impl Engine {
     /// Whether a commit somebody waits for is on the device or started
     /// within [`SYNC_ACTIVE_WINDOW_US`].
     fn sync_writers_active(&self) -> bool {
-        let last = self.last_sync_commit_us.load(Ordering::Acquire);
-        self.sync_commits_in_io.load(Ordering::Acquire) > 0
+        let last = self.hints.last_sync_commit_us.load(Ordering::Acquire);
+        self.hints.sync_commits_in_io.load(Ordering::Acquire) > 0
             || (last != 0 && self.micros_since_born().saturating_sub(last) < SYNC_ACTIVE_WINDOW_US)
     }
 
     /// Microseconds since the engine was created, plus one (0 in
     /// `last_sync_commit_us` means no sync commit yet).
     pub(super) fn micros_since_born(&self) -> u64 {
-        self.born.elapsed().as_micros() as u64 + 1
+        self.hints.born.elapsed().as_micros() as u64 + 1
     }
 
     /// [`Engine::read_blocks`] only if no device I/O is needed: every block
@@ -142,7 +142,11 @@ impl Engine {
         for &(s, len) in &home_runs {
             let buf = &mut out[s * bs..(s + len) * bs];
             let at = self.home_offset(lba + s as u64);
-            if !self.home.try_read_cached(&mut [IoSliceMut::new(buf)], at)? {
+            if !self
+                .home
+                .dev
+                .try_read_cached(&mut [IoSliceMut::new(buf)], at)?
+            {
                 return Ok(false);
             }
         }
@@ -205,7 +209,7 @@ impl Engine {
     /// home into their place in `out`.
     fn read_home_blocks(&self, lba: Lba, out: &mut [u8], first: usize, n: usize) -> Result<()> {
         let bs = self.bs;
-        self.home.read_at(
+        self.home.dev.read_at(
             &mut out[first * bs..(first + n) * bs],
             self.home_offset(lba + first as u64),
         )?;

@@ -132,7 +132,9 @@ impl Engine {
                     (matches!(sh.source(b, self.bs), Source::Home), sh.version)
                 };
                 if is_home {
-                    self.home.read_at(buf.block_mut(i), self.home_offset(b))?;
+                    self.home
+                        .dev
+                        .read_at(buf.block_mut(i), self.home_offset(b))?;
                     pre_read.push((i, version));
                 }
             }
@@ -188,7 +190,7 @@ impl Engine {
                             // its version: read home under the lock, where
                             // nothing can change it (progress guaranteed).
                             _ if conflicts >= READ_OPTIMISTIC_TRIES => {
-                                self.home.read_at(dst, self.home_offset(b))?;
+                                self.home.dev.read_at(dst, self.home_offset(b))?;
                             }
                             _ => {
                                 conflict = true;
@@ -255,14 +257,14 @@ impl Engine {
             if let Some(e) = failed {
                 if ticket.is_some() {
                     st.j.space.abandon(need);
-                    self.space.notify_all();
+                    self.sync.space.notify_all();
                 }
                 return Err(e);
             }
             if let Some(grant) = st.j.space.try_grant(ticket, need, max_extra) {
                 if ticket.is_some() {
                     // The next in the queue may be served now.
-                    self.space.notify_all();
+                    self.sync.space.notify_all();
                 }
                 self.granted(st, stripe_idx, grant);
                 return Ok(());
@@ -277,13 +279,15 @@ impl Engine {
             // stripes' unspent credits come back.
             st.space_waiters += 1;
             st.checkpoint_request = true;
-            self.checkpoint_kick.notify_one();
+            self.sync.checkpoint_kick.notify_one();
             if self.can_lead(&st) {
                 st = self.commit_once(st, false);
             }
             let ready = ticket.is_some() && st.j.space.may_grant(ticket, need);
             if !ready && st.error.is_none() && !st.shutdown {
-                self.space.wait_for(st.inner(), Duration::from_millis(100));
+                self.sync
+                    .space
+                    .wait_for(st.inner(), Duration::from_millis(100));
             }
             st.space_waiters -= 1;
         }
@@ -309,7 +313,7 @@ impl Engine {
         if !self.opts.write_pacing {
             return None;
         }
-        let taken = u64::from(self.log_taken_permille.load(Ordering::Relaxed)).min(1000);
+        let taken = u64::from(self.hints.log_taken_permille.load(Ordering::Relaxed)).min(1000);
         (taken >= PACE_FROM_PERMILLE).then_some(taken)
     }
 
@@ -377,7 +381,7 @@ impl Engine {
         st.credits_since_cut += grant;
         self.note_taken(&st);
         if st.credits_since_cut >= self.max_txn_blocks / 2 {
-            self.kick.notify_one();
+            self.sync.kick.notify_one();
         }
         drop(st);
         self.stripe(stripe_idx).credits += grant;
