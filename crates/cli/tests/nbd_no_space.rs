@@ -101,13 +101,7 @@ fn a_full_file_system_reports_enospc_and_a_restart_after_freeing_space_loses_not
     );
     // The server still serves reads.
     let back = dir.path("back.raw");
-    let out = nbdcopy(&[&uri, back.to_str().unwrap()]);
-    assert!(out.status.success(), "reads after ENOSPC: {out:?}");
-    let got = std::fs::read(&back).unwrap();
-    assert!(
-        got[..4 << 20] == pattern(1, 4 << 20)[..],
-        "flushed data changed"
-    );
+    assert!(first_4m_intact(&uri, &back), "flushed data changed");
     let log = srv.log_text();
     assert!(
         log.contains("backing store is full"),
@@ -120,17 +114,20 @@ fn a_full_file_system_reports_enospc_and_a_restart_after_freeing_space_loses_not
     run_ok(JBDEV, &["check", img_s], 60);
     let srv = ServerProc::start(&[img_s], None);
     let uri = srv.tcp_uri();
-    let out = nbdcopy(&[&uri, back.to_str().unwrap()]);
-    assert!(out.status.success(), "{out:?}");
-    let got = std::fs::read(&back).unwrap();
-    assert!(
-        got[..4 << 20] == pattern(1, 4 << 20)[..],
-        "flushed data lost"
-    );
+    assert!(first_4m_intact(&uri, &back), "flushed data lost");
     let out = nbdcopy(&["--flush", big.to_str().unwrap(), &uri]);
     assert!(out.status.success(), "writes after freeing space: {out:?}");
     assert!(srv.stop(), "clean stop");
     run_ok(JBDEV, &["check", img_s], 60);
+}
+
+/// Copies the export out to `back` (reads must work) and says whether its
+/// first 4 MiB are the flushed copy's.
+fn first_4m_intact(uri: &str, back: &Path) -> bool {
+    let out = nbdcopy(&[uri, back.to_str().unwrap()]);
+    assert!(out.status.success(), "reading the export: {out:?}");
+    let got = std::fs::read(back).unwrap();
+    got[..4 << 20] == pattern(1, 4 << 20)[..]
 }
 
 fn is_root() -> bool {

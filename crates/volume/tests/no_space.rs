@@ -45,6 +45,9 @@ fn read(vol: &Volume, block: u64, len: usize) -> Vec<u8> {
     b
 }
 
+/// Writes acknowledged before the store filled: (home block, data).
+type Acked = Vec<(u64, Vec<u8>)>;
+
 fn is_enospc(e: &VolumeError) -> bool {
     e.errno() == libc::ENOSPC
 }
@@ -52,7 +55,7 @@ fn is_enospc(e: &VolumeError) -> bool {
 /// Acknowledged writes: journaled FUA blocks 0..8 (below the full line and
 /// above it: block 200's home is not allocated yet), and a direct 64 KiB
 /// write at block 64 made durable by a flush.
-fn acknowledged(vol: &Volume) -> Vec<(u64, Vec<u8>)> {
+fn acknowledged(vol: &Volume) -> Acked {
     let mut done = Vec::new();
     for (i, block) in (0..8).chain([200]).enumerate() {
         let data = stamped(10 + i as u64, block * BS, BS as usize);
@@ -68,7 +71,17 @@ fn acknowledged(vol: &Volume) -> Vec<(u64, Vec<u8>)> {
     done
 }
 
-fn assert_all_there(vol: &Volume, done: &[(u64, Vec<u8>)], when: &str) {
+/// A volume on a fault device with [`acknowledged`] writes done, and the
+/// store then full past [`FULL_AT_BLOCK`].
+fn volume_on_a_full_store() -> (Arc<FaultDevice>, Volume, Acked) {
+    let dev = full_device();
+    let vol = Volume::open_device(dev.clone(), None, &options()).unwrap();
+    let done = acknowledged(&vol);
+    dev.set_full_from(Some(DATA_OFF + FULL_AT_BLOCK * BS));
+    (dev, vol, done)
+}
+
+fn assert_all_there(vol: &Volume, done: &Acked, when: &str) {
     for (block, data) in done {
         assert!(
             read(vol, *block, data.len()) == *data,
@@ -80,10 +93,7 @@ fn assert_all_there(vol: &Volume, done: &[(u64, Vec<u8>)], when: &str) {
 /// A direct write into unallocated space meets the full store.
 #[test]
 fn a_direct_write_that_finds_the_store_full_fails_with_enospc_and_so_does_every_later_write() {
-    let dev = full_device();
-    let vol = Volume::open_device(dev.clone(), None, &options()).unwrap();
-    let done = acknowledged(&vol);
-    dev.set_full_from(Some(DATA_OFF + FULL_AT_BLOCK * BS));
+    let (dev, vol, done) = volume_on_a_full_store();
 
     let big = stamped(40, 160 * BS, 64 * 1024);
     let e = vol
@@ -122,10 +132,7 @@ fn a_direct_write_that_finds_the_store_full_fails_with_enospc_and_so_does_every_
 /// of it through ENOSPC.
 #[test]
 fn a_checkpoint_that_finds_the_store_full_aborts_with_enospc_and_the_journal_keeps_the_data() {
-    let dev = full_device();
-    let vol = Volume::open_device(dev.clone(), None, &options()).unwrap();
-    let done = acknowledged(&vol);
-    dev.set_full_from(Some(DATA_OFF + FULL_AT_BLOCK * BS));
+    let (dev, vol, done) = volume_on_a_full_store();
     // Closing checkpoints everything: block 200 cannot go home.
     let e = vol.close().expect_err("the final checkpoint cannot finish");
     assert!(is_enospc(&e), "{e:?}");
