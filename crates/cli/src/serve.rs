@@ -235,12 +235,10 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
         let vol = match by_path.get(&key) {
             Some(v) => v.clone(),
             None => {
-                let v = Arc::new(Volume::open(path, &opts).with_context(|| {
-                    format!(
-                        "cannot open volume {} (create one with `jbdev format {} --size 1G`)",
-                        path.display(),
-                        path.display()
-                    )
+                let v = Arc::new(Volume::open(path, &opts).map_err(|e| {
+                    let hint = open_hint(&e, path);
+                    anyhow::Error::new(e)
+                        .context(format!("cannot open volume {}{hint}", path.display()))
                 })?);
                 by_path.insert(key.clone(), v.clone());
                 volumes.push((key.clone(), v.clone()));
@@ -452,5 +450,24 @@ fn parse_threshold(s: &str) -> Result<u64, String> {
     match s {
         "0" | "none" => Ok(u64::MAX),
         _ => jbdev_bench::cli::parse_size(s),
+    }
+}
+
+/// What to add to "cannot open volume PATH" for an open error. "Format it"
+/// only where no volume is: one that fails to open may hold acknowledged
+/// writes its journal has yet to replay.
+fn open_hint(e: &jbdev_volume::VolumeError, path: &std::path::Path) -> String {
+    if matches!(e, jbdev_volume::VolumeError::NotAVolume(m) if !m.contains("jbdev format")) {
+        format!(
+            " (create one with `jbdev format {} --size 1G`)",
+            path.display()
+        )
+    } else if jbdev_volume::is_no_space(e.errno()) {
+        " (the backing store is full: recovery writes the journal's blocks home before \
+         the volume opens, and the journal keeps them until then. Free space on the \
+         file system and start again; do not reformat)"
+            .into()
+    } else {
+        String::new()
     }
 }
