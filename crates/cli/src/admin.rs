@@ -36,6 +36,11 @@ pub struct FormatArgs {
     /// without this flag; librbd blocklists the old holder).
     #[arg(long)]
     pub break_lock: bool,
+    /// Image files: allocate the whole file now (fallocate), so that writes
+    /// cannot fail later because its file system filled up. A trim or
+    /// write-zeroes that punches a hole gives that space back.
+    #[arg(long)]
+    pub preallocate: bool,
 }
 
 fn spinner(msg: String) -> ProgressBar {
@@ -142,6 +147,29 @@ pub fn format(a: FormatArgs) -> anyhow::Result<()> {
         uuid_str(&v.superblock().uuid)
     );
     v.close()?;
+    if a.preallocate {
+        anyhow::ensure!(
+            !jbdev_device::is_rbd_target(&a.path),
+            "--preallocate is for image files; an RBD image is thin by design"
+        );
+        match jbdev_device::file::preallocate(&a.path) {
+            Ok(n) => println!("preallocated {}: {n} bytes", a.path.display()),
+            Err(e) if e.kind() == std::io::ErrorKind::InvalidInput => {
+                println!(
+                    "{}: not an image file, nothing to preallocate",
+                    a.path.display()
+                )
+            }
+            Err(e) => {
+                return Err(e).with_context(|| {
+                    format!(
+                        "preallocating {} (the volume is formatted, and sparse)",
+                        a.path.display()
+                    )
+                })
+            }
+        }
+    }
     Ok(())
 }
 

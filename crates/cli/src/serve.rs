@@ -240,6 +240,7 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
                     anyhow::Error::new(e)
                         .context(format!("cannot open volume {}{hint}", path.display()))
                 })?);
+                warn_if_sparse_on_a_small_fs(path);
                 by_path.insert(key.clone(), v.clone());
                 volumes.push((key.clone(), v.clone()));
                 v
@@ -469,5 +470,26 @@ fn open_hint(e: &jbdev_volume::VolumeError, path: &std::path::Path) -> String {
             .into()
     } else {
         String::new()
+    }
+}
+
+/// A sparse image whose holes are larger than its file system's free space
+/// will make writes fail with ENOSPC (and abort the journal) once that
+/// space runs out: say so at startup, while it can still be fixed.
+fn warn_if_sparse_on_a_small_fs(path: &std::path::Path) {
+    if let Ok(Some(sp)) = jbdev_device::file::file_space(path) {
+        if sp.may_run_out() {
+            tracing::warn!(
+                "{}: {} MiB of this sparse image is not allocated yet, and its file system \
+                 has {} MiB free: writes will fail with ENOSPC once it is full. Free space, \
+                 or allocate the image now with `fallocate -l {} {}` (or format with \
+                 --preallocate)",
+                path.display(),
+                sp.unallocated() >> 20,
+                sp.fs_available >> 20,
+                sp.len,
+                path.display()
+            );
+        }
     }
 }

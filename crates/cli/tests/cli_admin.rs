@@ -57,6 +57,44 @@ fn format_info_check_dump_round_trip() {
     );
 }
 
+/// `--preallocate` leaves no hole in the image (its file system can no
+/// longer run out under it), and the volume is as `format` left it.
+#[test]
+fn format_preallocate_allocates_the_whole_image() {
+    use std::os::unix::fs::MetadataExt;
+    let dir = tempfile::tempdir().unwrap();
+    let img = dir.path().join("v.img");
+    let p = img.to_str().unwrap();
+    let o = jbdev(&["format", p, "--size", "16M", "--journal-size", "1M"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let sparse = std::fs::metadata(&img).unwrap();
+    assert!(
+        sparse.blocks() * 512 < sparse.len(),
+        "a plain format is sparse"
+    );
+    std::fs::remove_file(&img).unwrap();
+    let o = jbdev(&[
+        "format",
+        p,
+        "--size",
+        "16M",
+        "--journal-size",
+        "1M",
+        "--preallocate",
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(text(&o).contains("preallocated"), "{}", text(&o));
+    let meta = std::fs::metadata(&img).unwrap();
+    assert_eq!(meta.len(), 4096 + (1 << 20) + (16 << 20));
+    assert!(meta.blocks() * 512 >= meta.len(), "holes left: {meta:?}");
+    let o = jbdev(&["check", p]);
+    assert!(
+        o.status.success() && text(&o).contains("check: ok"),
+        "{}",
+        text(&o)
+    );
+}
+
 #[test]
 fn external_journal_format_and_check() {
     let dir = tempfile::tempdir().unwrap();

@@ -97,6 +97,10 @@ fn a_full_file_system_reports_enospc_and_a_restart_after_freeing_space_loses_not
     assert!(first_4m_intact(&uri, &back), "flushed data changed");
     let log = srv.log_text();
     assert!(
+        log.contains("not allocated yet"),
+        "the start warned that the image cannot fill: {log}"
+    );
+    assert!(
         log.contains("backing store is full"),
         "the log says what to do: {log}"
     );

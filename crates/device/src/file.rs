@@ -899,3 +899,116 @@ mod transfer_tests {
         }
     }
 }
+
+/// Space of a regular image file and of the file system under it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FileSpace {
+    /// The file's length.
+    pub len: u64,
+    /// Bytes of it the file system has allocated.
+    pub allocated: u64,
+    /// Bytes the file system can still give an unprivileged writer.
+    pub fs_available: u64,
+}
+
+impl FileSpace {
+    /// Bytes of the file that writes would still have to allocate.
+    pub fn unallocated(&self) -> u64 {
+        self.len.saturating_sub(self.allocated)
+    }
+
+    /// Whether filling every hole of the file could run the file system
+    /// out of space (a write would then fail with ENOSPC).
+    pub fn may_run_out(&self) -> bool {
+        self.unallocated() > self.fs_available
+    }
+}
+
+/// [`FileSpace`] of `path`; None for anything but a regular file (block
+/// devices and RBD images do not run out of space this way).
+pub fn file_space(path: &Path) -> io::Result<Option<FileSpace>> {
+    use std::os::unix::ffi::OsStrExt;
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::metadata(path)?;
+    if !meta.file_type().is_file() {
+        return Ok(None);
+    }
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path holds a NUL byte"))?;
+    // SAFETY: statvfs is plain old data; all zeroes is a valid value.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `c` is a valid C string and `st` a valid struct to fill.
+    if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(Some(FileSpace {
+        len: meta.len(),
+        // st_blocks counts 512-byte units, whatever the file system's block.
+        allocated: meta.blocks().saturating_mul(512),
+        // fsblkcnt_t and c_ulong are 32 bits wide on some targets.
+        fs_available: (st.f_bavail as u64).saturating_mul(st.f_frsize as u64),
+    }))
+}
+
+/// Allocates every block of the regular file at `path` (fallocate mode 0:
+/// holes become allocated, reading as zeroes; nothing written keeps its
+/// bytes), so that later writes cannot fail for lack of space. Refuses
+/// anything but a regular file.
+pub fn preallocate(path: &Path) -> io::Result<u64> {
+    let file = FsOpenOptions::new().write(true).open(path)?;
+    let meta = file.metadata()?;
+    if !meta.file_type().is_file() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("{} is not a regular file", path.display()),
+        ));
+    }
+    let len = meta.len();
+    // SAFETY: fallocate on a valid descriptor with plain integer arguments.
+    let r = unsafe { libc::fallocate(file.as_raw_fd(), 0, 0, len as libc::off_t) };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(len)
+}
+
+#[cfg(test)]
+mod space_tests {
+    use super::*;
+
+    #[test]
+    fn preallocating_a_sparse_file_allocates_it_and_keeps_its_bytes() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("sparse.img");
+        let f = FsOpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&p)
+            .unwrap();
+        f.set_len(8 << 20).unwrap();
+        use std::os::unix::fs::FileExt;
+        f.write_all_at(b"kept", 4 << 20).unwrap();
+        f.sync_all().unwrap();
+        let before = file_space(&p).unwrap().unwrap();
+        assert_eq!(before.len, 8 << 20);
+        assert!(before.unallocated() >= 7 << 20, "{before:?}");
+        assert_eq!(preallocate(&p).unwrap(), 8 << 20);
+        let after = file_space(&p).unwrap().unwrap();
+        assert_eq!(after.unallocated(), 0, "{after:?}");
+        assert!(!after.may_run_out());
+        let mut b = [0u8; 4];
+        f.read_exact_at(&mut b, 4 << 20).unwrap();
+        assert_eq!(&b, b"kept");
+        f.read_exact_at(&mut b, 0).unwrap();
+        assert_eq!(b, [0; 4]);
+    }
+
+    #[test]
+    fn only_regular_files_have_a_file_space_or_are_preallocated() {
+        assert_eq!(file_space(Path::new("/dev/null")).unwrap(), None);
+        assert!(preallocate(Path::new("/dev/null")).is_err());
+        assert!(file_space(Path::new("/nonexistent/x.img")).is_err());
+    }
+}
