@@ -249,6 +249,13 @@ pub fn info(a: InfoArgs) -> anyhow::Result<()> {
     };
     let rbd_holder = rbd_lock_holder(&a.path);
     let jsb = journal_superblock.as_ref();
+    // Image files only: how much of the file is allocated, and whether its
+    // file system could run out before the holes are filled.
+    let space = if home_kind == "local" {
+        jbdev_device::file::file_space(&a.path).ok().flatten()
+    } else {
+        None
+    };
     if a.json {
         let j = serde_json::json!({
             "path": a.path.display().to_string(),
@@ -267,6 +274,12 @@ pub fn info(a: InfoArgs) -> anyhow::Result<()> {
             "created_unix_secs": sb.created_unix_secs,
             "open_elsewhere": in_use.is_some(),
             "holder": in_use.as_ref().map(|h| h.to_string()),
+            "file_space": space.map(|sp| serde_json::json!({
+                "len_bytes": sp.len,
+                "allocated_bytes": sp.allocated,
+                "fs_available_bytes": sp.fs_available,
+                "may_run_out": sp.may_run_out(),
+            })),
         });
         println!("{}", serde_json::to_string_pretty(&j)?);
         return Ok(());
@@ -288,6 +301,20 @@ pub fn info(a: InfoArgs) -> anyhow::Result<()> {
     );
     println!("data offset     {} bytes", sb.data_offset_bytes);
     println!("home            {home_kind}");
+    if let Some(sp) = space {
+        println!(
+            "allocated       {} of {} bytes of the image file; its file system has {} bytes free{}",
+            sp.allocated,
+            sp.len,
+            sp.fs_available,
+            if sp.may_run_out() {
+                " (fewer than the image's holes: writes fail with ENOSPC once it is full; \
+                 `jbdev format --preallocate` or `fallocate -l LEN PATH` allocates it)"
+            } else {
+                ""
+            }
+        );
+    }
     if let Some(h) = &rbd_holder {
         println!("rbd lock        held by {h}");
     }

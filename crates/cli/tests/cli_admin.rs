@@ -87,6 +87,11 @@ fn format_preallocate_allocates_the_whole_image() {
     let meta = std::fs::metadata(&img).unwrap();
     assert_eq!(meta.len(), 4096 + (1 << 20) + (16 << 20));
     assert!(meta.blocks() * 512 >= meta.len(), "holes left: {meta:?}");
+    let o = jbdev(&["info", "--json", p]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("info --json is JSON");
+    assert_eq!(v["file_space"]["len_bytes"], meta.len());
+    assert_eq!(v["file_space"]["may_run_out"], false);
+    assert!(text(&jbdev(&["info", p])).contains("allocated "));
     let o = jbdev(&["check", p]);
     assert!(
         o.status.success() && text(&o).contains("check: ok"),
