@@ -303,17 +303,12 @@ pub fn info(a: InfoArgs) -> anyhow::Result<()> {
     println!("home            {home_kind}");
     if let Some(sp) = space {
         println!(
-            "allocated       {} of {} bytes of the image file; its file system has {} bytes free{}",
-            sp.allocated,
-            sp.len,
-            sp.fs_available,
-            if sp.may_run_out() {
-                " (fewer than the image's holes: writes fail with ENOSPC once it is full; \
-                 `jbdev format --preallocate` or `fallocate -l LEN PATH` allocates it)"
-            } else {
-                ""
-            }
+            "allocated       {} of {} bytes of the image file; its file system has {} bytes free",
+            sp.allocated, sp.len, sp.fs_available,
         );
+        if let Some(w) = space_warning(&sp, &a.path) {
+            println!("warning         {w}");
+        }
     }
     if let Some(h) = &rbd_holder {
         println!("rbd lock        held by {h}");
@@ -680,4 +675,23 @@ fn dump_log(ins: &Inspection, jsb: &format::JournalSuperblock, all: bool) -> any
         }
     }
     Ok(())
+}
+
+/// The warning for an image file whose holes its file system could not
+/// fill (`jbdev info`, and `jbdev serve` at startup); None if it can.
+pub(crate) fn space_warning(
+    sp: &jbdev_device::file::FileSpace,
+    path: &std::path::Path,
+) -> Option<String> {
+    sp.may_run_out().then(|| {
+        format!(
+            "{} MiB of this sparse image is not allocated yet, and its file system has \
+             {} MiB free: writes will fail with ENOSPC once it is full. Free space, or \
+             allocate the image now with `fallocate -l {} {}` (or format with --preallocate)",
+            sp.unallocated() >> 20,
+            sp.fs_available >> 20,
+            sp.len,
+            path.display()
+        )
+    })
 }

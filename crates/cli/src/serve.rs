@@ -478,18 +478,8 @@ fn open_hint(e: &jbdev_volume::VolumeError, path: &std::path::Path) -> String {
 /// space runs out: say so at startup, while it can still be fixed.
 fn warn_if_sparse_on_a_small_fs(path: &std::path::Path) {
     if let Ok(Some(sp)) = jbdev_device::file::file_space(path) {
-        if sp.may_run_out() {
-            tracing::warn!(
-                "{}: {} MiB of this sparse image is not allocated yet, and its file system \
-                 has {} MiB free: writes will fail with ENOSPC once it is full. Free space, \
-                 or allocate the image now with `fallocate -l {} {}` (or format with \
-                 --preallocate)",
-                path.display(),
-                sp.unallocated() >> 20,
-                sp.fs_available >> 20,
-                sp.len,
-                path.display()
-            );
+        if let Some(w) = crate::admin::space_warning(&sp, path) {
+            tracing::warn!("{}: {w}", path.display());
         }
     }
 }

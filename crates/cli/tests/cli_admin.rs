@@ -25,13 +25,21 @@ fn assert_clean_error(o: &Output, what: &str) {
     assert!(!t.trim().is_empty(), "{what}: no message");
 }
 
+/// `jbdev format P --size 16M --journal-size 1M EXTRA...`, which must succeed.
+fn format_16m(p: &str, extra: &[&str]) -> Output {
+    let mut args = vec!["format", p, "--size", "16M", "--journal-size", "1M"];
+    args.extend_from_slice(extra);
+    let o = jbdev(&args);
+    assert!(o.status.success(), "{}", text(&o));
+    o
+}
+
 #[test]
 fn format_info_check_dump_round_trip() {
     let dir = tempfile::tempdir().unwrap();
     let img = dir.path().join("v.img");
     let p = img.to_str().unwrap();
-    let o = jbdev(&["format", p, "--size", "16M", "--journal-size", "1M"]);
-    assert!(o.status.success(), "{}", text(&o));
+    format_16m(p, &[]);
     assert_eq!(
         std::fs::metadata(&img).unwrap().len(),
         4096 + (1 << 20) + (16 << 20)
@@ -65,24 +73,14 @@ fn format_preallocate_allocates_the_whole_image() {
     let dir = tempfile::tempdir().unwrap();
     let img = dir.path().join("v.img");
     let p = img.to_str().unwrap();
-    let o = jbdev(&["format", p, "--size", "16M", "--journal-size", "1M"]);
-    assert!(o.status.success(), "{}", text(&o));
+    format_16m(p, &[]);
     let sparse = std::fs::metadata(&img).unwrap();
     assert!(
         sparse.blocks() * 512 < sparse.len(),
         "a plain format is sparse"
     );
     std::fs::remove_file(&img).unwrap();
-    let o = jbdev(&[
-        "format",
-        p,
-        "--size",
-        "16M",
-        "--journal-size",
-        "1M",
-        "--preallocate",
-    ]);
-    assert!(o.status.success(), "{}", text(&o));
+    let o = format_16m(p, &["--preallocate"]);
     assert!(text(&o).contains("preallocated"), "{}", text(&o));
     let meta = std::fs::metadata(&img).unwrap();
     assert_eq!(meta.len(), 4096 + (1 << 20) + (16 << 20));

@@ -42,7 +42,7 @@ impl Engine {
     pub fn wait_commit(&self, tid: Tid) -> Result<()> {
         let mut st = self.state();
         if st.error.is_some() {
-            return Err(self.aborted_error(&st));
+            return Err(self.aborted_now());
         }
         if st.j.committed() >= tid {
             return Ok(());
@@ -59,7 +59,7 @@ impl Engine {
         if st.j.committed() >= tid && st.error.is_none() {
             Ok(())
         } else {
-            Err(self.aborted_error(&st))
+            Err(self.aborted_now())
         }
     }
 

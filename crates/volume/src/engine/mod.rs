@@ -642,7 +642,9 @@ impl Engine {
         Ok(())
     }
 
-    /// The error every request gets after an abort. Lock-free.
+    /// The error every request gets after an abort. Lock-free: the reason
+    /// is set before `JState::error` and the flag (`record_abort`), so a
+    /// caller that saw either finds it.
     fn aborted_now(&self) -> VolumeError {
         let (reason, cause_errno) = self
             .abort
@@ -710,17 +712,6 @@ impl Engine {
         self.sync.checkpoint_kick.notify_all();
     }
 
-    fn aborted_error(&self, st: &JState) -> VolumeError {
-        match self.abort.reason.get() {
-            Some(_) => self.aborted_now(),
-            // `st.error` is set only by `record_abort`, after the reason.
-            None => VolumeError::Aborted {
-                reason: st.error.clone().unwrap_or_default(),
-                cause_errno: libc::EIO,
-            },
-        }
-    }
-
     // ----- shutdown -------------------------------------------------------
 
     /// Tells the commit thread to commit what is left and exit.
@@ -740,11 +731,8 @@ impl Engine {
     /// After both threads exited cleanly: mark the journal clean.
     pub fn mark_clean(&self) -> Result<()> {
         let st = self.state();
-        if let Some(e) = &st.error {
-            return Err(VolumeError::Aborted {
-                reason: e.clone(),
-                cause_errno: self.abort.reason.get().map_or(libc::EIO, |r| r.1),
-            });
+        if st.error.is_some() {
+            return Err(self.aborted_now());
         }
         let next = st.j.space.next_sequence();
         drop(st);

@@ -248,7 +248,7 @@ impl Engine {
         let max_extra = Self::max_extra_credits(&st);
         loop {
             let failed = if st.error.is_some() {
-                Some(self.aborted_error(&st))
+                Some(self.aborted_now())
             } else if st.shutdown {
                 Some(VolumeError::Closed)
             } else {
@@ -354,7 +354,7 @@ impl Engine {
     pub(super) fn try_reserve(&self, stripe_idx: usize, need: u64) -> Result<bool> {
         let mut st = self.state();
         if st.error.is_some() {
-            return Err(self.aborted_error(&st));
+            return Err(self.aborted_now());
         }
         if st.shutdown {
             return Err(VolumeError::Closed);
