@@ -246,10 +246,18 @@ fn try_read_cached_reads_hits_only() {
                 .try_read_cached(&mut [IoSliceMut::new(&mut cold)], 768 << 10)
                 .expect("try_read_cached");
             if opened.direct {
-                // Written with O_DIRECT (which drops cached pages of its
-                // range) and never read, far beyond any readahead of the read
-                // above: not in the cache, so a miss.
-                assert!(!hit, "{b:?}: blocks never read are not in the cache");
+                // Written with O_DIRECT and never read by us. This used to
+                // assert a miss, but nothing in the kernel promises one: on
+                // this machine (6.18, read_ahead_kb 8 MiB) the range was
+                // found cached in about one run in four, with the file at
+                // 1 MiB and at 64 MiB alike, and with the range dropped by
+                // POSIX_FADV_DONTNEED just before. What try_read_cached
+                // promises is never to return wrong bytes; a miss for sure
+                // is the O_DIRECT-without-read-cache case above.
+                assert!(
+                    !hit || cold == data,
+                    "{b:?}: a hit on a range written with O_DIRECT returns its bytes"
+                );
             } else {
                 // A buffered write leaves its pages in the cache.
                 assert!(hit && cold == data, "{b:?}: buffered writes are cached");
