@@ -498,10 +498,16 @@ pub fn existing_content(f: &mut File, path: &Path) -> Result<Option<String>> {
         .map_err(io_err(format!("read {}", path.display())))?;
     f.seek(SeekFrom::Start(0))
         .map_err(io_err(format!("seek {}", path.display())))?;
-    if let Some(what) = match_signature(&head) {
-        return Ok(Some(what.to_string()));
-    }
-    Ok(blkid_type(path).map(|t| format!("a {t} signature (blkid)")))
+    Ok(describe_head(&head, Some(path)))
+}
+
+/// What a device whose first bytes are `head` visibly holds: one of
+/// [`SIGNATURES`], or else what `blkid -p` finds on `path` (a local file
+/// or device). `None` when neither recognizes anything.
+pub fn describe_head(head: &[u8], path: Option<&Path>) -> Option<String> {
+    match_signature(head)
+        .map(str::to_string)
+        .or_else(|| blkid_type(path?).map(|t| format!("a {t} signature (blkid)")))
 }
 
 /// The first of [`SIGNATURES`] found in `head`.

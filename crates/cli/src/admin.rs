@@ -36,6 +36,11 @@ pub struct FormatArgs {
     /// without this flag; librbd blocklists the old holder).
     #[arg(long)]
     pub break_lock: bool,
+    /// Format even if PATH (or --journal) already holds a jbdev volume or
+    /// other data, destroying it. Without this flag, format only writes
+    /// over a new, empty or all-zero target.
+    #[arg(long, short = 'f')]
+    pub force: bool,
     /// Image files: allocate the whole file now (fallocate), so that writes
     /// cannot fail later because its file system filled up. A trim or
     /// write-zeroes that punches a hole gives that space back.
@@ -79,6 +84,11 @@ fn open_to_size(path: &std::path::Path) -> jbdev_device::Result<jbdev_device::Op
 
 pub fn format(a: FormatArgs) -> anyhow::Result<()> {
     let bs = u64::from(a.block_size);
+    anyhow::ensure!(
+        a.block_size.is_power_of_two() && (1024..=65536).contains(&a.block_size),
+        "--block-size must be a power of two from 1024 to 65536 (got {})",
+        a.block_size
+    );
     let size = match a.size {
         Some(s) => s,
         None if jbdev_device::is_rbd_target(&a.path) => {
@@ -111,6 +121,84 @@ pub fn format(a: FormatArgs) -> anyhow::Result<()> {
         size > 0 && size % bs == 0,
         "--size must be a positive multiple of the {bs}-byte block size"
     );
+    if !a.force {
+        refuse_to_overwrite(&a.path, "")?;
+        if let Some(j) = &a.journal {
+            refuse_to_overwrite(j, "--journal ")?;
+        }
+    }
+    // Files this command creates are removed again if it fails, so a
+    // failed format leaves nothing behind that looks like a volume.
+    let created: Vec<PathBuf> = std::iter::once(&a.path)
+        .chain(a.journal.as_ref())
+        .filter(|p| !jbdev_device::is_rbd_target(p) && !p.exists())
+        .cloned()
+        .collect();
+    let res = format_checked(&a, size);
+    if res.is_err() {
+        for p in &created {
+            let _ = std::fs::remove_file(p);
+        }
+    }
+    res
+}
+
+/// How many leading bytes [`refuse_to_overwrite`] looks at: past the
+/// signatures of partition tables, file systems and LVM (btrfs keeps its
+/// superblock at 64 KiB).
+const OVERWRITE_PROBE_BYTES: u64 = 1 << 20;
+
+/// Fails when `path` exists and holds a jbdev volume, a jbdev journal or
+/// any non-zero byte in its first [`OVERWRITE_PROBE_BYTES`]: formatting
+/// would destroy it. A missing or empty target, or one that reads as
+/// zeroes there (a fresh `truncate -s`), is fine. `label` names the
+/// argument in the message ("" for PATH, "--journal ").
+fn refuse_to_overwrite(path: &std::path::Path, label: &str) -> anyhow::Result<()> {
+    use jbdev_volume::journal::format::JournalSuperblock;
+    use jbdev_volume::superblock::VolumeSuperblock;
+    if !jbdev_device::is_rbd_target(path) && !path.exists() {
+        return Ok(());
+    }
+    let Ok(opened) = open_to_size(path) else {
+        // A missing RBD image (format creates it), or a path that cannot
+        // be opened: format reports that itself.
+        return Ok(());
+    };
+    let dev = opened.device;
+    let lbs = u64::from(dev.logical_block_size()).max(512);
+    let len = dev.size_bytes().min(OVERWRITE_PROBE_BYTES) / lbs * lbs;
+    if len == 0 {
+        return Ok(());
+    }
+    let mut buf = jbdev_device::AlignedBuf::zeroed(len as usize);
+    dev.read_at(&mut buf, 0)
+        .with_context(|| format!("reading {} to see whether it holds data", path.display()))?;
+    let p = path.display();
+    let what_is_there = if let Ok(sb) = VolumeSuperblock::decode(&buf) {
+        format!(
+            "holds a jbdev volume (uuid {}, {} bytes)",
+            uuid_str(&sb.uuid),
+            sb.size_bytes
+        )
+    } else if let Ok(jsb) = JournalSuperblock::decode(&buf) {
+        format!("holds a jbdev journal (uuid {})", uuid_str(&jsb.uuid))
+    } else if let Some(what) = jbdev_bench::backing::describe_head(
+        &buf,
+        (!jbdev_device::is_rbd_target(path)).then_some(path),
+    ) {
+        format!("holds {what}")
+    } else if let Some(at) = buf.iter().position(|&b| b != 0) {
+        format!("holds data (byte {at} is not zero)")
+    } else {
+        return Ok(());
+    };
+    anyhow::bail!(
+        "{label}{p} {what_is_there}: formatting would destroy it; \
+         give --force to format it anyway"
+    )
+}
+
+fn format_checked(a: &FormatArgs, size: u64) -> anyhow::Result<()> {
     let mut f = FormatOptions::new(size);
     f.block_size = a.block_size;
     f.journal_bytes = a.journal_size;

@@ -146,12 +146,7 @@ pub struct ServeArgs {
 
 /// The TLS configuration the flags ask for (`None`: no TLS).
 fn tls_config(a: &ServeArgs) -> anyhow::Result<Option<Arc<TlsConfig>>> {
-    let have_creds = a.tls_certificates.is_some() || a.tls_psk.is_some();
-    let mode = a.tls.unwrap_or(if have_creds {
-        TlsMode::Require
-    } else {
-        TlsMode::Off
-    });
+    let mode = tls_mode(a);
     let cfg = match (mode, &a.tls_certificates, &a.tls_psk) {
         (TlsMode::Off, None, None) => return Ok(None),
         (TlsMode::Off, _, _) => {
@@ -171,6 +166,35 @@ fn tls_config(a: &ServeArgs) -> anyhow::Result<Option<Arc<TlsConfig>>> {
     };
     tracing::info!("TLS {} with {}", mode_name(mode), cfg.describe());
     Ok(Some(Arc::new(cfg)))
+}
+
+/// `--tls` as given, or what the credentials imply (`require` with them,
+/// `off` without).
+fn tls_mode(a: &ServeArgs) -> TlsMode {
+    let have_creds = a.tls_certificates.is_some() || a.tls_psk.is_some();
+    a.tls.unwrap_or(if have_creds {
+        TlsMode::Require
+    } else {
+        TlsMode::Off
+    })
+}
+
+/// The warning for a TCP listener that other machines can reach while
+/// clients may still talk in plain text (`--tls=off` or `on`), if any.
+fn plain_text_warning(addr: SocketAddr, mode: TlsMode) -> Option<String> {
+    if addr.ip().is_loopback() || mode == TlsMode::Require {
+        return None;
+    }
+    let how = match mode {
+        TlsMode::Off => "without TLS",
+        _ => "with TLS optional (--tls=on)",
+    };
+    Some(format!(
+        "jbdev serve: warning: {addr} accepts connections from other machines {how}: \
+         whoever can reach it can read and write the exports, and the data crosses the \
+         network in plain text. Use --tls=require with --tls-certificates DIR or \
+         --tls-psk FILE, or listen on 127.0.0.1"
+    ))
 }
 
 fn mode_name(m: TlsMode) -> &'static str {
@@ -284,6 +308,15 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
         for l in &listeners {
             // Tests and scripts read this line to find the address.
             eprintln!("jbdev serve: listening on {}", l.describe());
+            if let Listener::Tcp(t) = l {
+                if let Some(w) = t
+                    .local_addr()
+                    .ok()
+                    .and_then(|addr| plain_text_warning(addr, tls_mode(&a)))
+                {
+                    eprintln!("{w}");
+                }
+            }
         }
         server.serve(listeners);
         drop(signals);
@@ -480,6 +513,31 @@ fn warn_if_sparse_on_a_small_fs(path: &std::path::Path) {
     if let Ok(Some(sp)) = jbdev_device::file::file_space(path) {
         if let Some(w) = crate::admin::space_warning(&sp, path) {
             tracing::warn!("{}: {w}", path.display());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plain_text_on_a_reachable_address_is_warned_about() {
+        let any: SocketAddr = "0.0.0.0:10809".parse().unwrap();
+        let lan: SocketAddr = "192.0.2.7:10809".parse().unwrap();
+        for addr in [any, lan] {
+            let w = plain_text_warning(addr, TlsMode::Off).expect("warned");
+            assert!(
+                w.contains("without TLS") && w.contains("--tls=require"),
+                "{w}"
+            );
+            let w = plain_text_warning(addr, TlsMode::On).expect("warned");
+            assert!(w.contains("--tls=on"), "{w}");
+            assert_eq!(plain_text_warning(addr, TlsMode::Require), None);
+        }
+        for local in ["127.0.0.1:10809", "[::1]:10809"] {
+            let addr: SocketAddr = local.parse().unwrap();
+            assert_eq!(plain_text_warning(addr, TlsMode::Off), None, "{local}");
         }
     }
 }

@@ -199,12 +199,121 @@ fn bad_input_gives_clear_errors() {
         &jbdev(&["format", p, "--size", "4M", "--journal-size", "4K"]),
         "journal too small",
     );
+    // A failed format removes the file it created.
+    assert!(
+        !img.exists(),
+        "a failed format left {} behind",
+        img.display()
+    );
     assert_clean_error(
         &jbdev(&["format", "/nonexistent/dir/x.img", "--size", "4M"]),
         "bad directory",
     );
     assert!(!Path::new("/nonexistent/dir/x.img").exists());
     assert_clean_error(&jbdev(&["journal", "dump", nv]), "dump of a non-volume");
+}
+
+fn uuid_of(p: &str) -> String {
+    let o = jbdev(&["info", "--json", p]);
+    assert!(o.status.success(), "{}", text(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("info --json is JSON");
+    v["uuid"].as_str().expect("uuid").to_string()
+}
+
+#[test]
+fn format_refuses_to_destroy_a_volume_or_data_without_force() {
+    let dir = tempfile::tempdir().unwrap();
+    let img = dir.path().join("v.img");
+    let p = img.to_str().unwrap();
+    format_16m(p, &[]);
+    let first = uuid_of(p);
+    let o = jbdev(&["format", p, "--size", "16M", "--journal-size", "1M"]);
+    assert_clean_error(&o, "format over a volume");
+    assert!(text(&o).contains("holds a jbdev volume") && text(&o).contains(&first));
+    assert!(text(&o).contains("--force"), "{}", text(&o));
+    assert_eq!(uuid_of(p), first, "the refused format changed the volume");
+    assert!(jbdev(&["check", p]).status.success());
+    format_16m(p, &["--force"]);
+    assert_ne!(uuid_of(p), first, "--force did not format");
+
+    // Anything else with data in it: refused and left as it was.
+    let data = dir.path().join("data.bin");
+    let bytes: Vec<u8> = (0..(64u32 << 10)).map(|i| (i % 251) as u8 + 1).collect();
+    std::fs::write(&data, &bytes).unwrap();
+    let o = jbdev(&["format", data.to_str().unwrap(), "--size", "16M"]);
+    assert_clean_error(&o, "format over data");
+    assert!(text(&o).contains("holds data"), "{}", text(&o));
+    assert_eq!(std::fs::read(&data).unwrap(), bytes);
+    // A file system is named.
+    let fs = dir.path().join("ext4.img");
+    std::fs::File::create(&fs)
+        .unwrap()
+        .set_len(8 << 20)
+        .unwrap();
+    match Command::new("mkfs.ext4")
+        .args(["-q", "-F"])
+        .arg(&fs)
+        .status()
+    {
+        Ok(st) if st.success() => {
+            let o = jbdev(&["format", fs.to_str().unwrap(), "--size", "4M"]);
+            assert_clean_error(&o, "format over ext4");
+            assert!(text(&o).contains("ext2/3/4 file system"), "{}", text(&o));
+        }
+        _ => eprintln!("mkfs.ext4 not available: the file system case is not run"),
+    }
+
+    // Data past the first 1 MiB is not looked at; zeroes before it are a
+    // fresh target (`truncate -s`), which format takes without --force.
+    let zeroes = dir.path().join("z.img");
+    std::fs::File::create(&zeroes)
+        .unwrap()
+        .set_len(32 << 20)
+        .unwrap();
+    format_16m(zeroes.to_str().unwrap(), &[]);
+
+    // An external journal that belongs to a volume is refused too.
+    let jrn = dir.path().join("v.journal");
+    let other = dir.path().join("o.img");
+    format_16m(p, &["--force", "--journal", jrn.to_str().unwrap()]);
+    let o = jbdev(&[
+        "format",
+        other.to_str().unwrap(),
+        "--size",
+        "16M",
+        "--journal",
+        jrn.to_str().unwrap(),
+        "--journal-size",
+        "1M",
+    ]);
+    assert_clean_error(&o, "format over another volume's journal");
+    assert!(text(&o).contains("--journal") && text(&o).contains("holds a jbdev journal"));
+    assert!(
+        !other.exists(),
+        "the refused format created {}",
+        other.display()
+    );
+    assert!(jbdev(&["check", p]).status.success());
+}
+
+#[test]
+fn check_and_info_refuse_a_truncated_image() {
+    let dir = tempfile::tempdir().unwrap();
+    let img = dir.path().join("v.img");
+    let p = img.to_str().unwrap();
+    format_16m(p, &[]);
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&img)
+        .unwrap()
+        .set_len(8 << 20)
+        .unwrap();
+    let o = jbdev(&["check", p]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(text(&o).contains("holds 8388608 bytes"), "{}", text(&o));
+    let o = jbdev(&["info", p]);
+    assert_clean_error(&o, "info of a truncated image");
+    assert!(text(&o).contains("holds 8388608 bytes"), "{}", text(&o));
 }
 
 #[test]

@@ -199,7 +199,18 @@ pub(crate) fn read_volume_superblock(
     }
     let mut buf = AlignedBuf::zeroed(n);
     dev.read_at(&mut buf, 0)?;
-    VolumeSuperblock::decode(&buf).map_err(|e| bad_sb(e, what))
+    let sb = VolumeSuperblock::decode(&buf).map_err(|e| bad_sb(e, what))?;
+    // A device shorter than the volume it describes (a truncated image
+    // file, a smaller block device) would turn reads and writes of its end
+    // into I/O errors: refuse it here, for opens and inspections alike.
+    let described = sb.data_offset_bytes.saturating_add(sb.size_bytes);
+    if dev.size_bytes() < described {
+        return Err(VolumeError::BadSuperblock(format!(
+            "{what} holds {} bytes but its superblock describes {described}",
+            dev.size_bytes()
+        )));
+    }
+    Ok(sb)
 }
 
 impl Volume {
@@ -366,13 +377,6 @@ impl Volume {
     ) -> Result<Volume> {
         let sb = read_volume_superblock(dev.as_ref(), "the volume device")?;
         let bs = sb.block_size;
-        if dev.size_bytes() < sb.data_offset_bytes + sb.size_bytes {
-            return Err(VolumeError::BadSuperblock(format!(
-                "the device holds {} bytes but the superblock describes {}",
-                dev.size_bytes(),
-                sb.data_offset_bytes + sb.size_bytes
-            )));
-        }
         let home_flusher = Arc::new(FlushCoalescer::new());
         let (jdev, jflusher, joff, jlen) = match (&sb.journal, journal) {
             (
