@@ -174,6 +174,18 @@ fn refuse_to_overwrite(path: &std::path::Path, label: &str) -> anyhow::Result<()
     dev.read_at(&mut buf, 0)
         .with_context(|| format!("reading {} to see whether it holds data", path.display()))?;
     let p = path.display();
+    // A format interrupted before its last step (the volume superblock in
+    // block 0) left an internal journal at offset one block and zeroes
+    // before it: no volume was ever opened there, so nothing can be lost.
+    let interrupted = (10..=16).map(|shift| 1usize << shift).any(|off| {
+        buf.len() > off
+            && buf[..off].iter().all(|&b| b == 0)
+            && JournalSuperblock::decode(&buf[off..]).is_ok()
+    });
+    if interrupted {
+        println!("{label}{p} holds an interrupted jbdev format (a journal without a volume superblock); formatting it again");
+        return Ok(());
+    }
     let what_is_there = if let Ok(sb) = VolumeSuperblock::decode(&buf) {
         format!(
             "holds a jbdev volume (uuid {}, {} bytes)",

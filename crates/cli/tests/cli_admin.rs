@@ -1,6 +1,7 @@
 //! The `jbdev` admin commands against the real binary: format, info, check,
 //! journal dump — and clear errors (never a panic) for bad input.
 
+use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::process::{Command, Output};
 
@@ -271,6 +272,19 @@ fn format_refuses_to_destroy_a_volume_or_data_without_force() {
         .set_len(32 << 20)
         .unwrap();
     format_16m(zeroes.to_str().unwrap(), &[]);
+
+    // A format interrupted before it wrote the volume superblock (block 0
+    // still zero, the internal journal written) is formatted again.
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&img)
+        .unwrap()
+        .write_all_at(&[0u8; 4096], 0)
+        .unwrap();
+    assert_clean_error(&jbdev(&["check", p]), "check of an interrupted format");
+    let o = format_16m(p, &[]);
+    assert!(text(&o).contains("interrupted"), "{}", text(&o));
+    assert!(jbdev(&["check", p]).status.success());
 
     // An external journal that belongs to a volume is refused too.
     let jrn = dir.path().join("v.journal");
