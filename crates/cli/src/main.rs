@@ -48,6 +48,14 @@ fn main() {
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
+    if matches!(
+        cli.command,
+        Command::Info(_) | Command::Check(_) | Command::Journal { .. } | Command::Stats(_)
+    ) {
+        // Commands that only print (and read a file or an HTTP reply),
+        // whose output may go to `head` or `less`.
+        jbdev_device::die_quietly_on_broken_pipe();
+    }
     let res = match cli.command {
         Command::Format(a) => admin::format(a),
         Command::Info(a) => admin::info(a),

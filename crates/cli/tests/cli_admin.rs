@@ -434,3 +434,43 @@ fn rbd_format_info_check_dump_with_each_placement() {
     assert_clean_error(&o, "a namespace target");
     assert!(text(&o).contains("namespaces"), "{}", text(&o));
 }
+
+#[test]
+fn output_into_a_closed_pipe_ends_quietly() {
+    use std::io::Read;
+    use std::os::unix::process::ExitStatusExt;
+    use std::process::Stdio;
+    let dir = tempfile::tempdir().unwrap();
+    let img = dir.path().join("v.img");
+    let p = img.to_str().unwrap();
+    let o = jbdev(&["format", p, "--size", "16M", "--journal-size", "16M"]);
+    assert!(o.status.success(), "{}", text(&o));
+    // 1000 one-block transactions stay in the log area after the close, and
+    // `journal dump --all` prints a line for each of their 3000 blocks:
+    // more than a pipe holds. The reader goes away after the first bytes,
+    // like `| head -1`.
+    let v = jbdev_volume::Volume::open(&img, &jbdev_volume::OpenOptions::default()).unwrap();
+    for i in 0..1000u64 {
+        v.write_at(&[7u8; 4096], i * 4096, jbdev_volume::WriteFlags::FUA)
+            .unwrap();
+    }
+    v.close().unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_jbdev"))
+        .args(["journal", "dump", "--all", p])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = child.stdout.take().unwrap();
+    let mut first = [0u8; 16];
+    out.read_exact(&mut first).unwrap();
+    drop(out);
+    let o = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!err.contains("panicked"), "{err}");
+    assert!(
+        o.status.success() || o.status.signal() == Some(13),
+        "{:?}: {err}",
+        o.status
+    );
+}

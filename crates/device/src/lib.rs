@@ -262,6 +262,19 @@ pub fn is_zero(b: &[u8]) -> bool {
     b.chunks(ZEROS.len()).all(|c| c == &ZEROS[..c.len()])
 }
 
+/// Gives SIGPIPE back its default action (end the process quietly), which
+/// the Rust runtime sets to "ignore". For commands that only print, so that
+/// `jbdev check IMG | head` ends like any Unix tool instead of panicking in
+/// `println!` on the closed pipe. Never call it in a process that writes to
+/// sockets or has cleanup to run: a vanished peer would kill it.
+pub fn die_quietly_on_broken_pipe() {
+    // SAFETY: setting a signal's disposition to SIG_DFL installs no handler
+    // and touches no memory; it is async-signal-safe and thread-safe.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+}
+
 pub fn iov_len(bufs: &[IoSlice<'_>]) -> u64 {
     bufs.iter().map(|b| b.len() as u64).sum()
 }
