@@ -178,9 +178,11 @@ fn refuse_to_overwrite(path: &std::path::Path, label: &str) -> anyhow::Result<()
     // block 0) left an internal journal at offset one block and zeroes
     // before it: no volume was ever opened there, so nothing can be lost.
     let interrupted = (10..=16).map(|shift| 1usize << shift).any(|off| {
-        buf.len() > off
-            && buf[..off].iter().all(|&b| b == 0)
-            && JournalSuperblock::decode(&buf[off..]).is_ok()
+        buf.get(..off)
+            .is_some_and(|head| head.iter().all(|&b| b == 0))
+            && buf
+                .get(off..)
+                .is_some_and(|rest| JournalSuperblock::decode(rest).is_ok())
     });
     if interrupted {
         println!("{label}{p} holds an interrupted jbdev format (a journal without a volume superblock); formatting it again");
