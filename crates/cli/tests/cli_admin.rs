@@ -143,6 +143,37 @@ fn external_journal_format_and_check() {
 }
 
 #[test]
+fn a_relative_journal_path_is_recorded_absolute() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = Command::new(env!("CARGO_BIN_EXE_jbdev"))
+        .current_dir(dir.path())
+        .args(["format", "v.img", "--size", "8M", "--journal", "v.journal"])
+        .args(["--journal-size", "512K"])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    // From another working directory, the recorded path still finds it.
+    let img = dir.path().join("v.img");
+    let o = jbdev(&["check", img.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", text(&o));
+    let o = jbdev(&["info", "--json", img.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", text(&o));
+    // A journal moved away is named, with what to do.
+    let moved = dir.path().join("moved.journal");
+    std::fs::rename(dir.path().join("v.journal"), &moved).unwrap();
+    let o = jbdev(&["check", img.to_str().unwrap()]);
+    assert_clean_error(&o, "check with the journal moved");
+    assert!(text(&o).contains("give --journal PATH"), "{}", text(&o));
+    let o = jbdev(&[
+        "check",
+        img.to_str().unwrap(),
+        "--journal",
+        moved.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+}
+
+#[test]
 fn check_exits_2_on_a_corrupt_superblock() {
     let dir = tempfile::tempdir().unwrap();
     let img = dir.path().join("v.img");

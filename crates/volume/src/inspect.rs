@@ -9,7 +9,7 @@ use jbdev_journal::format::JournalSuperblock;
 use jbdev_journal::JournalRegion;
 
 use crate::superblock::{JournalLocation, VolumeSuperblock};
-use crate::{Result, VolumeError};
+use crate::Result;
 
 /// A volume opened for inspection.
 pub struct Inspection {
@@ -43,16 +43,8 @@ pub fn inspect(path: &Path, journal_path: Option<&Path>) -> Result<Inspection> {
             path_hint,
             ..
         } => {
-            let jp = match journal_path {
-                Some(p) => p.to_path_buf(),
-                None if !path_hint.is_empty() => PathBuf::from(path_hint),
-                None => {
-                    return Err(VolumeError::InvalidArgument(
-                        "this volume has an external journal: give its path (--journal)".into(),
-                    ))
-                }
-            };
-            (open_device(&jp, &dopts)?.device, 0, *len_bytes, Some(jp))
+            let (jp, jdev) = crate::volume::open_external_journal(path_hint, journal_path, &dopts)?;
+            (jdev, 0, *len_bytes, Some(jp))
         }
     };
     let region = JournalRegion::new(

@@ -213,6 +213,58 @@ pub(crate) fn read_volume_superblock(
     Ok(sb)
 }
 
+/// Opens a volume's external journal: `given` (`--journal`) or else the
+/// path recorded at format time (`path_hint`). Returns the path used.
+pub(crate) fn open_external_journal(
+    path_hint: &str,
+    given: Option<&Path>,
+    dopts: &jbdev_device::OpenOptions,
+) -> Result<(PathBuf, Arc<dyn BlockDevice>)> {
+    let (jp, recorded) = match given {
+        Some(p) => (p.to_path_buf(), false),
+        None if !path_hint.is_empty() => (PathBuf::from(path_hint), true),
+        None => {
+            return Err(VolumeError::InvalidArgument(
+                "this volume has an external journal: give its path (--journal)".into(),
+            ))
+        }
+    };
+    match open_device(&jp, dopts) {
+        Ok(o) => Ok((jp, o.device)),
+        Err(jbdev_device::DeviceError::Io { op, what, error }) if recorded => {
+            Err(jbdev_device::DeviceError::Io {
+                op,
+                what: format!(
+                    "{what}, the external journal's path recorded at format time \
+                     (give --journal PATH if it moved)"
+                ),
+                error,
+            }
+            .into())
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// The path an external journal is recorded by: absolute, so the volume
+/// opens from any working directory (RBD targets as given). At most 255
+/// bytes, or empty (then every open must name it).
+fn journal_path_hint(p: &Path) -> String {
+    let abs = if jbdev_device::is_rbd_target(p) {
+        p.to_path_buf()
+    } else {
+        std::fs::canonicalize(p)
+            .or_else(|_| std::path::absolute(p))
+            .unwrap_or_else(|_| p.to_path_buf())
+    };
+    let hint = abs.display().to_string();
+    if hint.len() <= 255 {
+        hint
+    } else {
+        String::new()
+    }
+}
+
 impl Volume {
     /// Formats `path` (creating the file, and the external journal file, if
     /// needed) and opens it.
@@ -250,16 +302,7 @@ impl Volume {
         let jdev = match &sb.journal {
             JournalLocation::Internal { .. } => None,
             JournalLocation::External { path_hint, .. } => {
-                let jp: PathBuf = match &opts.journal_path {
-                    Some(p) => p.clone(),
-                    None if !path_hint.is_empty() => PathBuf::from(path_hint),
-                    None => {
-                        return Err(VolumeError::InvalidArgument(
-                            "this volume has an external journal: give its path (--journal)".into(),
-                        ))
-                    }
-                };
-                Some(open_device(&jp, &dopts)?.device)
+                Some(open_external_journal(path_hint, opts.journal_path.as_deref(), &dopts)?.1)
             }
         };
         Self::open_device(dev, jdev, opts)
@@ -303,12 +346,7 @@ impl Volume {
                         j.size_bytes()
                     )));
                 }
-                let hint = p.display().to_string();
-                let hint = if hint.len() <= 255 {
-                    hint
-                } else {
-                    String::new()
-                };
+                let hint = journal_path_hint(p);
                 (
                     JournalLocation::External {
                         uuid,
