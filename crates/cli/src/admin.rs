@@ -176,13 +176,16 @@ fn refuse_to_overwrite(path: &std::path::Path, label: &str) -> anyhow::Result<()
     let p = path.display();
     // A format interrupted before its last step (the volume superblock in
     // block 0) left an internal journal at offset one block and zeroes
-    // before it: no volume was ever opened there, so nothing can be lost.
+    // before it. Only a pristine journal (clean, first transaction still to
+    // come) says no volume was ever used there: a used volume whose block
+    // 0 was lost still has its data, and its journal says so.
     let interrupted = (10..=16).map(|shift| 1usize << shift).any(|off| {
         buf.get(..off)
             .is_some_and(|head| head.iter().all(|&b| b == 0))
             && buf
                 .get(off..)
-                .is_some_and(|rest| JournalSuperblock::decode(rest).is_ok())
+                .and_then(|rest| JournalSuperblock::decode(rest).ok())
+                .is_some_and(|j| j.is_clean() && j.sequence == 1)
     });
     if interrupted {
         println!("{label}{p} holds an interrupted jbdev format (a journal without a volume superblock); formatting it again");

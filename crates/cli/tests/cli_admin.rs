@@ -306,16 +306,30 @@ fn format_refuses_to_destroy_a_volume_or_data_without_force() {
 
     // A format interrupted before it wrote the volume superblock (block 0
     // still zero, the internal journal written) is formatted again.
-    std::fs::OpenOptions::new()
-        .write(true)
-        .open(&img)
-        .unwrap()
-        .write_all_at(&[0u8; 4096], 0)
-        .unwrap();
+    let zero_block_0 = || {
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&img)
+            .unwrap()
+            .write_all_at(&[0u8; 4096], 0)
+            .unwrap()
+    };
+    zero_block_0();
     assert_clean_error(&jbdev(&["check", p]), "check of an interrupted format");
     let o = format_16m(p, &[]);
     assert!(text(&o).contains("interrupted"), "{}", text(&o));
     assert!(jbdev(&["check", p]).status.success());
+    // But a volume that was written and then lost block 0 is not an
+    // interrupted format: its journal has moved on, and data is there.
+    let v = jbdev_volume::Volume::open(&img, &jbdev_volume::OpenOptions::default()).unwrap();
+    v.write_at(&[9u8; 4096], 0, jbdev_volume::WriteFlags::FUA)
+        .unwrap();
+    v.close().unwrap();
+    zero_block_0();
+    let o = jbdev(&["format", p, "--size", "16M", "--journal-size", "1M"]);
+    assert_clean_error(&o, "format over a used volume without block 0");
+    assert!(text(&o).contains("--force"), "{}", text(&o));
+    format_16m(p, &["--force"]);
 
     // An external journal that belongs to a volume is refused too.
     let jrn = dir.path().join("v.journal");
