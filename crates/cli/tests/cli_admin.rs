@@ -158,6 +158,21 @@ fn a_relative_journal_path_is_recorded_absolute() {
     assert!(o.status.success(), "{}", text(&o));
     let o = jbdev(&["info", "--json", img.to_str().unwrap()]);
     assert!(o.status.success(), "{}", text(&o));
+    // The volume's own file is no place for its external journal.
+    let o = jbdev(&[
+        "check",
+        img.to_str().unwrap(),
+        "--journal",
+        img.to_str().unwrap(),
+    ]);
+    assert_clean_error(&o, "check with the journal at the volume");
+    assert!(text(&o).contains("the volume's own file"), "{}", text(&o));
+    let same = dir.path().join("same.img");
+    let s = same.to_str().unwrap();
+    let o = jbdev(&["format", s, "--size", "8M", "--journal", s]);
+    assert_clean_error(&o, "format with the journal at the volume");
+    assert!(text(&o).contains("the volume's own file"), "{}", text(&o));
+    assert!(!same.exists());
     // A journal moved away is named, with what to do.
     let moved = dir.path().join("moved.journal");
     std::fs::rename(dir.path().join("v.journal"), &moved).unwrap();

@@ -216,6 +216,7 @@ pub(crate) fn read_volume_superblock(
 /// Opens a volume's external journal: `given` (`--journal`) or else the
 /// path recorded at format time (`path_hint`). Returns the path used.
 pub(crate) fn open_external_journal(
+    home: &Path,
     path_hint: &str,
     given: Option<&Path>,
     dopts: &jbdev_device::OpenOptions,
@@ -229,6 +230,7 @@ pub(crate) fn open_external_journal(
             ))
         }
     };
+    refuse_same_target(home, &jp)?;
     match open_device(&jp, dopts) {
         Ok(o) => Ok((jp, o.device)),
         Err(jbdev_device::DeviceError::Io { op, what, error }) if recorded => {
@@ -244,6 +246,35 @@ pub(crate) fn open_external_journal(
         }
         Err(e) => Err(e.into()),
     }
+}
+
+/// Fails when `journal` names the volume's own file or device (`home`):
+/// an external journal there would overlap the volume (and its lock would
+/// report the volume as "already open" by ourselves).
+fn refuse_same_target(home: &Path, journal: &Path) -> Result<()> {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let same = if jbdev_device::is_rbd_target(home) || jbdev_device::is_rbd_target(journal) {
+        home == journal
+    } else {
+        match (std::fs::metadata(home), std::fs::metadata(journal)) {
+            (Ok(h), Ok(j))
+                if h.file_type().is_block_device() && j.file_type().is_block_device() =>
+            {
+                h.rdev() == j.rdev()
+            }
+            (Ok(h), Ok(j)) => h.dev() == j.dev() && h.ino() == j.ino(),
+            _ => false,
+        }
+    };
+    if same {
+        return Err(VolumeError::InvalidArgument(format!(
+            "the journal {} is the volume's own file or device {}: an external journal \
+             needs a separate one (without --journal the journal is internal)",
+            journal.display(),
+            home.display()
+        )));
+    }
+    Ok(())
 }
 
 /// The path an external journal is recorded by: absolute, so the volume
@@ -281,7 +312,10 @@ impl Volume {
         let dev = open_device(path, &dopts(needed))?.device;
         let jdev = match &fopts.journal {
             JournalPlacement::Internal => None,
-            JournalPlacement::External(p) => Some(open_device(p, &dopts(journal_bytes))?.device),
+            JournalPlacement::External(p) => {
+                refuse_same_target(path, p)?;
+                Some(open_device(p, &dopts(journal_bytes))?.device)
+            }
         };
         Self::format_device(dev.clone(), jdev.clone(), fopts)?;
         Self::open_device(dev, jdev, oopts)
@@ -302,7 +336,8 @@ impl Volume {
         let jdev = match &sb.journal {
             JournalLocation::Internal { .. } => None,
             JournalLocation::External { path_hint, .. } => {
-                Some(open_external_journal(path_hint, opts.journal_path.as_deref(), &dopts)?.1)
+                let given = opts.journal_path.as_deref();
+                Some(open_external_journal(path, path_hint, given, &dopts)?.1)
             }
         };
         Self::open_device(dev, jdev, opts)
