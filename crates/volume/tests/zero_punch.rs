@@ -1,0 +1,69 @@
+//! The checkpoint writes journaled zero blocks home as a hole punch when
+//! they form a run of at least 64 KiB of consecutive blocks, and as data
+//! otherwise; either way they read back as zeroes, before and after a
+//! reopen. On a real sparse image file, where a punch shows in the file's
+//! allocated size.
+
+mod common;
+
+use std::os::unix::fs::MetadataExt;
+
+use common::quiet_open_options;
+use jbdev_volume::{FormatOptions, Volume, WriteFlags};
+
+const BS: u64 = 4096;
+const MIB: u64 = 1 << 20;
+
+/// Bytes of `path` allocated on its file system.
+fn allocated(path: &std::path::Path) -> u64 {
+    std::fs::metadata(path).unwrap().blocks() * 512
+}
+
+#[test]
+fn long_zero_runs_are_punched_at_checkpoint_and_short_ones_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let img = dir.path().join("v.img");
+    let mut f = FormatOptions::new(16 * MIB);
+    f.journal_bytes = Some(8 * MIB);
+    let opts = quiet_open_options();
+    let v = Volume::create(&img, &f, &opts).unwrap();
+    // 2 MiB of data, home after the close.
+    let data: Vec<u8> = (0..2 * MIB).map(|i| (i % 251) as u8 | 1).collect();
+    v.write_at(&data, 4 * MIB, WriteFlags::FUA).unwrap();
+    v.close().unwrap();
+    let with_data = allocated(&img);
+
+    let v = Volume::open(&img, &opts).unwrap();
+    // 1 MiB of zeroes over the first half (journaled: below one
+    // transaction), and zeroes in every other block of the second half.
+    v.write_at(&vec![0u8; MIB as usize], 4 * MIB, WriteFlags::NONE)
+        .unwrap();
+    for b in (0..MIB / BS).step_by(2) {
+        v.write_at(&[0u8; BS as usize], 5 * MIB + b * BS, WriteFlags::NONE)
+            .unwrap();
+    }
+    let check = |v: &Volume| {
+        let mut got = vec![0xaau8; 2 * MIB as usize];
+        v.read_at(&mut got, 4 * MIB).unwrap();
+        assert!(got[..MIB as usize].iter().all(|&b| b == 0), "zeroed MiB");
+        for (i, block) in got[MIB as usize..].chunks(BS as usize).enumerate() {
+            let off = MIB as usize + i * BS as usize;
+            if i % 2 == 0 {
+                assert!(block.iter().all(|&b| b == 0), "zeroed block {i}");
+            } else {
+                assert_eq!(block, &data[off..off + BS as usize], "block {i}");
+            }
+        }
+    };
+    check(&v);
+    v.close().unwrap();
+    let after = allocated(&img);
+    // The zeroed MiB was punched; the scattered zero blocks were written.
+    assert!(
+        after + MIB <= with_data && after + MIB + 64 * 1024 > with_data,
+        "allocated {with_data} -> {after} bytes: expected 1 MiB less"
+    );
+    let v = Volume::open(&img, &opts).unwrap();
+    check(&v);
+    v.close().unwrap();
+}
