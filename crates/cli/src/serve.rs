@@ -260,7 +260,7 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
             Some(v) => v.clone(),
             None => {
                 let v = Arc::new(Volume::open(path, &opts).map_err(|e| {
-                    let hint = open_hint(&e, path);
+                    let hint = open_hint(&e, path, a.read_only);
                     anyhow::Error::new(e)
                         .context(format!("cannot open volume {}{hint}", path.display()))
                 })?);
@@ -490,7 +490,10 @@ fn parse_threshold(s: &str) -> Result<u64, String> {
 /// What to add to "cannot open volume PATH" for an open error. "Format it"
 /// only where no volume is: one that fails to open may hold acknowledged
 /// writes its journal has yet to replay.
-fn open_hint(e: &jbdev_volume::VolumeError, path: &std::path::Path) -> String {
+fn open_hint(e: &jbdev_volume::VolumeError, path: &std::path::Path, read_only: bool) -> String {
+    if !read_only && jbdev_volume::is_not_writable(e.errno()) {
+        return " (it cannot be opened for writing here: serve it with --read-only)".into();
+    }
     if matches!(e, jbdev_volume::VolumeError::NotAVolume(m) if !m.contains("jbdev format")) {
         format!(
             " (create one with `jbdev format {} --size 1G`)",
@@ -520,6 +523,20 @@ fn warn_if_sparse_on_a_small_fs(path: &std::path::Path) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_store_not_writable_here_suggests_read_only() {
+        let erofs = jbdev_volume::VolumeError::Device(jbdev_device::DeviceError::Io {
+            op: "open",
+            what: "v.img".into(),
+            error: std::io::Error::from_raw_os_error(30),
+        });
+        let p = Path::new("v.img");
+        assert!(open_hint(&erofs, p, false).contains("--read-only"));
+        assert_eq!(open_hint(&erofs, p, true), "");
+        let missing = jbdev_volume::VolumeError::NotAVolume("v.img is too small".into());
+        assert!(open_hint(&missing, p, false).contains("jbdev format"));
+    }
 
     #[test]
     fn plain_text_on_a_reachable_address_is_warned_about() {

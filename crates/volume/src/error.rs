@@ -73,6 +73,12 @@ pub fn is_no_space(errno: i32) -> bool {
     errno == libc::ENOSPC || errno == libc::EDQUOT
 }
 
+/// Whether an errno says the store cannot be opened for writing here (a
+/// read-only file system or mount, no write permission).
+pub fn is_not_writable(errno: i32) -> bool {
+    errno == libc::EROFS || errno == libc::EACCES || errno == libc::EPERM
+}
+
 impl From<jbdev_journal::JournalError> for VolumeError {
     fn from(e: jbdev_journal::JournalError) -> Self {
         match e {

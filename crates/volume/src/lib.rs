@@ -25,7 +25,7 @@ pub mod superblock;
 mod volume;
 
 pub use engine::{Completion, Durability};
-pub use error::{is_no_space, Result, VolumeError};
+pub use error::{is_no_space, is_not_writable, Result, VolumeError};
 pub use jbdev_journal as journal;
 pub use options::{BatchPolicy, CommitMode, FormatOptions, JournalPlacement, OpenOptions};
 pub use overlay::CallerBuf;
