@@ -221,7 +221,9 @@ int jbdev_format_options_init(struct jbdev_format_options *opts);
 int jbdev_open_options_init(struct jbdev_open_options *opts);
 
 // Formats `path` (creating the file if needed) as a new volume and opens
-// it. `open_opts` may be NULL for the defaults. On success stores the handle
+// it. Whatever `path` held is overwritten without a check: unlike the
+// `jbdev format` command, this call does not refuse a target that holds a
+// volume or other data. `open_opts` may be NULL for the defaults. On success stores the handle
 // in `*out` and returns 0; on failure stores NULL (when `out` is not NULL)
 // and returns a negative errno.
 //

@@ -298,7 +298,9 @@ fn journal_path_hint(p: &Path) -> String {
 
 impl Volume {
     /// Formats `path` (creating the file, and the external journal file, if
-    /// needed) and opens it.
+    /// needed) and opens it. Whatever they held is overwritten without a
+    /// check (the `jbdev format` command is the one that refuses a target
+    /// holding a volume or data; an embedding program decides for itself).
     pub fn create(path: &Path, fopts: &FormatOptions, oopts: &OpenOptions) -> Result<Volume> {
         let (journal_bytes, needed, _) = plan_layout(fopts)?;
         let dopts = |create: u64| jbdev_device::OpenOptions {
