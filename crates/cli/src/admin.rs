@@ -354,6 +354,13 @@ pub fn info(a: InfoArgs) -> anyhow::Result<()> {
     };
     let rbd_holder = rbd_lock_holder(&a.path);
     let jsb = journal_superblock.as_ref();
+    // The journal a volume expects carries its uuid (internal) or the uuid
+    // recorded for it (external); another one is a wrong --journal.
+    let expect_uuid = match &sb.journal {
+        JournalLocation::External { uuid, .. } => *uuid,
+        JournalLocation::Internal { .. } => sb.uuid,
+    };
+    let foreign = jsb.ok().filter(|j| j.uuid != expect_uuid);
     // Image files only: how much of the file is allocated, and whether its
     // file system could run out before the holes are filled.
     let space = if home_kind == "local" {
@@ -375,6 +382,7 @@ pub fn info(a: InfoArgs) -> anyhow::Result<()> {
                 "sequence": jsb.map(|j| j.sequence).ok(),
                 "start": jsb.map(|j| j.start).ok(),
                 "error": jsb.err(),
+                "belongs_to_volume": jsb.ok().map(|j| j.uuid == expect_uuid),
             },
             "created_unix_secs": sb.created_unix_secs,
             "open_elsewhere": in_use.is_some(),
@@ -440,6 +448,14 @@ pub fn info(a: InfoArgs) -> anyhow::Result<()> {
             }
         }
         Err(e) => println!("journal state   UNREADABLE: {e}"),
+    }
+    if let Some(j) = foreign {
+        println!(
+            "warning         this journal belongs to another volume (uuid {}, expected {}): \
+             the wrong --journal? Opening the volume with it is refused",
+            uuid_str(&j.uuid),
+            uuid_str(&expect_uuid)
+        );
     }
     Ok(())
 }

@@ -140,6 +140,21 @@ fn external_journal_format_and_check() {
     ]);
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
     assert!(text(&o).contains("another volume"), "{}", text(&o));
+    // `info` says so too.
+    let i = jbdev(&[
+        "info",
+        img.to_str().unwrap(),
+        "--journal",
+        ojrn.to_str().unwrap(),
+    ]);
+    assert!(
+        text(&i).contains("belongs to another volume"),
+        "{}",
+        text(&i)
+    );
+    let i = jbdev(&["info", "--json", img.to_str().unwrap()]);
+    let v: serde_json::Value = serde_json::from_slice(&i.stdout).expect("info --json is JSON");
+    assert_eq!(v["journal"]["belongs_to_volume"], true);
 }
 
 #[test]
