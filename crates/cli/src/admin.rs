@@ -134,13 +134,13 @@ pub fn format(a: FormatArgs) -> anyhow::Result<()> {
         .filter(|p| !jbdev_device::is_rbd_target(p) && !p.exists())
         .cloned()
         .collect();
-    let res = format_checked(&a, size);
-    if res.is_err() {
+    if let Err(e) = format_checked(&a, size) {
         for p in &created {
             let _ = std::fs::remove_file(p);
         }
+        return Err(e);
     }
-    res
+    preallocate(&a)
 }
 
 /// How many leading bytes [`refuse_to_overwrite`] looks at: past the
@@ -252,6 +252,12 @@ fn format_checked(a: &FormatArgs, size: u64) -> anyhow::Result<()> {
         uuid_str(&v.superblock().uuid)
     );
     v.close()?;
+    Ok(())
+}
+
+/// `--preallocate`, once the volume is formatted (a failure here leaves a
+/// valid, sparse volume: nothing is removed).
+fn preallocate(a: &FormatArgs) -> anyhow::Result<()> {
     if a.preallocate {
         anyhow::ensure!(
             !jbdev_device::is_rbd_target(&a.path),
