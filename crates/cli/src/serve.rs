@@ -5,7 +5,7 @@
 //! `--listen` or `--socket` it listens on 127.0.0.1:10809; when started by
 //! systemd-style socket activation (`LISTEN_FDS`) it serves the inherited
 //! sockets instead (and exits with its parent); `-s` serves one client on
-//! stdin/stdout. SIGINT/SIGTERM finish in-flight requests, then flush and
+//! stdin/stdout. SIGINT/SIGTERM/SIGHUP/SIGQUIT finish in-flight requests, then flush and
 //! close every volume (leaving the journal clean).
 //!
 //! TLS, in nbdkit's and qemu-nbd's words: `--tls=off|on|require`,

@@ -1,7 +1,7 @@
 //! Lifecycle of the real `jbdev serve`: `--once` exits after the last
 //! client leaves, `--exit-with-parent` exits when the process that started
-//! it dies without stopping it; both close the volume cleanly, so the next
-//! open needs no wait.
+//! it dies without stopping it, and SIGHUP or SIGQUIT stop it like SIGTERM;
+//! all of them close the volume cleanly, so the next open needs no wait.
 
 mod nbd_common;
 
@@ -95,4 +95,48 @@ fn exit_with_parent_exits_when_the_parent_dies() {
     // It flushed and closed the volume on the way out: it opens at once.
     let out = run_ok(JBDEV, &["info", img.to_str().unwrap()], 60);
     assert!(!out.is_empty());
+}
+
+/// SIGHUP (a closed terminal) and SIGQUIT stop the server like SIGTERM:
+/// in-flight requests finish, the volume is flushed and closed, and a write
+/// acknowledged without FUA or flush is there after it.
+#[test]
+fn hangup_and_quit_shut_down_cleanly() {
+    for sig in ["HUP", "QUIT"] {
+        let dir = TempDir::new("hangup");
+        let img = dir.path("a.img");
+        format_volume(&img, "16M");
+        let mut srv = ServerProc::start(&[img.to_str().unwrap()], None);
+        let addr = Address::Tcp(srv.tcp.clone().unwrap());
+        let mut c = Client::connect(&addr, "").unwrap();
+        c.call(CMD_WRITE, 0, 4096, 5, b"hello").unwrap().unwrap();
+        let st = Command::new("kill")
+            .arg(format!("-{sig}"))
+            .arg(srv.pid().to_string())
+            .status()
+            .unwrap();
+        assert!(st.success());
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let status = loop {
+            if let Some(st) = srv.child.try_wait().unwrap() {
+                break Some(st);
+            }
+            if Instant::now() > deadline {
+                break None;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        assert!(
+            status.is_some_and(|s| s.success()),
+            "SIG{sig}: server did not exit cleanly: {status:?}\n{}",
+            srv.log_text()
+        );
+        let out = run_ok(JBDEV, &["info", img.to_str().unwrap()], 60);
+        assert!(out.contains("journal state   clean"), "SIG{sig}: {out}");
+        let v = jbdev_volume::Volume::open(&img, &jbdev_volume::OpenOptions::default()).unwrap();
+        let mut got = [0u8; 5];
+        v.read_at(&mut got, 4096).unwrap();
+        assert_eq!(&got, b"hello", "SIG{sig}");
+        v.close().unwrap();
+    }
 }

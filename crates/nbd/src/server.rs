@@ -36,7 +36,7 @@
 //! * `worker_threads` workers and `buffer_budget_bytes` of payload buffers
 //!   for all connections together.
 //!
-//! Shutdown ([`ShutdownHandle::shutdown`], wired to SIGINT/SIGTERM by
+//! Shutdown ([`ShutdownHandle::shutdown`], wired to SIGINT/SIGTERM/SIGHUP/SIGQUIT by
 //! [`Server::run_with_signals`], and optionally to the parent's exit or to
 //! the last client's leaving) stops accepting, shuts the read side of every
 //! connection so readers see end-of-stream, waits until every request
@@ -389,26 +389,28 @@ impl Server {
         }
     }
 
-    /// Runs [`Server::serve`] and shuts down on SIGINT or SIGTERM.
+    /// Runs [`Server::serve`] and shuts down on a signal ([`Server::install_signals`]).
     pub fn run_with_signals(&self, listeners: Vec<Listener>) -> io::Result<()> {
         let _guard = self.install_signals()?;
         self.serve(listeners);
         Ok(())
     }
 
-    /// Runs [`Server::serve_one`] and shuts down on SIGINT or SIGTERM.
+    /// Runs [`Server::serve_one`] and shuts down on a signal ([`Server::install_signals`]).
     pub fn run_one_with_signals(&self, stream: Stream) -> io::Result<()> {
         let _guard = self.install_signals()?;
         self.serve_one(stream);
         Ok(())
     }
 
-    /// Shuts the server down on SIGINT or SIGTERM while the guard lives.
+    /// Shuts the server down on SIGINT, SIGTERM, SIGHUP or SIGQUIT while
+    /// the guard lives (the signals nbdkit exits cleanly on: a closed
+    /// terminal's SIGHUP must not kill the server before it flushes).
     /// Install it before announcing the server: a supervisor may signal as
     /// soon as it sees the announcement.
     pub fn install_signals(&self) -> io::Result<SignalGuard> {
-        use signal_hook::consts::{SIGINT, SIGTERM};
-        let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM])?;
+        use signal_hook::consts::{SIGHUP, SIGINT, SIGQUIT, SIGTERM};
+        let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGHUP, SIGQUIT])?;
         let handle = signals.handle();
         let shutdown = self.shutdown_handle();
         std::thread::Builder::new()
