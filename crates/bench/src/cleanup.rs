@@ -147,7 +147,8 @@ fn force_teardown() {
     }
 }
 
-/// Installs the SIGINT/SIGTERM handler (idempotent). The first signal asks
+/// Installs the SIGINT/SIGTERM/SIGHUP handler (idempotent; ctrlc with its
+/// `termination` feature). The first signal asks
 /// the load to stop and lets the guards unwind; a second one, or the grace
 /// period running out, tears everything down from the handler thread and
 /// exits with status 130.
