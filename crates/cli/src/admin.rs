@@ -156,7 +156,8 @@ const OVERWRITE_PROBE_BYTES: u64 = 1 << 20;
 fn refuse_to_overwrite(path: &std::path::Path, label: &str) -> anyhow::Result<()> {
     use jbdev_volume::journal::format::JournalSuperblock;
     use jbdev_volume::superblock::VolumeSuperblock;
-    if !jbdev_device::is_rbd_target(path) && !path.exists() {
+    let local = !jbdev_device::is_rbd_target(path);
+    if local && !path.exists() {
         return Ok(());
     }
     let Ok(opened) = open_to_size(path) else {
@@ -199,10 +200,7 @@ fn refuse_to_overwrite(path: &std::path::Path, label: &str) -> anyhow::Result<()
         )
     } else if let Ok(jsb) = JournalSuperblock::decode(&buf) {
         format!("holds a jbdev journal (uuid {})", uuid_str(&jsb.uuid))
-    } else if let Some(what) = jbdev_bench::backing::describe_head(
-        &buf,
-        (!jbdev_device::is_rbd_target(path)).then_some(path),
-    ) {
+    } else if let Some(what) = jbdev_bench::backing::describe_head(&buf, local.then_some(path)) {
         format!("holds {what}")
     } else if let Some(at) = buf.iter().position(|&b| b != 0) {
         format!("holds data (byte {at} is not zero)")
@@ -360,12 +358,8 @@ pub fn info(a: InfoArgs) -> anyhow::Result<()> {
     };
     let rbd_holder = rbd_lock_holder(&a.path);
     let jsb = journal_superblock.as_ref();
-    // The journal a volume expects carries its uuid (internal) or the uuid
-    // recorded for it (external); another one is a wrong --journal.
-    let expect_uuid = match &sb.journal {
-        JournalLocation::External { uuid, .. } => *uuid,
-        JournalLocation::Internal { .. } => sb.uuid,
-    };
+    // Another volume's journal: a wrong --journal.
+    let expect_uuid = sb.journal_uuid();
     let foreign = jsb.ok().filter(|j| j.uuid != expect_uuid);
     // Image files only: how much of the file is allocated, and whether its
     // file system could run out before the holes are filled.
@@ -612,14 +606,12 @@ pub fn check(a: CheckArgs) -> anyhow::Result<()> {
             std::process::exit(EXIT_CORRUPT);
         }
     };
-    if let JournalLocation::External { uuid, .. } = &ins.superblock.journal {
-        if *uuid != jsb.uuid {
-            println!(
-                "journal superblock: belongs to another volume (uuid {})",
-                uuid_str(&jsb.uuid)
-            );
-            std::process::exit(EXIT_CORRUPT);
-        }
+    if jsb.uuid != ins.superblock.journal_uuid() {
+        println!(
+            "journal superblock: belongs to another volume (uuid {})",
+            uuid_str(&jsb.uuid)
+        );
+        std::process::exit(EXIT_CORRUPT);
     }
     println!(
         "journal superblock: ok ({} blocks, next transaction {})",

@@ -46,16 +46,7 @@ fn once_exits_after_the_last_client_leaves() {
     // One client is still connected: the server stays.
     assert_eq!(b.call(CMD_READ, 0, 0, 5, &[]).unwrap().unwrap(), b"hello");
     b.disconnect().unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let status = loop {
-        if let Some(st) = srv.child.try_wait().unwrap() {
-            break Some(st);
-        }
-        if Instant::now() > deadline {
-            break None;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
+    let status = srv.wait_exit(Duration::from_secs(30));
     assert!(
         status.is_some_and(|s| s.success()),
         "server did not exit cleanly after its last client: {status:?}\n{}",
@@ -110,22 +101,8 @@ fn hangup_and_quit_shut_down_cleanly() {
         let addr = Address::Tcp(srv.tcp.clone().unwrap());
         let mut c = Client::connect(&addr, "").unwrap();
         c.call(CMD_WRITE, 0, 4096, 5, b"hello").unwrap().unwrap();
-        let st = Command::new("kill")
-            .arg(format!("-{sig}"))
-            .arg(srv.pid().to_string())
-            .status()
-            .unwrap();
-        assert!(st.success());
-        let deadline = Instant::now() + Duration::from_secs(30);
-        let status = loop {
-            if let Some(st) = srv.child.try_wait().unwrap() {
-                break Some(st);
-            }
-            if Instant::now() > deadline {
-                break None;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        };
+        srv.signal(sig);
+        let status = srv.wait_exit(Duration::from_secs(30));
         assert!(
             status.is_some_and(|s| s.success()),
             "SIG{sig}: server did not exit cleanly: {status:?}\n{}",

@@ -174,6 +174,16 @@ fn get_uuid(b: &[u8], at: usize) -> [u8; 16] {
 }
 
 impl VolumeSuperblock {
+    /// The uuid this volume's journal superblock must carry: the volume's
+    /// own for an internal journal, the one recorded for an external one.
+    /// A journal with another is some other volume's.
+    pub fn journal_uuid(&self) -> [u8; 16] {
+        match &self.journal {
+            JournalLocation::External { uuid, .. } => *uuid,
+            JournalLocation::Internal { .. } => self.uuid,
+        }
+    }
+
     /// Encoded size: one 512-byte sector, so it is written atomically on
     /// every device jbdev supports.
     pub const ENCODED_LEN: usize = 512;

@@ -472,11 +472,7 @@ impl Volume {
         };
         let region = JournalRegion::new(jdev, jflusher, joff, bs, (jlen / u64::from(bs)) as u32)?;
         let scan = recovery::scan(&region, &mut |_| {})?;
-        let expect_uuid = match &sb.journal {
-            JournalLocation::External { uuid, .. } => *uuid,
-            JournalLocation::Internal { .. } => sb.uuid,
-        };
-        if scan.superblock.uuid != expect_uuid {
+        if scan.superblock.uuid != sb.journal_uuid() {
             return Err(VolumeError::CorruptJournal(
                 "the journal belongs to another volume (its uuid differs from the volume's)".into(),
             ));

@@ -172,23 +172,39 @@ impl ServerProc {
         self.child.id()
     }
 
-    /// SIGTERM and wait (bounded); returns whether it exited successfully.
-    pub fn stop(mut self) -> bool {
-        let _ = Command::new("kill")
-            .arg("-TERM")
+    /// Sends signal `sig` ("TERM", "HUP" ...) with kill(1).
+    pub fn signal(&self, sig: &str) {
+        let st = Command::new("kill")
+            .arg(format!("-{sig}"))
             .arg(self.child.id().to_string())
             .status();
-        let deadline = Instant::now() + Duration::from_secs(60);
+        assert!(st.is_ok_and(|s| s.success()), "kill -{sig} failed");
+    }
+
+    /// Its exit status once it has exited, waiting at most `limit`.
+    pub fn wait_exit(&mut self, limit: Duration) -> Option<std::process::ExitStatus> {
+        let deadline = Instant::now() + limit;
         loop {
             if let Ok(Some(st)) = self.child.try_wait() {
-                return st.success();
+                return Some(st);
             }
             if Instant::now() > deadline {
-                let _ = self.child.kill();
-                let _ = self.child.wait();
-                return false;
+                return None;
             }
             std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// SIGTERM and wait (bounded); returns whether it exited successfully.
+    pub fn stop(mut self) -> bool {
+        self.signal("TERM");
+        match self.wait_exit(Duration::from_secs(60)) {
+            Some(st) => st.success(),
+            None => {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+                false
+            }
         }
     }
 
