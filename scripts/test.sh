@@ -34,6 +34,8 @@ echo "== cargo fmt --check"
 cargo fmt --all -- --check
 echo "== cargo clippy"
 cargo clippy --workspace --all-targets -- -D warnings
+echo "== cargo doc (broken or private intra-doc links fail)"
+RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps
 echo "== dependencies: unused (cargo-machete), licenses and duplicate versions (deny.toml)"
 # Installing cargo-machete on a fresh machine takes ~1.5 minutes; cargo-deny
 # ~5 minutes (a quarter of this script's budget), so cargo-deny runs when it

@@ -502,7 +502,7 @@ pub fn existing_content(f: &mut File, path: &Path) -> Result<Option<String>> {
 }
 
 /// What a device whose first bytes are `head` visibly holds: one of
-/// [`SIGNATURES`], or else what `blkid -p` finds on `path` (a local file
+/// the known signatures (`SIGNATURES`), or else what `blkid -p` finds on `path` (a local file
 /// or device). `None` when neither recognizes anything.
 pub fn describe_head(head: &[u8], path: Option<&Path>) -> Option<String> {
     match_signature(head)

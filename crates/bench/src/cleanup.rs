@@ -5,7 +5,7 @@
 //! (registration names it by a path the benchmark chose, not by a handle the
 //! kernel returns), so there is no window in which a signal could leave an
 //! unregistered loop device or mount behind. Normal and error paths release
-//! resources through guards ([`Cleanup`]) whose `Drop` runs the action; a
+//! resources through guards (`Cleanup`) whose `Drop` runs the action; a
 //! signal sets [`stop_requested`] so load loops end and the guards unwind,
 //! and if that takes too long (or a second signal arrives) the handler
 //! thread runs every registered action itself and exits.

@@ -147,7 +147,7 @@ pub struct SyncWritersArgs {
     pub threads: Vec<usize>,
     #[arg(long, value_enum, default_value = "kernel")]
     pub baseline: Baseline,
-    /// Batching policy: none, fixed:<us>, adaptive.
+    /// Batching policy: none, fixed:N (a wait of N microseconds), adaptive.
     #[arg(long, default_value = "adaptive")]
     pub policy: BatchPolicy,
     /// Bytes per write.

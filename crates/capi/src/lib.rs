@@ -9,9 +9,9 @@
 //!   success and a negative errno on failure; `jbdev_last_error()` gives the
 //!   calling thread's message.
 //! - No panic crosses the boundary: each entry point runs under
-//!   `catch_unwind` (see [`error::ffi_call`]); a panic becomes `-EIO`.
+//!   `catch_unwind` (see `error::ffi_call`); a panic becomes `-EIO`.
 //! - Handles are not pointers to freed-on-close memory but generation-tagged
-//!   indexes into never-freed slot tables (see [`handle`]), so a NULL, stale
+//!   indexes into never-freed slot tables (see `handle`), so a NULL, stale
 //!   or closed handle gives `-EBADF`, never undefined behaviour, and close is
 //!   safe while other threads are using the handle.
 

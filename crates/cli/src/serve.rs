@@ -97,7 +97,7 @@ pub struct ServeArgs {
     #[arg(long)]
     pub buffered: bool,
     /// Group commit's batching wait: adaptive (default), none, or
-    /// fixed:<us> (the seed's comparison).
+    /// fixed:N, a wait of N microseconds (the seed's comparison).
     #[arg(long, value_name = "POLICY", default_value = "adaptive")]
     pub batch_policy: jbdev_volume::BatchPolicy,
     /// Commits that may be on the device at once (1 ..= 16; 1: each commit

@@ -14,7 +14,7 @@
 //! * `rbd::RbdDevice` (cargo feature `rbd`) — a Ceph RBD image through
 //!   librbd's asynchronous API, opened from `rbd:POOL/IMAGE[:conf=PATH][:id=USER]`.
 //!
-//! The two file backends share [`file`]: the open file or block device with
+//! The two file backends share [`file`](mod@file): the open file or block device with
 //! its geometry, and the positional I/O, bounce buffers, zeroing and
 //! allocation queries on it.
 //!

@@ -1,6 +1,6 @@
 //! The journal of jbdev, in jbd2's on-disk format.
 //!
-//! * [`format`] — encode/decode of every on-disk structure (big-endian, crc32c).
+//! * [`format`](mod@format) — encode/decode of every on-disk structure (big-endian, crc32c).
 //! * [`region`] — where the journal lives and block I/O to it.
 //! * [`writer`] — lays out one transaction as revoke, descriptor, data and
 //!   commit blocks.

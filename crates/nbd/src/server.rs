@@ -8,7 +8,7 @@
 //!   connection: accepting (one task per listener), the whole handshake
 //!   including STARTTLS and the TLS handshake, request parsing, reading
 //!   write payloads into pooled buffers and writing replies. Each admitted
-//!   connection is one task (handshake, then [`conn::serve`]'s reading
+//!   connection is one task (handshake, then `conn::serve`'s reading
 //!   loop) plus, in transmission, one writing task. Nothing on these
 //!   threads blocks on the device or on a lock held across I/O;
 //! * `worker_threads` *workers* ([`WorkerPool`], started on demand up to

@@ -297,7 +297,7 @@ pub struct StatsInner {
 }
 
 /// Receives the outcome of a request that did not wait for durability
-/// ([`Engine::when_durable`], `Volume::write_at_then`): called exactly once,
+/// (`Engine::when_durable`, `Volume::write_at_then`): called exactly once,
 /// on the caller's thread or on a commit's, never under an engine lock. It
 /// should only hand the outcome on (queue a reply, wake a task).
 pub type Completion = Box<dyn FnOnce(Result<()>) + Send + 'static>;
