@@ -55,6 +55,9 @@ pub struct Ctx<'a> {
     pub backing: &'a Backing,
     pub cfg: &'a RunConfig,
     pub progress: &'a Progress,
+    /// Which round of `--rounds` this is, from 1: scenarios that compare
+    /// variants one after the other alternate their order by it.
+    pub round: u32,
 }
 
 impl Ctx<'_> {

@@ -395,6 +395,7 @@ pub fn run_plans(
                     backing: &b,
                     cfg: &cfg,
                     progress: &progress,
+                    round,
                 };
                 let res = plan.run(&ctx);
                 progress.finish();

@@ -328,14 +328,16 @@ pub fn fsync_batch(ctx: &Ctx<'_>, p: &FsyncBatchParams) -> Result<ScenarioReport
     // At each thread count the kernel and every policy run back to back
     // (the kernel writes an area the volume does not use; the volume is
     // reopened with each policy), so drift of this noisy machine hits all
-    // of them alike. fs_mark needs mkfs, which destroys the volume: it
-    // runs last.
+    // of them alike, and the policies' order alternates from one thread
+    // count and one round to the next, so no policy always runs first
+    // (or last). fs_mark needs mkfs, which destroys the volume: it runs
+    // last.
     let first = p.policies.first().copied().unwrap_or(BatchPolicy::Adaptive);
     let mut vol = Some(ctx.create_volume(first)?);
     let mut open_policy = first;
-    for &t in &p.threads {
+    for (i, &t) in p.threads.iter().enumerate() {
         rep.runs.push(kernel_sync_run(ctx, shape(t))?);
-        for &policy in &p.policies {
+        for policy in alternated(&p.policies, i + ctx.round.saturating_sub(1) as usize) {
             let v = match vol.take() {
                 Some(v) if open_policy == policy => v,
                 Some(v) => {
@@ -380,6 +382,15 @@ pub fn fsync_batch(ctx: &Ctx<'_>, p: &FsyncBatchParams) -> Result<ScenarioReport
     }
     fsync_batch_targets(&mut rep);
     Ok(rep)
+}
+
+/// `items` in order for an even `turn`, reversed for an odd one.
+fn alternated<T: Copy>(items: &[T], turn: usize) -> Vec<T> {
+    let mut v = items.to_vec();
+    if turn % 2 == 1 {
+        v.reverse();
+    }
+    v
 }
 
 fn fsync_batch_targets(rep: &mut ScenarioReport) {
@@ -604,6 +615,14 @@ mod tests {
         let out = "\n#  fs_mark  -d /mnt/x -s 4096 -n 10\n#\tVersion 3.3\n\nFSUse%        Count         Size    Files/sec     App Overhead\n     2         2000         4096       2538.3            12345\n";
         assert_eq!(parse_fs_mark(out), Some(2538.3));
         assert_eq!(parse_fs_mark("garbage\n1 2\n"), None);
+    }
+
+    #[test]
+    fn policies_alternate_their_order() {
+        let p = [1, 2, 3];
+        assert_eq!(alternated(&p, 0), vec![1, 2, 3]);
+        assert_eq!(alternated(&p, 1), vec![3, 2, 1]);
+        assert_eq!(alternated(&p, 2), vec![1, 2, 3]);
     }
 
     #[test]
