@@ -83,11 +83,15 @@ typedef struct jbdev_format_options {
   // `sizeof(jbdev_format_options)` as the caller compiled it; set by
   // `jbdev_format_options_init`. Lets the struct grow compatibly.
   uint32_t struct_size;
-  // Block size of the volume and its journal: a power of two, 512..=65536.
+  // Block size of the volume and its journal: a power of two, 1024..=65536.
   uint32_t block_size;
   // Size of the volume users see, in bytes (a multiple of `block_size`).
   uint64_t size_bytes;
-  // Journal size in bytes; 0 picks the default.
+  // Journal size in bytes; 0 picks the default (64 MiB or a quarter of
+  // the volume, whichever is smaller, at least 1 MiB). At most 2^32
+  // blocks. Create writes the whole journal (zeroes), and an open volume
+  // may hold up to a journal's worth of written data in memory until it
+  // is checkpointed: size it to the memory you can give it.
   uint64_t journal_bytes;
   // NULL: the journal lives inside the volume's file. Otherwise the path of
   // a separate journal file or device (created if it is a missing file).
@@ -114,7 +118,8 @@ typedef struct jbdev_open_options {
   uint64_t batch_fixed_us;
   // Upper bound of the adaptive batching wait, in microseconds.
   uint64_t max_batch_us;
-  // A transaction nobody waits for is committed after this long, in milliseconds.
+  // A transaction nobody waits for is committed after this long, in
+  // milliseconds (at least 1; 0 is refused with -EINVAL).
   uint64_t commit_interval_ms;
   // Aligned writes at least this large go straight home instead of
   // through the journal; `UINT64_MAX` journals everything that fits.
@@ -296,10 +301,13 @@ int jbdev_read(const struct jbdev_volume *vol, void *buf, size_t len, uint64_t o
 
 // Writes `len` bytes from `buf` at byte `offset` (no alignment needed).
 // Once it returns, every reader sees the data; with `JBDEV_WRITE_FUA` in
-// `flags` it is also durable. Atomic across a crash up to
-// `jbdev_max_transaction_bytes`. Returns 0 or a negative errno (-EROFS,
-// -ENOSPC past the end, -EFBIG too large to be atomic, -EINVAL, -EBADF,
-// -EIO).
+// `flags` it is also durable. A write of at most
+// `jbdev_max_transaction_bytes` is atomic across a crash (all or nothing);
+// a larger one is accepted but is not atomic: it goes straight to its home
+// location, so a crash before it returns (or, without FUA, before the next
+// flush) can leave any mix of its old and new sectors, as on a plain disk.
+// Returns 0 or a negative errno (-EROFS, -ENOSPC past the end, -EINVAL,
+// -EBADF, -EIO).
 //
 // # Safety
 // `buf` is NULL (then `len` must be 0) or readable for `len` bytes and not
@@ -334,14 +342,20 @@ int jbdev_txn_begin(const struct jbdev_volume *vol, struct jbdev_txn **out);
 // Adds a write of `len` bytes from `buf` at `offset` to the transaction.
 // The data is copied; `buf` may be reused at once. Nothing is visible until
 // commit. Returns 0 or a negative errno (-ENOSPC past the end, -EFBIG when
-// the transaction would exceed `jbdev_max_transaction_bytes`); the
-// transaction stays usable after an error.
+// the transaction would then touch more blocks than one atomic transaction
+// holds: extents of `jbdev_max_transaction_bytes` in all, at any
+// alignment, always fit, and blocks written twice count once); the
+// transaction stays usable after an error, without the refused extent.
 //
 // # Safety
 // `buf` is NULL (then `len` must be 0) or readable for `len` bytes.
 int jbdev_txn_write(struct jbdev_txn *txn, const void *buf, size_t len, uint64_t offset);
 
-// Adds a zeroing of `[offset, offset + len)` to the transaction.
+// Adds a zeroing of `[offset, offset + len)` to the transaction. It is
+// journaled like a write and counts against the same limit: -EFBIG when the
+// transaction would then touch more blocks than one atomic transaction
+// holds (a zeroing of a large range belongs outside a transaction, in
+// `jbdev_write_zeroes`).
 int jbdev_txn_write_zeroes(struct jbdev_txn *txn, uint64_t offset, uint64_t len);
 
 // Applies every extent of the transaction atomically (all or nothing, also

@@ -8,7 +8,7 @@
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::path::PathBuf;
 
-use ::jbdev_volume::{Volume, VolumeError, WriteFlags};
+use ::jbdev_volume::{TouchedBlocks, Volume, VolumeError, WriteFlags};
 
 use crate::error::{ffi_call, with_last_error, Error, Result};
 use crate::handle::Table;
@@ -36,9 +36,11 @@ enum TxnOp {
 struct TxnState {
     volume: usize,
     ops: Vec<TxnOp>,
-    /// Sum of the data writes' lengths, checked against the atomic maximum
-    /// as extents are added so the caller learns early.
-    data_bytes: u64,
+    /// The distinct blocks of the extents so far, checked against the
+    /// atomic maximum as extents are added (writes and zeroings alike, as
+    /// the commit counts them), so the extent that does not fit is refused
+    /// and the rest still commits.
+    touched: TouchedBlocks,
 }
 
 static VOLUMES: Table<VolumeEntry> = Table::new("volume");
@@ -517,10 +519,13 @@ pub unsafe extern "C" fn jbdev_read(
 
 /// Writes `len` bytes from `buf` at byte `offset` (no alignment needed).
 /// Once it returns, every reader sees the data; with `JBDEV_WRITE_FUA` in
-/// `flags` it is also durable. Atomic across a crash up to
-/// `jbdev_max_transaction_bytes`. Returns 0 or a negative errno (-EROFS,
-/// -ENOSPC past the end, -EFBIG too large to be atomic, -EINVAL, -EBADF,
-/// -EIO).
+/// `flags` it is also durable. A write of at most
+/// `jbdev_max_transaction_bytes` is atomic across a crash (all or nothing);
+/// a larger one is accepted but is not atomic: it goes straight to its home
+/// location, so a crash before it returns (or, without FUA, before the next
+/// flush) can leave any mix of its old and new sectors, as on a plain disk.
+/// Returns 0 or a negative errno (-EROFS, -ENOSPC past the end, -EINVAL,
+/// -EBADF, -EIO).
 ///
 /// # Safety
 /// `buf` is NULL (then `len` must be 0) or readable for `len` bytes and not
@@ -611,7 +616,7 @@ pub unsafe extern "C" fn jbdev_txn_begin(
         let handle = TXNS.insert(TxnState {
             volume,
             ops: Vec::new(),
-            data_bytes: 0,
+            touched: TouchedBlocks::default(),
         })?;
         // SAFETY: forwarded contract (checked non-NULL above).
         unsafe { write_out(out, txn_ptr(handle), "out") }?;
@@ -619,27 +624,28 @@ pub unsafe extern "C" fn jbdev_txn_begin(
     })
 }
 
-/// Validates an extent against the transaction's volume.
-fn check_extent(t: &TxnState, offset: u64, len: u64, data_bytes: u64) -> Result<()> {
+/// Validates an extent against the transaction's volume and counts its
+/// blocks in; on an error the transaction is unchanged.
+fn add_extent(t: &mut TxnState, offset: u64, len: u64) -> Result<()> {
     VOLUMES.with(t.volume, |e| {
         let size = e.volume.size();
         if offset.checked_add(len).is_none_or(|end| end > size) {
             return Err(VolumeError::OutOfRange { offset, len, size }.into());
         }
-        let max = e.volume.max_transaction_bytes();
-        let total = t.data_bytes.saturating_add(data_bytes);
-        if total > max {
-            return Err(VolumeError::TooLarge { len: total, max }.into());
-        }
-        Ok(())
+        let bs = u64::from(e.volume.block_size());
+        t.touched
+            .try_add(offset, len, bs, e.volume.max_transaction_blocks())
+            .map_err(|blocks| e.volume.too_large(blocks).into())
     })
 }
 
 /// Adds a write of `len` bytes from `buf` at `offset` to the transaction.
 /// The data is copied; `buf` may be reused at once. Nothing is visible until
 /// commit. Returns 0 or a negative errno (-ENOSPC past the end, -EFBIG when
-/// the transaction would exceed `jbdev_max_transaction_bytes`); the
-/// transaction stays usable after an error.
+/// the transaction would then touch more blocks than one atomic transaction
+/// holds: extents of `jbdev_max_transaction_bytes` in all, at any
+/// alignment, always fit, and blocks written twice count once); the
+/// transaction stays usable after an error, without the refused extent.
 ///
 /// # Safety
 /// `buf` is NULL (then `len` must be 0) or readable for `len` bytes.
@@ -654,23 +660,26 @@ pub unsafe extern "C" fn jbdev_txn_write(
         TXNS.with_mut(txn.addr(), |t| {
             // SAFETY: forwarded contract.
             let data = unsafe { in_slice(buf, len) }?;
-            check_extent(t, offset, len as u64, len as u64)?;
+            add_extent(t, offset, len as u64)?;
             t.ops.push(TxnOp::Write {
                 offset,
                 data: data.to_vec(),
             });
-            t.data_bytes += len as u64;
             Ok(0)
         })
     })
 }
 
-/// Adds a zeroing of `[offset, offset + len)` to the transaction.
+/// Adds a zeroing of `[offset, offset + len)` to the transaction. It is
+/// journaled like a write and counts against the same limit: -EFBIG when the
+/// transaction would then touch more blocks than one atomic transaction
+/// holds (a zeroing of a large range belongs outside a transaction, in
+/// `jbdev_write_zeroes`).
 #[no_mangle]
 pub extern "C" fn jbdev_txn_write_zeroes(txn: *mut jbdev_txn, offset: u64, len: u64) -> c_int {
     ffi_call(|| {
         TXNS.with_mut(txn.addr(), |t| {
-            check_extent(t, offset, len, 0)?;
+            add_extent(t, offset, len)?;
             t.ops.push(TxnOp::Zeroes { offset, len });
             Ok(0)
         })

@@ -15,7 +15,15 @@
 //! which waits for the calls in flight on that handle and turns every later
 //! call into `-EBADF`. Only open and close touch the table-wide allocator
 //! mutex.
+//!
+//! A write lock on a sharded lock is taken shard by shard, so while close
+//! waits for one shard's readers, new calls could still enter through the
+//! shards it has not reached (64 busy threads kept a close waiting 5 s for
+//! thousands of calls that started after it). Close therefore first marks
+//! the slot as closing, for the generation it ends; a call that gets its
+//! read lock and sees the mark is refused with `-EBADF` at once.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, OnceLock, PoisonError};
 
 use crossbeam_utils::sync::ShardedLock;
@@ -42,6 +50,10 @@ struct SlotState<T> {
 
 struct Slot<T> {
     state: ShardedLock<SlotState<T>>,
+    /// The generation a close in progress is ending (0: none). Set before
+    /// the close takes the write lock; calls of that generation that take
+    /// their read lock after it fail instead of entering.
+    closing: AtomicUsize,
 }
 
 struct Allocator {
@@ -115,6 +127,7 @@ impl<T> Table<T> {
                         generation: 0,
                         value: None,
                     }),
+                    closing: AtomicUsize::new(0),
                 })
                 .collect()
         });
@@ -139,9 +152,19 @@ impl<T> Table<T> {
             .slot(index)
             .filter(|_| generation != 0)
             .ok_or_else(|| Error::bad_handle(self.kind))?;
+        // Refused before the lock too, so a call that starts during a
+        // close does not queue on a shard the close holds already.
+        if slot.closing.load(Ordering::Acquire) == generation {
+            return Err(Error::bad_handle(self.kind));
+        }
         let state = slot.state.read().unwrap_or_else(PoisonError::into_inner);
         match &state.value {
-            Some(v) if state.generation == generation => f(v),
+            Some(v)
+                if state.generation == generation
+                    && slot.closing.load(Ordering::Acquire) != generation =>
+            {
+                f(v)
+            }
             _ => Err(Error::bad_handle(self.kind)),
         }
     }
@@ -157,8 +180,12 @@ impl<T> Table<T> {
             .slot(index)
             .filter(|_| generation != 0)
             .ok_or_else(|| Error::bad_handle(self.kind))?;
+        if slot.closing.load(Ordering::Acquire) == generation {
+            return Err(Error::bad_handle(self.kind));
+        }
         let mut state = slot.state.write().unwrap_or_else(PoisonError::into_inner);
-        let live = state.generation == generation;
+        let live =
+            state.generation == generation && slot.closing.load(Ordering::Acquire) != generation;
         match &mut state.value {
             Some(v) if live => f(v),
             _ => Err(Error::bad_handle(self.kind)),
@@ -173,6 +200,11 @@ impl<T> Table<T> {
             .slot(index)
             .filter(|_| generation != 0)
             .ok_or_else(|| Error::bad_handle(self.kind))?;
+        // Calls that take their read lock from here on are refused; the
+        // write lock below waits only for the ones already in. (`max`: a
+        // stale handle's close, of an older generation, must not clear the
+        // mark of a close in progress.)
+        slot.closing.fetch_max(generation, Ordering::AcqRel);
         let value = {
             let mut state = slot.state.write().unwrap_or_else(PoisonError::into_inner);
             if state.generation != generation {
@@ -268,5 +300,55 @@ mod tests {
             });
         });
         assert_eq!(TABLE.with(h, |v| Ok(*v)).unwrap_err().errno, libc::EBADF);
+    }
+
+    /// While a close waits for a call in flight, a call that starts is
+    /// refused at once instead of entering (and delaying the close): before,
+    /// it got in through a shard the close had not locked yet.
+    #[test]
+    fn a_call_that_starts_while_close_waits_is_refused() {
+        use std::sync::mpsc;
+        static TABLE: Table<u64> = Table::new("test");
+        let h = TABLE.insert(7).unwrap();
+        let (index, generation) = decode(h);
+        let slot = TABLE.slot(index).unwrap();
+        let (entered_tx, entered_rx) = mpsc::channel();
+        let (release_tx, release_rx) = mpsc::channel::<()>();
+        std::thread::scope(|s| {
+            let in_flight = s.spawn(move || {
+                TABLE.with(h, |v| {
+                    entered_tx.send(()).unwrap();
+                    release_rx.recv().unwrap();
+                    Ok(*v)
+                })
+            });
+            entered_rx.recv().unwrap();
+            let closer = s.spawn(|| TABLE.remove(h));
+            // Bounded wait for the close to announce itself.
+            for _ in 0..10_000 {
+                if slot.closing.load(Ordering::Acquire) == generation {
+                    break;
+                }
+                std::thread::sleep(std::time::Duration::from_micros(100));
+            }
+            assert_eq!(slot.closing.load(Ordering::Acquire), generation);
+            // From other threads (other shards) too: refused, not blocked.
+            for _ in 0..4 {
+                let r = std::thread::spawn(move || TABLE.with(h, |v| Ok(*v)).map_err(|e| e.errno))
+                    .join()
+                    .unwrap();
+                assert_eq!(r, Err(libc::EBADF));
+            }
+            assert!(!closer.is_finished(), "close waits for the call in flight");
+            release_tx.send(()).unwrap();
+            assert_eq!(in_flight.join().unwrap().unwrap(), 7);
+            assert_eq!(closer.join().unwrap().unwrap(), 7);
+        });
+        // The slot's next occupant is not affected by the old mark.
+        let h2 = TABLE.insert(8).unwrap();
+        assert_eq!(TABLE.with(h2, |v| Ok(*v)).unwrap(), 8);
+        // A stale handle's close leaves it alone.
+        assert_eq!(TABLE.remove(h).unwrap_err().errno, libc::EBADF);
+        assert_eq!(TABLE.with(h2, |v| Ok(*v)).unwrap(), 8);
     }
 }

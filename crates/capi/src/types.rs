@@ -60,11 +60,15 @@ pub struct jbdev_format_options {
     /// `sizeof(jbdev_format_options)` as the caller compiled it; set by
     /// `jbdev_format_options_init`. Lets the struct grow compatibly.
     pub struct_size: u32,
-    /// Block size of the volume and its journal: a power of two, 512..=65536.
+    /// Block size of the volume and its journal: a power of two, 1024..=65536.
     pub block_size: u32,
     /// Size of the volume users see, in bytes (a multiple of `block_size`).
     pub size_bytes: u64,
-    /// Journal size in bytes; 0 picks the default.
+    /// Journal size in bytes; 0 picks the default (64 MiB or a quarter of
+    /// the volume, whichever is smaller, at least 1 MiB). At most 2^32
+    /// blocks. Create writes the whole journal (zeroes), and an open volume
+    /// may hold up to a journal's worth of written data in memory until it
+    /// is checkpointed: size it to the memory you can give it.
     pub journal_bytes: u64,
     /// NULL: the journal lives inside the volume's file. Otherwise the path of
     /// a separate journal file or device (created if it is a missing file).
@@ -93,7 +97,8 @@ pub struct jbdev_open_options {
     pub batch_fixed_us: u64,
     /// Upper bound of the adaptive batching wait, in microseconds.
     pub max_batch_us: u64,
-    /// A transaction nobody waits for is committed after this long, in milliseconds.
+    /// A transaction nobody waits for is committed after this long, in
+    /// milliseconds (at least 1; 0 is refused with -EINVAL).
     pub commit_interval_ms: u64,
     /// Aligned writes at least this large go straight home instead of
     /// through the journal; `UINT64_MAX` journals everything that fits.

@@ -26,9 +26,22 @@ pub enum VolumeError {
     /// The journal is damaged in a way recovery cannot repair.
     #[error("corrupt journal: {0}")]
     CorruptJournal(String),
-    /// A write or a transaction is larger than one journal transaction can hold.
-    #[error("request of {len} bytes exceeds the maximum atomic size of {max} bytes")]
-    TooLarge { len: u64, max: u64 },
+    /// A write or a transaction touches more blocks than one journal
+    /// transaction can hold.
+    #[error(
+        "the request touches {blocks} blocks of {block_size} bytes, more than the {max_blocks} \
+         one atomic transaction holds (writes of up to {max_bytes} bytes are atomic at any \
+         alignment)"
+    )]
+    TooLarge {
+        /// Distinct blocks the request (or the transaction so far) touches.
+        blocks: u64,
+        /// The most one transaction holds.
+        max_blocks: u64,
+        block_size: u64,
+        /// [`crate::Volume::max_transaction_bytes`].
+        max_bytes: u64,
+    },
     /// The volume was opened read-only.
     #[error("the volume is open read-only")]
     ReadOnly,

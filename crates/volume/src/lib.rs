@@ -30,6 +30,6 @@ pub use jbdev_journal as journal;
 pub use options::{BatchPolicy, CommitMode, FormatOptions, JournalPlacement, OpenOptions};
 pub use overlay::CallerBuf;
 pub use volume::{
-    default_journal_bytes, Extent, ExtentState, RecoveryReport, Stats, Transaction, Volume,
-    WriteFlags,
+    default_journal_bytes, Extent, ExtentState, RecoveryReport, Stats, TouchedBlocks, Transaction,
+    Volume, WriteFlags,
 };

@@ -146,6 +146,25 @@ pub struct OpenOptions {
     pub break_lock: bool,
 }
 
+impl OpenOptions {
+    /// Refuses options no volume can run with: a zero commit or checkpoint
+    /// interval (the background threads would spin on the journal lock,
+    /// starving every writer).
+    pub fn validate(&self) -> crate::Result<()> {
+        for (name, d) in [
+            ("commit interval", self.commit_interval),
+            ("checkpoint interval", self.checkpoint_interval),
+        ] {
+            if d < Duration::from_millis(1) {
+                return Err(crate::VolumeError::InvalidArgument(format!(
+                    "the {name} must be at least 1 ms (it is {d:?})"
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
 impl Default for OpenOptions {
     fn default() -> Self {
         Self {

@@ -173,10 +173,22 @@ fn plan_layout(f: &FormatOptions) -> Result<(u64, u64, u64)> {
             MIN_JOURNAL_BLOCKS
         )));
     }
-    let (needed, data_offset) = match f.journal {
-        JournalPlacement::Internal => (bs + journal + f.size_bytes, bs + journal),
-        JournalPlacement::External(_) => (bs + f.size_bytes, bs),
+    let data_offset = match f.journal {
+        JournalPlacement::Internal => bs + journal,
+        JournalPlacement::External(_) => bs,
     };
+    // A file's offsets are signed 64-bit (off_t): a layout past that could
+    // not be created, and its sums must not wrap.
+    let needed = data_offset
+        .checked_add(f.size_bytes)
+        .filter(|&n| n <= i64::MAX as u64)
+        .ok_or_else(|| {
+            VolumeError::InvalidArgument(format!(
+                "volume size {} is too large: superblock, journal and data must fit in {} bytes",
+                f.size_bytes,
+                i64::MAX
+            ))
+        })?;
     Ok((journal, needed, data_offset))
 }
 
@@ -302,7 +314,9 @@ impl Volume {
     /// check (the `jbdev format` command is the one that refuses a target
     /// holding a volume or data; an embedding program decides for itself).
     pub fn create(path: &Path, fopts: &FormatOptions, oopts: &OpenOptions) -> Result<Volume> {
+        // Both checked before anything is created or changed.
         let (journal_bytes, needed, _) = plan_layout(fopts)?;
+        oopts.validate()?;
         let dopts = |create: u64| jbdev_device::OpenOptions {
             backend: oopts.backend,
             direct: oopts.direct_io,
@@ -325,6 +339,7 @@ impl Volume {
 
     /// Opens an existing volume, running journal recovery if needed.
     pub fn open(path: &Path, opts: &OpenOptions) -> Result<Volume> {
+        opts.validate()?;
         let dopts = jbdev_device::OpenOptions {
             backend: opts.backend,
             direct: opts.direct_io,
@@ -450,6 +465,7 @@ impl Volume {
         journal: Option<Arc<dyn BlockDevice>>,
         opts: &OpenOptions,
     ) -> Result<Volume> {
+        opts.validate()?;
         let sb = read_volume_superblock(dev.as_ref(), "the volume device")?;
         let bs = sb.block_size;
         let home_flusher = Arc::new(FlushCoalescer::new());
@@ -659,6 +675,17 @@ impl Volume {
     /// [`VolumeError::TooLarge`] instead of being split.
     pub fn max_transaction_bytes(&self) -> u64 {
         self.engine.max_atomic_blocks().saturating_sub(1).max(1) * self.engine.bs as u64
+    }
+
+    /// The most distinct blocks one write or transaction may touch and
+    /// stay atomic (see [`Volume::max_transaction_bytes`]).
+    pub fn max_transaction_blocks(&self) -> u64 {
+        self.engine.max_atomic_blocks()
+    }
+
+    /// The [`VolumeError::TooLarge`] of a request touching `blocks` blocks.
+    pub fn too_large(&self, blocks: u64) -> VolumeError {
+        self.engine.too_large(blocks)
     }
 
     /// The volume superblock.
@@ -1051,6 +1078,7 @@ impl Volume {
             vol: self,
             ops: Vec::new(),
             bytes: 0,
+            touched: TouchedBlocks::default(),
         }
     }
 
@@ -1280,6 +1308,60 @@ fn load_plan_into_overlay(
     Ok(())
 }
 
+/// The distinct blocks of a transaction's extents, as sorted, disjoint
+/// block ranges: so the extent that would make a transaction too large to
+/// be atomic is refused when it is added, not the whole transaction at
+/// commit, and overlapping extents count once.
+#[derive(Clone, Debug, Default)]
+pub struct TouchedBlocks {
+    /// `[start, end)` block ranges, sorted, neither overlapping nor adjacent.
+    ranges: Vec<(u64, u64)>,
+    count: u64,
+}
+
+impl TouchedBlocks {
+    /// Distinct blocks touched so far.
+    pub fn count(&self) -> u64 {
+        self.count
+    }
+
+    /// Adds the bytes `[offset, offset + len)` (blocks of `block_size`)
+    /// if the distinct blocks then stay within `max_blocks`; otherwise
+    /// changes nothing and returns the count it would have made. The caller
+    /// has checked that the range lies within the volume.
+    pub fn try_add(
+        &mut self,
+        offset: u64,
+        len: u64,
+        block_size: u64,
+        max_blocks: u64,
+    ) -> std::result::Result<(), u64> {
+        if len == 0 {
+            return Ok(());
+        }
+        let (mut start, mut end) = (
+            offset / block_size,
+            offset.saturating_add(len).div_ceil(block_size),
+        );
+        // The ranges this one overlaps or touches: [lo, hi).
+        let lo = self.ranges.partition_point(|&(_, e)| e < start);
+        let hi = self.ranges.partition_point(|&(s, _)| s <= end);
+        let mut merged = 0;
+        for &(s, e) in self.ranges.get(lo..hi).unwrap_or_default() {
+            start = start.min(s);
+            end = end.max(e);
+            merged += e - s;
+        }
+        let count = self.count - merged + (end - start);
+        if count > max_blocks {
+            return Err(count);
+        }
+        self.ranges.splice(lo..hi, [(start, end)]);
+        self.count = count;
+        Ok(())
+    }
+}
+
 /// A group of writes applied all-or-nothing. Build it with
 /// [`Transaction::write`] and [`Transaction::write_zeroes`], then
 /// [`Transaction::commit`]. Extents may overlap; later ones win.
@@ -1287,6 +1369,7 @@ pub struct Transaction<'v> {
     vol: &'v Volume,
     ops: Vec<TxOp>,
     bytes: u64,
+    touched: TouchedBlocks,
 }
 
 enum TxOp {
@@ -1297,18 +1380,26 @@ enum TxOp {
 impl Transaction<'_> {
     fn add(&mut self, offset: u64, len: u64) -> Result<()> {
         self.vol.check(offset, len)?;
+        let bs = u64::from(self.vol.block_size());
+        self.touched
+            .try_add(offset, len, bs, self.vol.max_transaction_blocks())
+            .map_err(|blocks| self.vol.too_large(blocks))?;
         self.bytes += len;
         Ok(())
     }
 
-    /// Adds a write of `data` at `offset`.
+    /// Adds a write of `data` at `offset`. Fails with
+    /// [`VolumeError::TooLarge`], adding nothing, if the transaction would
+    /// then touch more blocks than one atomic transaction holds; the
+    /// transaction stays usable.
     pub fn write(&mut self, data: &[u8], offset: u64) -> Result<&mut Self> {
         self.add(offset, data.len() as u64)?;
         self.ops.push(TxOp::Write(offset, data.to_vec()));
         Ok(self)
     }
 
-    /// Adds a zeroing of `[offset, offset+len)`.
+    /// Adds a zeroing of `[offset, offset+len)` (journaled like a write, so
+    /// it counts against the same limit as [`Transaction::write`]).
     pub fn write_zeroes(&mut self, offset: u64, len: u64) -> Result<&mut Self> {
         self.add(offset, len)?;
         self.ops.push(TxOp::Zero(offset, len));
@@ -1324,9 +1415,9 @@ impl Transaction<'_> {
         self.ops.is_empty()
     }
 
-    /// Applies every extent atomically; with `flags.fua`, durably. Fails with
-    /// [`VolumeError::TooLarge`] if the blocks touched exceed
-    /// [`Volume::max_transaction_bytes`].
+    /// Applies every extent atomically; with `flags.fua`, durably. (An
+    /// extent that would have made the transaction too large was refused
+    /// when it was added.)
     pub fn commit(self, flags: WriteFlags) -> Result<()> {
         self.vol.check(0, 0)?;
         let ops: Vec<Op<'_>> = self
@@ -1359,6 +1450,77 @@ mod tests {
         Volume::format_device(dev.clone(), None, &f).unwrap();
         let v = Volume::open_device(dev.clone(), None, &OpenOptions::default()).unwrap();
         (dev, v)
+    }
+
+    #[test]
+    fn touched_blocks_count_distinct_blocks_and_refuse_without_change() {
+        let mut t = TouchedBlocks::default();
+        assert_eq!(t.try_add(0, 0, 4096, 4), Ok(()));
+        assert_eq!(t.count(), 0);
+        // One byte on each side of a block boundary: two blocks.
+        assert_eq!(t.try_add(4095, 2, 4096, 4), Ok(()));
+        assert_eq!(t.count(), 2);
+        // Overlapping and adjacent extents count once.
+        assert_eq!(t.try_add(0, 8192, 4096, 4), Ok(()));
+        assert_eq!(t.try_add(8192, 1, 4096, 4), Ok(()));
+        assert_eq!(t.count(), 3);
+        // A gap, then an extent bridging it: ranges merge.
+        assert_eq!(t.try_add(5 * 4096, 10, 4096, 6), Ok(()));
+        assert_eq!(t.count(), 4);
+        assert_eq!(t.try_add(3 * 4096, 2 * 4096, 4096, 6), Ok(()));
+        assert_eq!(t.count(), 6);
+        assert_eq!(t.ranges, vec![(0, 6)]);
+        // Over the limit: the count it would reach, and nothing added.
+        assert_eq!(t.try_add(100 * 4096, 4096, 4096, 6), Err(7));
+        assert_eq!(t.count(), 6);
+        assert_eq!(t.ranges, vec![(0, 6)]);
+        // Within what is already there: always fits.
+        assert_eq!(t.try_add(4096, 4096, 4096, 6), Ok(()));
+        assert_eq!(t.count(), 6);
+    }
+
+    /// A transaction refuses the extent that would make it too large when
+    /// it is added (before, every extent was accepted and the commit
+    /// failed, losing them all), counts a zeroing like a write, and stays
+    /// usable after the refusal.
+    #[test]
+    fn a_transaction_refuses_the_extent_that_makes_it_too_large() {
+        let (_dev, v) = mem_volume(8 << 20, 256 << 10);
+        let max = v.max_transaction_blocks();
+        let bs = u64::from(v.block_size());
+        let mut tx = v.transaction();
+        for b in 0..max {
+            tx.write(b"x", b * bs).expect("within the limit");
+        }
+        // The same blocks again: no new block, accepted.
+        tx.write(&vec![1u8; bs as usize], 0)
+            .expect("a block already in");
+        let err = tx.write(b"y", max * bs).err().expect("one block too many");
+        assert!(
+            matches!(err, VolumeError::TooLarge { blocks, max_blocks, .. }
+                if blocks == max + 1 && max_blocks == max),
+            "{err}"
+        );
+        assert!(
+            err.to_string()
+                .contains(&v.max_transaction_bytes().to_string()),
+            "{err}"
+        );
+        assert!(tx.write_zeroes(max * bs, 1).is_err(), "zeroes count too");
+        tx.commit(WriteFlags::FUA)
+            .expect("the accepted extents commit");
+        let mut b = [0u8; 1];
+        v.read_at(&mut b, (max - 1) * bs).unwrap();
+        assert_eq!(&b, b"x");
+        v.read_at(&mut b, max * bs).unwrap();
+        assert_eq!(b, [0]);
+        // A whole-volume zeroing in a transaction is refused at once.
+        let mut tx = v.transaction();
+        assert!(matches!(
+            tx.write_zeroes(0, v.size()),
+            Err(VolumeError::TooLarge { .. })
+        ));
+        assert!(tx.is_empty());
     }
 
     #[test]

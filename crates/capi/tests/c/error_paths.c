@@ -6,7 +6,9 @@
  * must give a negative errno and a message, never a crash, a leak or an
  * out-of-bounds access: NULL pointers, closed, forged and NULL handles,
  * out-of-range offsets, bad paths, a file that is not a volume, read-only
- * misuse, bad flags and options, double commit, and close racing writers.
+ * misuse, bad flags and options (zero intervals, sizes no file can have),
+ * double commit, transactions too large, close racing writers, and a child
+ * process opening a volume after fork().
  *
  * usage: error_paths WORKDIR   (an existing, writable directory)
  * Prints "error_paths: N checks passed" and exits 0, or names the first
@@ -23,6 +25,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "jbdev.h"
@@ -232,6 +236,24 @@ static void test_options(void)
 	newer.future_field = 0;
 	CHECK_OK(jbdev_create(path, &fo, &newer.base, &vol));
 	CHECK_OK(jbdev_close(vol));
+
+	/* A zero commit interval: refused (it used to hang the first write). */
+	CHECK_OK(jbdev_open_options_init(&oo));
+	oo.commit_interval_ms = 0;
+	CHECK_ERR(jbdev_open(path, &oo, &vol), EINVAL);
+	CHECK(vol == NULL);
+
+	/* A size whose layout overflows: -EINVAL, the existing volume untouched
+	 * (it used to grow the file and report a corrupt journal). */
+	struct stat before, after;
+	CHECK(stat(path, &before) == 0);
+	fo.size_bytes = 0xFFFFFFFFFFFFF000ULL;
+	CHECK_ERR(jbdev_create(path, &fo, NULL, &vol), EINVAL);
+	fo.size_bytes = 0xFFFFFEFFFFFFF000ULL;
+	CHECK_ERR(jbdev_create(path, &fo, NULL, &vol), EINVAL);
+	CHECK(stat(path, &after) == 0 && after.st_size == before.st_size);
+	CHECK_OK(jbdev_open(path, NULL, &vol));
+	CHECK_OK(jbdev_close(vol));
 }
 
 static void test_bad_paths(void)
@@ -425,10 +447,77 @@ static void test_transactions(void)
 		CHECK(big != NULL);
 		CHECK_OK(jbdev_txn_begin(vol, &txn));
 		CHECK_OK(jbdev_txn_write(txn, big, 4096, 0));
-		CHECK_ERR(jbdev_txn_write(txn, big, max, 4096), EFBIG);
+		/* max bytes one byte past a block boundary: one block more
+		 * than fits beside block 0. */
+		CHECK_ERR(jbdev_txn_write(txn, big, max, 4097), EFBIG);
 		CHECK_OK(jbdev_txn_abort(txn));
 		free(big);
 	}
+
+	/* Blocks, not bytes, count: one byte in each of max/4096 + 1 blocks
+	 * fits (max bytes at any alignment touch that many), the next block
+	 * does not; a block written twice counts once; zeroes count like
+	 * writes. Before, the byte count let every extent in and the commit
+	 * failed, losing them all. */
+	uint64_t blocks = max / 4096 + 1;
+	CHECK_OK(jbdev_txn_begin(vol, &txn));
+	for (uint64_t i = 0; i < blocks; i++)
+		CHECK_OK(jbdev_txn_write(txn, "q", 1, (2 << 20) + i * 4096));
+	CHECK_OK(jbdev_txn_write(txn, "r", 1, (2 << 20) + 4095));
+	CHECK_ERR(jbdev_txn_write(txn, "s", 1, (2 << 20) + blocks * 4096), EFBIG);
+	CHECK_ERR(jbdev_txn_write_zeroes(txn, 0, size), EFBIG);
+	CHECK_OK(jbdev_txn_commit(txn, JBDEV_WRITE_FUA));
+	CHECK_OK(jbdev_read(vol, back, 1, (2 << 20) + (blocks - 1) * 4096));
+	CHECK(back[0] == 'q');
+	CHECK_OK(jbdev_read(vol, back, 1, (2 << 20) + 4095));
+	CHECK(back[0] == 'r');
+	CHECK_OK(jbdev_read(vol, back, 1, (2 << 20) + blocks * 4096));
+	CHECK(back[0] == 0);
+	CHECK_OK(jbdev_close(vol));
+}
+
+/* A child made with fork() after the parent did I/O can open and use a
+ * volume (the parent's closed). The forking thread's io_uring ring belongs
+ * to the parent; the child used to get -EEXIST from it on every I/O. */
+static void test_fork(void)
+{
+	char path[600];
+	jbdev_volume *vol = create_volume("fork.img", 0);
+	char back[6] = { 0 };
+	int status = 0;
+	jbdev_open_options oo;
+
+	CHECK_OK(jbdev_open_options_init(&oo));
+	oo.direct_io = 0; /* as create_volume */
+	path_in(path, sizeof path, "fork.img");
+	CHECK_OK(jbdev_write(vol, "parent", 6, 0, JBDEV_WRITE_FUA));
+	CHECK_OK(jbdev_read(vol, back, 6, 0));
+	CHECK_OK(jbdev_close(vol));
+	fflush(NULL);
+	pid_t pid = fork();
+	CHECK(pid >= 0);
+	if (pid == 0) {
+		jbdev_volume *v = NULL;
+		char got[6] = { 0 };
+		int rc = jbdev_open(path, &oo, &v);
+		if (rc == 0)
+			rc = jbdev_read(v, got, 6, 0);
+		if (rc == 0 && memcmp(got, "parent", 6) != 0)
+			rc = -EILSEQ;
+		if (rc == 0)
+			rc = jbdev_write(v, "child!", 6, 4096, JBDEV_WRITE_FUA);
+		if (rc == 0)
+			rc = jbdev_close(v);
+		if (rc != 0)
+			fprintf(stderr, "fork child: %d: %s\n", rc, jbdev_last_error());
+		_exit(rc == 0 ? 0 : 1);
+	}
+	CHECK(waitpid(pid, &status, 0) == pid);
+	CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+	/* And the parent goes on with its own ring. */
+	CHECK_OK(jbdev_open(path, &oo, &vol));
+	CHECK_OK(jbdev_read(vol, back, 6, 4096));
+	CHECK(memcmp(back, "child!", 6) == 0);
 	CHECK_OK(jbdev_close(vol));
 }
 
@@ -580,6 +669,7 @@ int main(int argc, char **argv)
 	test_transactions();
 	test_stats();
 	test_close_while_in_use();
+	test_fork();
 	test_not_a_volume(); /* last: needs the journaled engine's superblock check */
 	printf("error_paths: %d checks passed\n", checks);
 	return 0;

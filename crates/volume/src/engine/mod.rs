@@ -598,6 +598,19 @@ impl Engine {
     }
 
     /// Largest number of data blocks one journaled request may hold.
+    /// The error of a request that touches `blocks` blocks, more than
+    /// [`Engine::max_atomic_blocks`].
+    pub fn too_large(&self, blocks: u64) -> VolumeError {
+        let max_blocks = self.max_atomic_blocks();
+        let bs = self.bs as u64;
+        VolumeError::TooLarge {
+            blocks,
+            max_blocks,
+            block_size: bs,
+            max_bytes: max_blocks.saturating_sub(1).max(1) * bs,
+        }
+    }
+
     pub fn max_atomic_blocks(&self) -> u64 {
         let mut n = self.max_txn_blocks;
         while n > 0 && credits_for_blocks(n, self.bs) > self.max_txn_blocks {

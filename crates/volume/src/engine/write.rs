@@ -94,10 +94,7 @@ impl Engine {
         }
         let n = lbas.len() as u64;
         if credits_for_blocks(n, self.bs) > self.max_txn_blocks {
-            return Err(VolumeError::TooLarge {
-                len: n * bs,
-                max: self.max_atomic_blocks() * bs,
-            });
+            return Err(self.too_large(n));
         }
         let shard_ids = Overlay::shards_for_blocks(lbas.iter().copied());
         let stripe_idx = my_stripe();
