@@ -18,9 +18,11 @@
 //! * The metrics hold volumes weakly, so they never keep a volume open: a
 //!   scrape that finds its volume gone reports nothing for it.
 //! * The HTTP side is bounded: one thread answers one connection at a time,
-//!   each with read and write timeouts and a cap on the request size, so a
-//!   slow or hostile client can delay a scrape but never grow memory or
-//!   threads. It is HTTP/1.0 by hand (GET only, `Connection: close`):
+//!   each within one deadline for the whole exchange (not a timeout per
+//!   read, which a client sending a byte every few seconds would renew for
+//!   ever) and with a cap on the request size, so a slow or hostile client
+//!   can delay a scrape by at most [`HTTP_TIMEOUT`] and never grow memory
+//!   or threads. It is HTTP/1.0 by hand (GET only, `Connection: close`):
 //!   one path, one verb, no keep-alive — a full HTTP stack would add
 //!   dependencies and threads for nothing the endpoint needs.
 
@@ -53,14 +55,17 @@ pub fn parse_metrics_addr(s: &str) -> Result<SocketAddr, String> {
 /// Shards of the per-request counters (see the module invariants).
 const SHARDS: usize = 16;
 
-/// NBD commands counted separately, in label order.
-const COMMANDS: [&str; 6] = [
+/// NBD commands counted separately, in label order ("other": a command
+/// type the server does not know, answered EINVAL).
+const COMMANDS: [&str; 8] = [
     "read",
     "write",
     "flush",
     "trim",
     "write_zeroes",
     "block_status",
+    "cache",
+    "other",
 ];
 const READ: usize = 0;
 const WRITE: usize = 1;
@@ -68,6 +73,22 @@ const FLUSH: usize = 2;
 const TRIM: usize = 3;
 const WRITE_ZEROES: usize = 4;
 const BLOCK_STATUS: usize = 5;
+const CACHE: usize = 6;
+const OTHER: usize = 7;
+
+/// The [`COMMANDS`] slot of NBD command type `kind`.
+fn command_slot(kind: u16) -> usize {
+    match kind {
+        proto::CMD_READ => READ,
+        proto::CMD_WRITE => WRITE,
+        proto::CMD_FLUSH => FLUSH,
+        proto::CMD_TRIM => TRIM,
+        proto::CMD_WRITE_ZEROES => WRITE_ZEROES,
+        proto::CMD_BLOCK_STATUS => BLOCK_STATUS,
+        proto::CMD_CACHE => CACHE,
+        _ => OTHER,
+    }
+}
 
 /// Errno values the backend replies with, by name; the last slot counts any
 /// other value.
@@ -390,6 +411,16 @@ impl<B: Backend> Backend for Instrumented<B> {
     fn block_status(&self, offset: u64, length: u64) -> BackendResult<Vec<Extent>> {
         self.measure(BLOCK_STATUS, false, |b| b.block_status(offset, length))
     }
+    fn cache(&self, offset: u64, length: u64) -> BackendResult<()> {
+        self.measure(CACHE, false, |b| b.cache(offset, length))
+    }
+    fn rejected(&self, kind: u16, errno: u32) {
+        // A request like any other, answered at once with its error.
+        let start = self.begin();
+        let res: BackendResult<()> = Err(jbdev_nbd::BackendError::new(errno, ""));
+        record(&self.counters, command_slot(kind), false, start, &res);
+        self.inner.rejected(kind, errno);
+    }
 }
 
 /// The NBD backend of export `name` on `volume` (canonical path `path`),
@@ -500,9 +531,8 @@ impl Metrics {
 
     /// Answers one HTTP request on `s` and closes it.
     fn answer(self: &Arc<Self>, mut s: TcpStream) -> std::io::Result<()> {
-        s.set_read_timeout(Some(HTTP_TIMEOUT))?;
-        s.set_write_timeout(Some(HTTP_TIMEOUT))?;
-        let head = read_request_head(&mut s)?;
+        let deadline = Instant::now() + HTTP_TIMEOUT;
+        let head = read_request_head(&mut s, deadline)?;
         let (status, ctype, body) = match parse_request_line(&head) {
             Some(("GET", "/metrics")) => match self.render() {
                 Ok(text) => ("200 OK", OPENMETRICS_TYPE, text),
@@ -521,26 +551,53 @@ impl Metrics {
             Some(_) => ("405 Method Not Allowed", "text/plain", "GET only\n".into()),
             None => ("400 Bad Request", "text/plain", "bad request\n".into()),
         };
-        let header = format!(
+        let mut reply = format!(
             "HTTP/1.0 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
             body.len()
         );
-        s.write_all(header.as_bytes())?;
-        s.write_all(body.as_bytes())?;
-        s.flush()
+        reply.push_str(&body);
+        write_all_by(&mut s, reply.as_bytes(), deadline)
     }
 }
 
+/// What one HTTP exchange (request and reply) may take in all.
 const HTTP_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The time left before `deadline` as a socket timeout, or `TimedOut`.
+fn time_left(deadline: Instant) -> std::io::Result<Duration> {
+    let left = deadline.saturating_duration_since(Instant::now());
+    if left.is_zero() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            "the client did not finish its request in time",
+        ));
+    }
+    Ok(left)
+}
+
+/// `write_all` that gives up at `deadline`.
+fn write_all_by(s: &mut TcpStream, mut data: &[u8], deadline: Instant) -> std::io::Result<()> {
+    while !data.is_empty() {
+        s.set_write_timeout(Some(time_left(deadline)?))?;
+        match s.write(data) {
+            Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
+            Ok(n) => data = data.get(n..).unwrap_or_default(),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
 /// Largest request head read; scrapers send a few hundred bytes.
 const MAX_REQUEST_HEAD_BYTES: usize = 8 << 10;
 const OPENMETRICS_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
 /// Reads up to the blank line ending the request head (or the cap).
-fn read_request_head(s: &mut TcpStream) -> std::io::Result<Vec<u8>> {
+fn read_request_head(s: &mut TcpStream, deadline: Instant) -> std::io::Result<Vec<u8>> {
     let mut head = Vec::with_capacity(512);
     let mut buf = [0u8; 1024];
     while head.len() < MAX_REQUEST_HEAD_BYTES && !head.windows(4).any(|w| w == b"\r\n\r\n") {
+        s.set_read_timeout(Some(time_left(deadline)?))?;
         let n = s.read(&mut buf)?;
         if n == 0 {
             break;

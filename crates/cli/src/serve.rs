@@ -27,6 +27,8 @@ use jbdev_volume::{OpenOptions, Volume};
 #[derive(clap::Args)]
 pub struct ServeArgs {
     /// Volume served as the default export (the empty export name).
+    /// Without it, a client asking for the default export gets the first
+    /// --export, as with nbdkit's default export.
     pub path: Option<PathBuf>,
     /// TCP address to listen on (default 127.0.0.1:10809; other addresses
     /// must be asked for explicitly).
@@ -41,13 +43,13 @@ pub struct ServeArgs {
     pub export: Vec<String>,
     /// Description of the default export shown to clients (none by default;
     /// the server never shows file paths).
-    #[arg(long, value_name = "TEXT")]
+    #[arg(long, value_name = "TEXT", requires = "path")]
     pub description: Option<String>,
     /// Serve every export read-only.
     #[arg(long)]
     pub read_only: bool,
     /// Serve a single client on stdin/stdout (libnbd's connect_command).
-    #[arg(short = 's', long = "stdio")]
+    #[arg(short = 's', long = "stdio", conflicts_with_all = ["listen", "socket"])]
     pub stdio: bool,
     /// Worker threads shared by all connections, for requests that would
     /// block a network thread: reads the page cache cannot answer, partial
@@ -147,6 +149,9 @@ pub struct ServeArgs {
 /// The TLS configuration the flags ask for (`None`: no TLS).
 fn tls_config(a: &ServeArgs) -> anyhow::Result<Option<Arc<TlsConfig>>> {
     let mode = tls_mode(a);
+    if a.tls_verify_peer && a.tls_certificates.is_none() {
+        bail!("--tls-verify-peer checks client certificates: it needs --tls-certificates DIR (PSK clients have no certificate)");
+    }
     let cfg = match (mode, &a.tls_certificates, &a.tls_psk) {
         (TlsMode::Off, None, None) => return Ok(None),
         (TlsMode::Off, _, _) => {
@@ -205,8 +210,30 @@ fn mode_name(m: TlsMode) -> &'static str {
     }
 }
 
+/// Limits that must be at least 1: 0 used to be raised to 1 silently.
+fn check_limits(a: &ServeArgs) -> anyhow::Result<()> {
+    for (flag, v) in [
+        ("--max-connections", a.max_connections as u64),
+        ("--max-inflight", u64::from(a.max_inflight)),
+        ("--handshake-timeout", a.handshake_timeout),
+        ("--send-timeout", a.send_timeout),
+    ] {
+        if v == 0 {
+            bail!("{flag} must be at least 1");
+        }
+    }
+    if let Some(n) = a.threads.filter(|&n| n == 0) {
+        bail!("--threads must be at least 1 (got {n})");
+    }
+    if let Some(n) = a.net_threads.filter(|&n| n == 0) {
+        bail!("--net-threads must be at least 1 (got {n})");
+    }
+    Ok(())
+}
+
 pub fn run(a: ServeArgs) -> anyhow::Result<()> {
     reexec_with_malloc_tuning();
+    check_limits(&a)?;
     // Credentials are checked before any volume is opened.
     let tls = tls_config(&a)?;
     let mut named: Vec<ExportSpec> = Vec::new();
@@ -412,6 +439,11 @@ fn make_listeners(a: &ServeArgs) -> anyhow::Result<Listeners> {
         if ls.is_empty() {
             bail!("LISTEN_FDS is set but no passed descriptor is a listening socket");
         }
+        if !a.listen.is_empty() || a.socket.is_some() {
+            bail!(
+                "socket activation (LISTEN_FDS) passes the sockets to serve: drop --listen and --socket"
+            );
+        }
         return Ok(Listeners {
             listeners: ls,
             activated: true,
@@ -436,9 +468,23 @@ fn make_listeners(a: &ServeArgs) -> anyhow::Result<Listeners> {
 }
 
 fn bind_unix(p: &Path) -> anyhow::Result<Listener> {
+    use std::os::unix::fs::FileTypeExt;
     // A stale socket file from a killed server would make bind fail; remove
-    // it only if nothing answers on it.
-    if p.exists() && std::os::unix::net::UnixStream::connect(p).is_err() {
+    // it only if it is a socket and nothing answers on it. Anything else at
+    // the path (a volume image, a typo'd path to a file) is never removed.
+    if let Ok(m) = std::fs::symlink_metadata(p) {
+        if !m.file_type().is_socket() {
+            bail!(
+                "cannot listen on {}: it exists and is not a socket (refusing to replace it)",
+                p.display()
+            );
+        }
+        if std::os::unix::net::UnixStream::connect(p).is_ok() {
+            bail!(
+                "cannot listen on {}: another server is listening there",
+                p.display()
+            );
+        }
         let _ = std::fs::remove_file(p);
     }
     let l = UnixListener::bind(p).with_context(|| format!("cannot listen on {}", p.display()))?;

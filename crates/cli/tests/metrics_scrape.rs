@@ -239,6 +239,103 @@ fn counters_follow_an_nbd_load() {
     assert!(info.contains("clean"), "{info}");
 }
 
+/// Requests the server answers itself, without the volume (a write to a
+/// read-only export, a read past the end, an unknown command), are counted
+/// with their errno, and so is CACHE; and a client trickling its HTTP
+/// request a byte at a time holds the endpoint for at most one exchange's
+/// deadline (it used to renew a per-read timeout for as long as it liked,
+/// so every scrape behind it timed out).
+#[test]
+fn rejected_requests_are_counted_and_a_trickling_scraper_is_cut_off() {
+    use jbdev_nbd::proto::*;
+    let test = "rejected_requests_are_counted_and_a_trickling_scraper_is_cut_off";
+    if !have_tool("curl", test) {
+        return;
+    }
+    let dir = TempDir::new("metrics-rej");
+    let img = dir.path("r.img");
+    format_volume(&img, "16M");
+    let srv = ServerProc::start(
+        &[
+            img.to_str().unwrap(),
+            "--read-only",
+            "--metrics",
+            "127.0.0.1:0",
+        ],
+        None,
+    );
+    let url = metrics_url(&srv);
+    let addr: jbdev_nbd::client::Address = srv.tcp.clone().unwrap().parse().unwrap();
+    let mut c = jbdev_nbd::client::Client::connect(&addr, "").expect("nbd connect");
+    assert_eq!(
+        c.call(CMD_WRITE, 0, 0, 4096, &[1; 4096]).unwrap(),
+        Err(EPERM)
+    );
+    assert_eq!(c.call(CMD_TRIM, 0, 0, 4096, &[]).unwrap(), Err(EPERM));
+    assert_eq!(
+        c.call(CMD_READ, 0, 16 << 20, 4096, &[]).unwrap(),
+        Err(EINVAL)
+    );
+    assert_eq!(c.call(CMD_CACHE, 0, 0, 4096, &[]).unwrap(), Ok(Vec::new()));
+    assert_eq!(c.call(42, 0, 0, 0, &[]).unwrap(), Err(EINVAL));
+    c.disconnect().unwrap();
+    let m = scrape(&url);
+    let count = |cmd: &str| {
+        get(
+            &m,
+            &format!(r#"jbdev_nbd_requests_total{{export="",command="{cmd}"}}"#),
+        )
+    };
+    let errors = |cmd: &str, errno: &str| {
+        get(
+            &m,
+            &format!(r#"jbdev_nbd_errors_total{{export="",command="{cmd}",errno="{errno}"}}"#),
+        )
+    };
+    assert_eq!(count("write"), 1.0);
+    assert_eq!(errors("write", "EPERM"), 1.0);
+    assert_eq!(errors("trim", "EPERM"), 1.0);
+    assert_eq!(count("read"), 1.0);
+    assert_eq!(errors("read", "EINVAL"), 1.0);
+    assert_eq!(count("cache"), 1.0);
+    assert_eq!(errors("other", "EINVAL"), 1.0);
+
+    // One byte every 500 ms for at most 60 s: before, each byte renewed a
+    // 5 s read timeout, so the scrape below waited the whole minute.
+    let metrics_addr = url
+        .trim_start_matches("http://")
+        .trim_end_matches("/metrics")
+        .to_string();
+    let trickler = std::thread::spawn(move || {
+        let mut t = std::net::TcpStream::connect(&metrics_addr).unwrap();
+        let start = Instant::now();
+        let mut sent = 0;
+        while start.elapsed() < Duration::from_secs(60) {
+            if t.write_all(b"G").is_err() {
+                break; // the server cut it off
+            }
+            sent += 1;
+            std::thread::sleep(Duration::from_millis(500));
+        }
+        sent
+    });
+    std::thread::sleep(Duration::from_millis(200));
+    // curl gives up after 10 s (see `curl`).
+    let again = scrape(&url);
+    assert!(
+        get(
+            &again,
+            r#"jbdev_nbd_requests_total{export="",command="write"}"#
+        ) >= 1.0
+    );
+    let sent = trickler.join().unwrap();
+    assert!(
+        sent < 120,
+        "the trickling client was never cut off ({sent} bytes)"
+    );
+    assert!(srv.stop(), "server did not shut down cleanly");
+}
+
 #[test]
 fn a_bad_metrics_address_is_an_error() {
     let dir = TempDir::new("metrics-bad");

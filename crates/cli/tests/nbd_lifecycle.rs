@@ -117,3 +117,107 @@ fn hangup_and_quit_shut_down_cleanly() {
         v.close().unwrap();
     }
 }
+
+/// `--socket` on a path that holds a file, not a socket: refused, and the
+/// file kept. It used to be removed as a "stale socket" — the served image
+/// itself, when the operator typed its path there.
+#[test]
+fn a_socket_path_holding_a_file_is_refused_and_kept() {
+    let dir = TempDir::new("sock-file");
+    let img = dir.path("v.img");
+    format_volume(&img, "16M");
+    let keep = dir.path("keep.txt");
+    std::fs::write(&keep, "precious").unwrap();
+    let i = img.to_str().unwrap();
+    for target in [keep.to_str().unwrap(), i] {
+        let out = run_tool(JBDEV, &["serve", i, "--socket", target], 30);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success(),
+            "--socket {target} was accepted: {err}"
+        );
+        assert!(err.contains("is not a socket"), "{err}");
+    }
+    assert_eq!(std::fs::read_to_string(&keep).unwrap(), "precious");
+    run_ok(JBDEV, &["check", i], 30);
+    // A stale socket (nobody listening) is still replaced.
+    let sock = dir.path("s.sock");
+    drop(std::os::unix::net::UnixListener::bind(&sock).unwrap());
+    let srv = ServerProc::start(&[i], Some(&sock));
+    let addr = Address::Unix(srv.unix.clone().expect("unix listener"));
+    Client::connect(&addr, "")
+        .expect("connect")
+        .disconnect()
+        .unwrap();
+    assert!(srv.stop(), "server did not shut down cleanly");
+}
+
+/// Flags that cannot take effect together are refused before serving,
+/// instead of one of them being ignored (or a zero limit raised to 1).
+#[test]
+fn conflicting_or_zero_flags_are_refused_before_serving() {
+    let dir = TempDir::new("flags");
+    let img = dir.path("v.img");
+    format_volume(&img, "16M");
+    let i = img.to_str().unwrap();
+    let psk = dir.path("k.psk");
+    std::fs::write(&psk, "alice:0123456789abcdef0123456789abcdef\n").unwrap();
+    let p = psk.to_str().unwrap();
+    let e = format!("e={i}");
+    for (args, want) in [
+        (
+            vec![
+                i,
+                "--tls-psk",
+                p,
+                "--tls-verify-peer",
+                "--listen",
+                "127.0.0.1:0",
+            ],
+            "needs --tls-certificates",
+        ),
+        (
+            vec![i, "-s", "--listen", "127.0.0.1:0"],
+            "cannot be used with",
+        ),
+        (
+            vec![
+                "--export",
+                &e,
+                "--description",
+                "x",
+                "--listen",
+                "127.0.0.1:0",
+            ],
+            "required",
+        ),
+        (
+            vec![i, "--max-connections", "0", "--listen", "127.0.0.1:0"],
+            "--max-connections must be at least 1",
+        ),
+        (
+            vec![i, "--max-inflight", "0", "--listen", "127.0.0.1:0"],
+            "--max-inflight must be at least 1",
+        ),
+        (
+            vec![i, "--handshake-timeout", "0", "--listen", "127.0.0.1:0"],
+            "--handshake-timeout must be at least 1",
+        ),
+        (
+            vec![i, "--send-timeout", "0", "--listen", "127.0.0.1:0"],
+            "--send-timeout must be at least 1",
+        ),
+        (
+            vec![i, "--threads", "0", "--listen", "127.0.0.1:0"],
+            "--threads must be at least 1",
+        ),
+    ] {
+        let mut a = vec!["serve"];
+        a.extend(&args);
+        let out = run_tool(JBDEV, &a, 30);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?} was accepted: {err}");
+        assert!(err.contains(want), "{args:?}: {err}");
+        assert!(!err.contains("listening on"), "{args:?} served: {err}");
+    }
+}

@@ -137,6 +137,19 @@ pub trait Backend: Send + Sync + 'static {
     /// Allocation map of `[offset, offset+length)`: consecutive extents
     /// starting at `offset`, covering at least one byte.
     fn block_status(&self, offset: u64, length: u64) -> BackendResult<Vec<Extent>>;
+    /// `NBD_CMD_CACHE`: a hint to prefetch. The default does nothing.
+    fn cache(&self, offset: u64, length: u64) -> BackendResult<()> {
+        let _ = (offset, length);
+        Ok(())
+    }
+    /// The connection answered a request of command `kind` (`CMD_*`,
+    /// possibly unknown) with `errno` without calling the backend: it failed
+    /// validation (read-only export, out of range, over the maximum size,
+    /// unknown command or flags) or asked for a fast zero that would write
+    /// data. For metrics; the default does nothing.
+    fn rejected(&self, kind: u16, errno: u32) {
+        let _ = (kind, errno);
+    }
 }
 
 impl<B: Backend + ?Sized> Backend for Arc<B> {
@@ -202,6 +215,12 @@ impl<B: Backend + ?Sized> Backend for Arc<B> {
     }
     fn block_status(&self, offset: u64, length: u64) -> BackendResult<Vec<Extent>> {
         (**self).block_status(offset, length)
+    }
+    fn cache(&self, offset: u64, length: u64) -> BackendResult<()> {
+        (**self).cache(offset, length)
+    }
+    fn rejected(&self, kind: u16, errno: u32) {
+        (**self).rejected(kind, errno)
     }
 }
 

@@ -487,7 +487,7 @@ fn execute(conn: &ConnShared, req: &Request, cmd: Command) -> Vec<Part> {
                 b.trim(offset, length, fua).map(|_| ok_reply(cookie))
             }
         }
-        Command::Cache { .. } => Ok(ok_reply(cookie)),
+        Command::Cache { offset, length } => b.cache(offset, length).map(|_| ok_reply(cookie)),
         Command::WriteZeroes {
             offset,
             length,
@@ -499,6 +499,7 @@ fn execute(conn: &ConnShared, req: &Request, cmd: Command) -> Vec<Part> {
             // discard or a metadata change; ENOTSUP where it would write
             // zero blocks (the client then writes its own data instead).
             if fast && !b.zeroes_are_fast(offset, length) {
+                b.rejected(req.kind, ENOTSUP);
                 Err(BackendError::new(
                     ENOTSUP,
                     "zeroing this range would write data",
@@ -932,6 +933,7 @@ impl Reader<'_> {
             .await
             .map_err(|e| format!("read failed: {e}"))?;
         self.gate.acquire(0).await;
+        self.conn.backend.rejected(req.kind, errno);
         let msg = if errno == EOVERFLOW {
             "request longer than the advertised maximum payload"
         } else {
