@@ -736,6 +736,10 @@ struct Reader<'a> {
     /// The last request was a WRITE whose payload came straight from the
     /// socket: the next header is read on its own too (see `read_header`).
     bulk_writes: bool,
+    /// The server shut down while this connection was in transmission:
+    /// requests read since are answered `NBD_ESHUTDOWN`, and the reader
+    /// ends at the client's first pause.
+    stopped_by_shutdown: bool,
 }
 
 /// Runs the transmission phase until the client disconnects, the stream
@@ -785,16 +789,51 @@ pub(crate) async fn serve(
         stop,
         warned_oversize: false,
         bulk_writes: false,
+        stopped_by_shutdown: false,
     };
     let reason = reader.run().await;
     tracing::debug!("connection ending: {reason}");
-    drop(reader);
+    let linger = reader.stopped_by_shutdown;
+    let mut input = reader.input;
     // NBD_CMD_DISC and shutdown: answer everything already accepted first.
     gate.wait_idle().await;
     conn.sink.close();
+    // Every reply written, then our end of stream (TLS: close_notify).
     let _ = writer_task.await;
+    if linger {
+        linger_before_close(&mut input).await;
+    }
     control.shutdown();
 }
+
+/// After a server shutdown ended a connection whose client may still be
+/// sending: reads and discards what arrives until the client closes its
+/// side, pauses for [`SHUTDOWN_IDLE`], or [`SHUTDOWN_LINGER`] has passed.
+/// Closing a socket with unread bytes makes the kernel reset the
+/// connection, and the reset discards the replies the client has not read
+/// yet (measured before this: 18 of 74 executed FUA writes answered).
+async fn linger_before_close(input: &mut Input) {
+    let deadline = tokio::time::Instant::now() + SHUTDOWN_LINGER;
+    let mut sink = [0u8; 16 << 10];
+    loop {
+        let wait = deadline
+            .saturating_duration_since(tokio::time::Instant::now())
+            .min(SHUTDOWN_IDLE);
+        match tokio::time::timeout(wait, input.read(&mut sink)).await {
+            Ok(Ok(n)) if n > 0 => continue,
+            // End of stream, an error, a pause or the deadline.
+            _ => return,
+        }
+    }
+}
+
+/// At server shutdown, a client that sends nothing for this long is done:
+/// its connection ends (see [`Reader::read_header`] and
+/// [`linger_before_close`]).
+const SHUTDOWN_IDLE: Duration = Duration::from_millis(200);
+/// Longest a shut-down connection reads what its client still sends after
+/// the last reply (see [`linger_before_close`]).
+const SHUTDOWN_LINGER: Duration = Duration::from_secs(2);
 
 impl Reader<'_> {
     async fn run(&mut self) -> Ended {
@@ -813,6 +852,9 @@ impl Reader<'_> {
             };
             let res = match codec::validate(&req, &self.ctx) {
                 Ok(Command::Disconnect) => return "client sent DISC".into(),
+                // The spec's soft disconnect: what arrives after the
+                // server began shutting down is answered, not carried out.
+                Ok(_) if self.stopped_by_shutdown => self.reject(&req, ESHUTDOWN).await,
                 Ok(cmd) => self.submit(&req, cmd).await,
                 Err(errno) => self.reject(&req, errno).await,
             };
@@ -823,9 +865,9 @@ impl Reader<'_> {
     }
 
     /// Reads a request header. Waiting for its first byte is unbounded
-    /// (clients may idle) but ends at shutdown; once it has begun, the rest
-    /// must come within the payload timeout. `Ok(false)`: clean end of
-    /// stream or shutdown.
+    /// (clients may idle) until shutdown, then at most [`SHUTDOWN_IDLE`];
+    /// once it has begun, the rest must come within the payload timeout.
+    /// `Ok(false)`: clean end of stream, or a pause after shutdown.
     async fn read_header(&mut self, buf: &mut [u8]) -> io::Result<bool> {
         // In a stream of large writes, a header read through the buffer
         // would fill it with the head of the payload behind it, which then
@@ -836,15 +878,33 @@ impl Reader<'_> {
             input,
             stop,
             limits,
+            stopped_by_shutdown,
             ..
         } = self;
         let from: &mut (dyn AsyncRead + Send + Unpin) =
             if direct { input.get_mut() } else { input };
-        let got = tokio::select! {
-            // Requests already read (buffered) are served before shutdown.
-            biased;
-            r = from.read(buf) => r?,
-            _ = stop.wait_for(|s| *s) => return Ok(false),
+        if *stop.borrow() {
+            *stopped_by_shutdown = true;
+        }
+        let before_stop = if *stopped_by_shutdown {
+            None
+        } else {
+            tokio::select! {
+                biased;
+                r = from.read(buf) => Some(r?),
+                // (A read dropped before it completed consumed nothing.)
+                _ = stop.wait_for(|s| *s) => None,
+            }
+        };
+        let got = match before_stop {
+            Some(n) => n,
+            None => {
+                *stopped_by_shutdown = true;
+                match tokio::time::timeout(SHUTDOWN_IDLE, from.read(buf)).await {
+                    Ok(r) => r?,
+                    Err(_) => return Ok(false),
+                }
+            }
         };
         if got == 0 {
             return Ok(false);

@@ -38,10 +38,16 @@
 //!
 //! Shutdown ([`ShutdownHandle::shutdown`], wired to SIGINT/SIGTERM/SIGHUP/SIGQUIT by
 //! [`Server::run_with_signals`], and optionally to the parent's exit or to
-//! the last client's leaving) stops accepting, shuts the read side of every
-//! connection so readers see end-of-stream, waits until every request
-//! already read has been answered, and returns; the caller then flushes and
-//! closes the volumes.
+//! the last client's leaving) stops accepting and ends connections in
+//! handshake; in transmission, every request already accepted is carried
+//! out and answered, and the requests that still arrive are answered
+//! `NBD_ESHUTDOWN` (the spec's soft disconnect) until the client pauses,
+//! disconnects or closes. Then the server sends its end of stream and
+//! reads (discarding) what the client still sends for a moment before it
+//! closes the socket: closing with unread bytes would make the kernel reset
+//! the connection, and a reset discards the replies the client has not read
+//! yet. `serve` returns when every connection has ended (or the grace time
+//! has passed); the caller then flushes and closes the volumes.
 
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -209,10 +215,11 @@ fn begin_shutdown(inner: &Inner) {
         return;
     }
     tracing::info!("shutting down: finishing in-flight requests");
+    // Every connection watches this: handshakes end, transmission answers
+    // what it accepted and ESHUTDOWN to the rest (see `conn::serve`). The
+    // read side is not shut: data the client still sends must be read,
+    // or closing the socket would reset the connection.
     inner.stop_tx.send_replace(true);
-    for (_, c) in inner.conns.live.lock().iter() {
-        c.shutdown_read();
-    }
     inner.conns.empty.notify_all();
 }
 
@@ -646,17 +653,20 @@ async fn run_connection(inner: &Arc<Inner>, id: u64, stream: Stream) {
         wake: wake.clone(),
         tls,
     };
-    let outcome = tokio::time::timeout(
-        cfg.handshake_timeout,
-        handshake::negotiate(&mut io, &inner.exports, &limits, &stopping),
-    )
-    .await
-    .unwrap_or_else(|_| {
-        Err(io::Error::new(
-            io::ErrorKind::TimedOut,
-            "handshake not completed in time",
-        ))
-    });
+    let mut stop = inner.stop_tx.subscribe();
+    let outcome = tokio::select! {
+        r = tokio::time::timeout(
+            cfg.handshake_timeout,
+            handshake::negotiate(&mut io, &inner.exports, &limits, &stopping),
+        ) => r.unwrap_or_else(|_| {
+            Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "handshake not completed in time",
+            ))
+        }),
+        // A client still negotiating gets no export once the server stops.
+        _ = stop.wait_for(|s| *s) => Err(io::Error::other("the server is shutting down")),
+    };
     let HandshakeIo { reader, writer, .. } = io;
     match outcome {
         Ok(Outcome::Transmission(session)) => {

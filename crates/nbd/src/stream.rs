@@ -22,16 +22,11 @@ pub trait StreamControl: Send + Sync {
     /// Shuts the stream down both ways: a pending read sees end-of-stream,
     /// further writes fail.
     fn shutdown(&self);
-    /// Shuts down only the read side (server shutdown: finish what was read).
-    fn shutdown_read(&self);
 }
 
 impl StreamControl for TcpStream {
     fn shutdown(&self) {
         let _ = TcpStream::shutdown(self, Shutdown::Both);
-    }
-    fn shutdown_read(&self) {
-        let _ = TcpStream::shutdown(self, Shutdown::Read);
     }
 }
 
@@ -39,16 +34,12 @@ impl StreamControl for UnixStream {
     fn shutdown(&self) {
         let _ = UnixStream::shutdown(self, Shutdown::Both);
     }
-    fn shutdown_read(&self) {
-        let _ = UnixStream::shutdown(self, Shutdown::Read);
-    }
 }
 
 /// Control for streams that cannot be shut down (pipes).
 pub(crate) struct NoControl;
 impl StreamControl for NoControl {
     fn shutdown(&self) {}
-    fn shutdown_read(&self) {}
 }
 
 /// What a [`Stream`] is connected through.
