@@ -883,7 +883,8 @@ impl Reader<'_> {
         } = self;
         let from: &mut (dyn AsyncRead + Send + Unpin) =
             if direct { input.get_mut() } else { input };
-        if *stop.borrow() {
+        // (`has_changed` is one atomic load; the flag only ever turns true.)
+        if !*stopped_by_shutdown && stop.has_changed().unwrap_or(true) && *stop.borrow() {
             *stopped_by_shutdown = true;
         }
         let before_stop = if *stopped_by_shutdown {
