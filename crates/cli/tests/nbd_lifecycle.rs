@@ -212,13 +212,7 @@ fn conflicting_or_zero_flags_are_refused_before_serving() {
             "--threads must be at least 1",
         ),
     ] {
-        let mut a = vec!["serve"];
-        a.extend(&args);
-        let out = run_tool(JBDEV, &a, 30);
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert!(!out.status.success(), "{args:?} was accepted: {err}");
-        assert!(err.contains(want), "{args:?}: {err}");
-        assert!(!err.contains("listening on"), "{args:?} served: {err}");
+        assert_serve_refuses(&args, want);
     }
 }
 

@@ -530,14 +530,9 @@ fn bad_tls_flags_are_refused_before_serving() {
             "line 1: the key is not hex",
         ),
     ] {
-        let mut a = vec!["serve"];
-        a.extend(&args);
+        let mut a = args.clone();
         a.extend(["--listen", "127.0.0.1:0"]);
-        let out = run_tool(JBDEV, &a, 30);
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert!(!out.status.success(), "{args:?} was accepted");
-        assert!(err.contains(want), "{args:?}: {err}");
-        assert!(!err.contains("listening on"), "{args:?} served: {err}");
+        assert_serve_refuses(&a, want);
     }
 }
 

@@ -12,17 +12,23 @@ fn small_format() -> FormatOptions {
     f
 }
 
+/// A small volume, formatted and closed, in `dir`.
+fn closed_volume(dir: &tempfile::TempDir) -> std::path::PathBuf {
+    let path = dir.path().join("v.img");
+    Volume::create(&path, &small_format(), &OpenOptions::default())
+        .unwrap()
+        .close()
+        .unwrap();
+    path
+}
+
 /// A size whose layout (superblock + journal + data) overflows 64 bits
 /// used to wrap: the file was grown to a meaningless size and the error
 /// claimed a corrupt journal (EUCLEAN) or a failed truncate (EIO).
 #[test]
 fn a_size_too_large_for_a_file_is_refused_and_the_target_left_alone() {
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("v.img");
-    Volume::create(&path, &small_format(), &OpenOptions::default())
-        .unwrap()
-        .close()
-        .unwrap();
+    let path = closed_volume(&dir);
     let before = std::fs::read(&path).unwrap();
     for size in [
         u64::MAX - 4095,
@@ -57,11 +63,7 @@ fn a_size_too_large_for_a_file_is_refused_and_the_target_left_alone() {
 #[test]
 fn zero_intervals_are_refused_at_open_and_create() {
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("v.img");
-    Volume::create(&path, &small_format(), &OpenOptions::default())
-        .unwrap()
-        .close()
-        .unwrap();
+    let path = closed_volume(&dir);
     for which in ["commit", "checkpoint"] {
         let mut o = OpenOptions::default();
         if which == "commit" {

@@ -490,11 +490,13 @@ fn client(
         let is_trim = matches!(kind, OpKind::Trim) || (kind == OpKind::Zeroes && rng.gen_bool(0.3));
         let res = match kind {
             OpKind::Txn => {
+                // Too large for one transaction: refused when the extent
+                // that does not fit is added (TooLarge), nothing applied.
                 let mut t = vol.transaction();
-                for (off, d) in &extents {
-                    t.write(d, *off).expect("in range");
-                }
-                t.commit(flags(fua))
+                extents
+                    .iter()
+                    .try_for_each(|(off, d)| t.write(d, *off).map(drop))
+                    .and_then(|()| t.commit(flags(fua)))
             }
             OpKind::Zeroes | OpKind::Trim | OpKind::BigZeroes => {
                 let (off, d) = &extents[0];

@@ -84,6 +84,19 @@ pub fn run_ok(tool: &str, args: &[&str], limit_s: u32) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// Runs `jbdev serve ARGS` and checks that it refuses them before serving,
+/// with `want` in its error.
+#[allow(dead_code)] // not every test binary including this module uses it
+pub fn assert_serve_refuses(args: &[&str], want: &str) {
+    let mut a = vec!["serve"];
+    a.extend(args);
+    let out = run_tool(JBDEV, &a, 30);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{args:?} was accepted: {err}");
+    assert!(err.contains(want), "{args:?}: {err}");
+    assert!(!err.contains("listening on"), "{args:?} served: {err}");
+}
+
 /// Formats a volume with the CLI.
 pub fn format_volume(path: &Path, size: &str) {
     let p = path.to_str().expect("utf-8 path");
