@@ -86,7 +86,6 @@ pub fn run_ok(tool: &str, args: &[&str], limit_s: u32) -> String {
 
 /// Runs `jbdev serve ARGS` and checks that it refuses them before serving,
 /// with `want` in its error.
-#[allow(dead_code)] // not every test binary including this module uses it
 pub fn assert_serve_refuses(args: &[&str], want: &str) {
     let mut a = vec!["serve"];
     a.extend(args);
