@@ -398,6 +398,15 @@ fn socket_activation_and_stdio_mode() {
     let v: serde_json::Value = serde_json::from_str(&out).expect("json");
     assert_eq!(v["exports"][0]["export-size"], 8u64 << 20, "{out}");
     assert_eq!(v["exports"][0]["can_multi_conn"], true, "{out}");
+    // Listeners of its own as well: refused, not silently ignored.
+    let out = run_tool(
+        "nbdinfo",
+        &["--", "[", JBDEV, "serve", i, "--listen", "127.0.0.1:0", "]"],
+        60,
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains("drop --listen and --socket"), "{err}");
 
     let script = format!(
         "import nbd\nh.connect_command(['{JBDEV}', 'serve', '-s', '{i}'])\n\
