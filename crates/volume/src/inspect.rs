@@ -67,8 +67,14 @@ pub fn inspect(path: &Path, journal_path: Option<&Path>) -> Result<Inspection> {
 }
 
 impl Inspection {
-    /// Reads one journal block.
+    /// Reads one journal block (`InvalidArgument` past the journal's end).
     pub fn read_journal_block(&self, pos: u32) -> Result<AlignedBuf> {
+        if pos >= self.region.len_blocks() {
+            return Err(crate::VolumeError::InvalidArgument(format!(
+                "journal block {pos} is past the end of the {}-block journal",
+                self.region.len_blocks()
+            )));
+        }
         let mut buf = AlignedBuf::zeroed(self.superblock.block_size as usize);
         self.region.read_blocks(pos, &mut buf)?;
         Ok(buf)

@@ -27,7 +27,10 @@ mod volume;
 pub use engine::{Completion, Durability};
 pub use error::{is_no_space, is_not_writable, Result, VolumeError};
 pub use jbdev_journal as journal;
-pub use options::{BatchPolicy, CommitMode, FormatOptions, JournalPlacement, OpenOptions};
+pub use options::{
+    BatchPolicy, CommitMode, FormatOptions, JournalPlacement, OpenOptions, MAX_PIPELINE_DEPTH,
+    MAX_WAIT,
+};
 pub use overlay::CallerBuf;
 pub use volume::{
     default_journal_bytes, Extent, ExtentState, RecoveryReport, Stats, TouchedBlocks, Transaction,

@@ -21,7 +21,9 @@ pub struct FormatOptions {
     /// whichever is smaller (at least 1 MiB).
     pub journal_bytes: Option<u64>,
     pub journal: JournalPlacement,
-    /// Block size of the volume and of the journal (512..=65536, power of two).
+    /// Block size of the volume and of the journal (1024..=65536, power of
+    /// two; the on-disk format could describe 512, but a journal block
+    /// must hold the jbd2 headers and tags, so format refuses it).
     pub block_size: u32,
 }
 
@@ -146,20 +148,52 @@ pub struct OpenOptions {
     pub break_lock: bool,
 }
 
+/// Longest interval or batching wait [`OpenOptions::validate`] accepts: a
+/// day.
+pub const MAX_WAIT: Duration = Duration::from_secs(24 * 3600);
+
+/// Most commits [`OpenOptions::pipeline_depth`] lets be in flight at once
+/// (recovery judges a torn tail by it).
+pub const MAX_PIPELINE_DEPTH: u32 = jbdev_journal::recovery::MAX_PIPELINE_DEPTH;
+
 impl OpenOptions {
-    /// Refuses options no volume can run with: a zero commit or checkpoint
-    /// interval (the background threads would spin on the journal lock,
-    /// starving every writer).
+    /// Refuses options no volume can run with: a commit or checkpoint
+    /// interval under 1 ms (the background threads would spin on the
+    /// journal lock, starving every writer); an interval or batching wait
+    /// over [`MAX_WAIT`] (deadlines past what a clock can add: the thread
+    /// computing one panicked); a pipeline depth outside 1..=16.
     pub fn validate(&self) -> crate::Result<()> {
+        let bad = |m: String| Err(crate::VolumeError::InvalidArgument(m));
         for (name, d) in [
             ("commit interval", self.commit_interval),
             ("checkpoint interval", self.checkpoint_interval),
         ] {
             if d < Duration::from_millis(1) {
-                return Err(crate::VolumeError::InvalidArgument(format!(
-                    "the {name} must be at least 1 ms (it is {d:?})"
-                )));
+                return bad(format!("the {name} must be at least 1 ms (it is {d:?})"));
             }
+        }
+        let fixed = match self.batch_policy {
+            BatchPolicy::Fixed(d) => d,
+            _ => Duration::ZERO,
+        };
+        for (name, d) in [
+            ("commit interval", self.commit_interval),
+            ("checkpoint interval", self.checkpoint_interval),
+            ("batching wait (max_batch)", self.max_batch),
+            ("fixed batching wait", fixed),
+        ] {
+            if d > MAX_WAIT {
+                return bad(format!(
+                    "the {name} must be at most {} s (it is {d:?})",
+                    MAX_WAIT.as_secs()
+                ));
+            }
+        }
+        if !(1..=MAX_PIPELINE_DEPTH).contains(&self.pipeline_depth) {
+            return bad(format!(
+                "the pipeline depth must be 1 to {MAX_PIPELINE_DEPTH} (it is {})",
+                self.pipeline_depth
+            ));
         }
         Ok(())
     }

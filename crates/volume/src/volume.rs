@@ -36,7 +36,10 @@ impl WriteFlags {
 pub enum ExtentState {
     /// Allocated; may hold data.
     Data,
-    /// Never written, trimmed or zeroed: reads as zeroes.
+    /// Known to read as zeroes without holding data: never written, or
+    /// deallocated. A trim or zeroing of less than 64 KiB of consecutive
+    /// blocks is journaled as zero blocks and written home as zeroes, so
+    /// it reads as zeroes but is reported as `Data`.
     Zero,
 }
 
@@ -325,16 +328,37 @@ impl Volume {
             break_lock: oopts.break_lock,
             ..Default::default()
         };
-        let dev = open_device(path, &dopts(needed))?.device;
-        let jdev = match &fopts.journal {
-            JournalPlacement::Internal => None,
-            JournalPlacement::External(p) => {
-                refuse_same_target(path, p)?;
-                Some(open_device(p, &dopts(journal_bytes))?.device)
+        // Files this call creates are removed again if it fails, so a
+        // failed create leaves nothing behind.
+        let absent =
+            |p: &Path| !jbdev_device::is_rbd_target(p) && std::fs::symlink_metadata(p).is_err();
+        let mut created: Vec<PathBuf> = Vec::new();
+        if absent(path) {
+            created.push(path.to_path_buf());
+        }
+        if let JournalPlacement::External(p) = &fopts.journal {
+            if absent(p) {
+                created.push(p.clone());
             }
-        };
-        Self::format_device(dev.clone(), jdev.clone(), fopts)?;
-        Self::open_device(dev, jdev, oopts)
+        }
+        let res = (|| {
+            let dev = open_device(path, &dopts(needed))?.device;
+            let jdev = match &fopts.journal {
+                JournalPlacement::Internal => None,
+                JournalPlacement::External(p) => {
+                    refuse_same_target(path, p)?;
+                    Some(open_device(p, &dopts(journal_bytes))?.device)
+                }
+            };
+            Self::format_device(dev.clone(), jdev.clone(), fopts)?;
+            Self::open_device(dev, jdev, oopts)
+        })();
+        if res.is_err() {
+            for p in &created {
+                let _ = std::fs::remove_file(p);
+            }
+        }
+        res
     }
 
     /// Opens an existing volume, running journal recovery if needed.
@@ -1240,13 +1264,23 @@ impl Volume {
         }
         let flushed = self.engine.flush();
         let mut threads = std::mem::take(&mut *self.threads.lock());
+        // The last handle may be dropped on one of the volume's own threads:
+        // a completion callback that owned it, run by the commit thread.
+        // That thread is not joined (it would wait for itself); it finds
+        // the shutdown when the callback returns, and ends.
+        let me = std::thread::current().id();
+        let join = |t: JoinHandle<()>| {
+            if t.thread().id() != me {
+                let _ = t.join();
+            }
+        };
         self.engine.stop_commit();
         if !threads.is_empty() {
-            let _ = threads.remove(0).join();
+            join(threads.remove(0));
         }
         self.engine.stop_checkpoint();
         for t in threads {
-            let _ = t.join();
+            join(t);
         }
         flushed?;
         self.engine.mark_clean()

@@ -95,3 +95,109 @@ fn zero_intervals_are_refused_at_open_and_create() {
     v.write_at(b"ok", 7, WriteFlags::FUA).unwrap();
     v.close().unwrap();
 }
+
+/// Waits too long for a clock to add (`Instant + d` panicked in the engine:
+/// the commit thread with `commit_interval: Duration::MAX`, a writer with
+/// `Fixed(Duration::MAX)`) and pipeline depths outside 1..=16 (silently
+/// clamped) are refused.
+#[test]
+fn waits_past_a_day_and_depths_outside_the_range_are_refused() {
+    use jbdev_volume::BatchPolicy;
+    let dir = tempfile::tempdir().unwrap();
+    let path = closed_volume(&dir);
+    let cases: [(&str, OpenOptions); 6] = [
+        (
+            "commit interval",
+            OpenOptions {
+                commit_interval: Duration::MAX,
+                ..OpenOptions::default()
+            },
+        ),
+        (
+            "checkpoint interval",
+            OpenOptions {
+                checkpoint_interval: Duration::from_secs(2 * 86400),
+                ..OpenOptions::default()
+            },
+        ),
+        (
+            "max_batch",
+            OpenOptions {
+                max_batch: Duration::MAX,
+                ..OpenOptions::default()
+            },
+        ),
+        (
+            "fixed batching wait",
+            OpenOptions {
+                batch_policy: BatchPolicy::Fixed(Duration::MAX),
+                ..OpenOptions::default()
+            },
+        ),
+        (
+            "pipeline depth",
+            OpenOptions {
+                pipeline_depth: 0,
+                ..OpenOptions::default()
+            },
+        ),
+        (
+            "pipeline depth",
+            OpenOptions {
+                pipeline_depth: 17,
+                ..OpenOptions::default()
+            },
+        ),
+    ];
+    for (what, o) in cases {
+        match Volume::open(&path, &o) {
+            Err(VolumeError::InvalidArgument(m)) => assert!(m.contains(what), "{what}: {m}"),
+            Err(e) => panic!("{what}: {e}"),
+            Ok(_) => panic!("{what} was accepted"),
+        }
+    }
+    // The bounds themselves are fine.
+    let o = OpenOptions {
+        commit_interval: jbdev_volume::MAX_WAIT,
+        pipeline_depth: 16,
+        ..OpenOptions::default()
+    };
+    let v = Volume::open(&path, &o).unwrap();
+    v.write_at(b"ok", 0, WriteFlags::FUA).unwrap();
+    v.close().unwrap();
+}
+
+/// A create that fails removes the files it created (here the volume file,
+/// made before the external journal's directory turned out not to exist),
+/// and leaves a file that was there alone.
+#[test]
+fn a_failed_create_leaves_no_file_behind() {
+    use jbdev_volume::JournalPlacement;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("new.img");
+    let mut f = small_format();
+    f.journal = JournalPlacement::External(dir.path().join("nodir/x.jnl"));
+    assert!(Volume::create(&path, &f, &OpenOptions::default()).is_err());
+    assert!(!path.exists(), "the failed create left the volume file");
+    let old = closed_volume(&dir);
+    assert!(Volume::create(&old, &f, &OpenOptions::default()).is_err());
+    assert!(
+        old.exists(),
+        "a file that was there before is not the create's to remove"
+    );
+}
+
+/// A journal block past the journal's end is the caller's mistake
+/// (`InvalidArgument`), not a corrupt journal.
+#[test]
+fn reading_past_the_journal_is_an_invalid_argument() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = closed_volume(&dir);
+    let ins = jbdev_volume::inspect::inspect(&path, None).unwrap();
+    let blocks = ins.region.len_blocks();
+    assert!(ins.read_journal_block(blocks - 1).is_ok());
+    assert!(matches!(
+        ins.read_journal_block(blocks),
+        Err(VolumeError::InvalidArgument(_))
+    ));
+}

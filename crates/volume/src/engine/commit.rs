@@ -120,7 +120,14 @@ impl Engine {
         let due = std::mem::take(&mut st.cbs_due);
         drop(st);
         for done in due {
-            done(self.ack());
+            let outcome = self.ack();
+            // A callback's panic is its owner's bug: it must not end the
+            // thread that runs everybody's completions (the commit thread,
+            // or a writer leading a commit). The panic hook has printed it.
+            let res = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || done(outcome)));
+            if res.is_err() {
+                tracing::error!("a completion callback panicked; ignored");
+            }
         }
         self.state()
     }
