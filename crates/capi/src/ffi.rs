@@ -627,16 +627,7 @@ pub unsafe extern "C" fn jbdev_txn_begin(
 /// Validates an extent against the transaction's volume and counts its
 /// blocks in; on an error the transaction is unchanged.
 fn add_extent(t: &mut TxnState, offset: u64, len: u64) -> Result<()> {
-    VOLUMES.with(t.volume, |e| {
-        let size = e.volume.size();
-        if offset.checked_add(len).is_none_or(|end| end > size) {
-            return Err(VolumeError::OutOfRange { offset, len, size }.into());
-        }
-        let bs = u64::from(e.volume.block_size());
-        t.touched
-            .try_add(offset, len, bs, e.volume.max_transaction_blocks())
-            .map_err(|blocks| e.volume.too_large(blocks).into())
-    })
+    VOLUMES.with(t.volume, |e| Ok(t.touched.add(&e.volume, offset, len)?))
 }
 
 /// Adds a write of `len` bytes from `buf` at `offset` to the transaction.

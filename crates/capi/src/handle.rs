@@ -56,6 +56,13 @@ struct Slot<T> {
     closing: AtomicUsize,
 }
 
+impl<T> Slot<T> {
+    /// A close of `generation` has begun: its calls are refused.
+    fn closing(&self, generation: usize) -> bool {
+        self.closing.load(Ordering::Acquire) == generation
+    }
+}
+
 struct Allocator {
     /// Slots below this index have been handed out at least once.
     next_index: usize,
@@ -154,17 +161,12 @@ impl<T> Table<T> {
             .ok_or_else(|| Error::bad_handle(self.kind))?;
         // Refused before the lock too, so a call that starts during a
         // close does not queue on a shard the close holds already.
-        if slot.closing.load(Ordering::Acquire) == generation {
+        if slot.closing(generation) {
             return Err(Error::bad_handle(self.kind));
         }
         let state = slot.state.read().unwrap_or_else(PoisonError::into_inner);
         match &state.value {
-            Some(v)
-                if state.generation == generation
-                    && slot.closing.load(Ordering::Acquire) != generation =>
-            {
-                f(v)
-            }
+            Some(v) if state.generation == generation && !slot.closing(generation) => f(v),
             _ => Err(Error::bad_handle(self.kind)),
         }
     }
@@ -180,12 +182,11 @@ impl<T> Table<T> {
             .slot(index)
             .filter(|_| generation != 0)
             .ok_or_else(|| Error::bad_handle(self.kind))?;
-        if slot.closing.load(Ordering::Acquire) == generation {
+        if slot.closing(generation) {
             return Err(Error::bad_handle(self.kind));
         }
         let mut state = slot.state.write().unwrap_or_else(PoisonError::into_inner);
-        let live =
-            state.generation == generation && slot.closing.load(Ordering::Acquire) != generation;
+        let live = state.generation == generation && !slot.closing(generation);
         match &mut state.value {
             Some(v) if live => f(v),
             _ => Err(Error::bad_handle(self.kind)),
@@ -326,12 +327,12 @@ mod tests {
             let closer = s.spawn(|| TABLE.remove(h));
             // Bounded wait for the close to announce itself.
             for _ in 0..10_000 {
-                if slot.closing.load(Ordering::Acquire) == generation {
+                if slot.closing(generation) {
                     break;
                 }
                 std::thread::sleep(std::time::Duration::from_micros(100));
             }
-            assert_eq!(slot.closing.load(Ordering::Acquire), generation);
+            assert!(slot.closing(generation));
             // From other threads (other shards) too: refused, not blocked.
             for _ in 0..4 {
                 let r = std::thread::spawn(move || TABLE.with(h, |v| Ok(*v)).map_err(|e| e.errno))

@@ -995,10 +995,10 @@ impl Reader<'_> {
             .map_err(|e| format!("read failed: {e}"))?;
         self.gate.acquire(0).await;
         self.conn.backend.rejected(req.kind, errno);
-        let msg = if errno == EOVERFLOW {
-            "request longer than the advertised maximum payload"
-        } else {
-            "invalid request"
+        let msg = match errno {
+            EOVERFLOW => "request longer than the advertised maximum payload",
+            ESHUTDOWN => "the server is shutting down",
+            _ => "invalid request",
         };
         self.conn.sink.send(OutMsg {
             parts: error_reply(&self.conn, req, errno, msg),

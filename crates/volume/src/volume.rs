@@ -707,11 +707,6 @@ impl Volume {
         self.engine.max_atomic_blocks()
     }
 
-    /// The [`VolumeError::TooLarge`] of a request touching `blocks` blocks.
-    pub fn too_large(&self, blocks: u64) -> VolumeError {
-        self.engine.too_large(blocks)
-    }
-
     /// The volume superblock.
     pub fn superblock(&self) -> &VolumeSuperblock {
         &self.superblock
@@ -1359,11 +1354,23 @@ impl TouchedBlocks {
         self.count
     }
 
+    /// Adds the extent `[offset, offset + len)` of a transaction on `vol`:
+    /// `OutOfRange` past its end, [`VolumeError::TooLarge`] if the
+    /// transaction would then touch more blocks than one atomic transaction
+    /// holds; on an error nothing changes. (The C ABI's transactions count
+    /// with it too.)
+    pub fn add(&mut self, vol: &Volume, offset: u64, len: u64) -> Result<()> {
+        vol.check(offset, len)?;
+        let bs = u64::from(vol.block_size());
+        self.try_add(offset, len, bs, vol.max_transaction_blocks())
+            .map_err(|blocks| vol.engine.too_large(blocks))
+    }
+
     /// Adds the bytes `[offset, offset + len)` (blocks of `block_size`)
     /// if the distinct blocks then stay within `max_blocks`; otherwise
     /// changes nothing and returns the count it would have made. The caller
     /// has checked that the range lies within the volume.
-    pub fn try_add(
+    fn try_add(
         &mut self,
         offset: u64,
         len: u64,
@@ -1413,11 +1420,7 @@ enum TxOp {
 
 impl Transaction<'_> {
     fn add(&mut self, offset: u64, len: u64) -> Result<()> {
-        self.vol.check(offset, len)?;
-        let bs = u64::from(self.vol.block_size());
-        self.touched
-            .try_add(offset, len, bs, self.vol.max_transaction_blocks())
-            .map_err(|blocks| self.vol.too_large(blocks))?;
+        self.touched.add(self.vol, offset, len)?;
         self.bytes += len;
         Ok(())
     }
