@@ -879,6 +879,20 @@ impl Collector_ {
         )?;
         family(
             enc,
+            "jbdev_store_full",
+            "1 while the backing store is full: the checkpoint cannot take journaled blocks home, and writes fail with ENOSPC once the journal is full (free space on the store; the checkpoint retries by itself).",
+            MetricType::Gauge,
+            &gauge(|s| f64::from(u8::from(s.store_full))),
+        )?;
+        family(
+            enc,
+            "jbdev_store_full_attempts",
+            "Checkpoint attempts that found the backing store full.",
+            MetricType::Counter,
+            &counter(|s| s.store_full_attempts),
+        )?;
+        family(
+            enc,
             "jbdev_checkpoint_lag_blocks",
             "Journal blocks waiting for checkpoint.",
             MetricType::Gauge,

@@ -556,7 +556,7 @@ fn open_hint(e: &jbdev_volume::VolumeError, path: &std::path::Path, read_only: b
 }
 
 /// A sparse image whose holes are larger than its file system's free space
-/// will make writes fail with ENOSPC (and abort the journal) once that
+/// will make writes fail with ENOSPC once that
 /// space runs out: say so at startup, while it can still be fixed.
 fn warn_if_sparse_on_a_small_fs(path: &std::path::Path) {
     if let Ok(Some(sp)) = jbdev_device::file::file_space(path) {

@@ -239,11 +239,27 @@ struct State {
     /// Writes reaching at or past this offset fail with `ENOSPC`, without
     /// effect (see [`FaultDevice::set_full_from`]).
     full_from: Option<u64>,
+    /// [`FaultDevice::set_full_during`]: from this attempt, until that one
+    /// (None: for good), writes past the offset fail with `ENOSPC`.
+    full_during: Option<(u64, Option<u64>, u64)>,
     odds: CrashOdds,
     /// Queued writes that completed but whose completion the caller has not
     /// reaped yet: write id -> id of the queue.
     unreaped: std::collections::BTreeMap<u64, u64>,
     next_write_id: u64,
+}
+
+impl State {
+    /// Where the store is full now: writes reaching past it fail with `ENOSPC`.
+    fn full_at(&self) -> Option<u64> {
+        let during = self.full_during.and_then(|(from, until, offset)| {
+            (self.attempts > from && until.is_none_or(|u| self.attempts <= u)).then_some(offset)
+        });
+        match (self.full_from, during) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
 }
 
 /// A fault-injecting in-memory block device (see the module documentation).
@@ -332,6 +348,7 @@ impl FaultDevice {
                 fail_at_reads: BTreeSet::new(),
                 unreadable: Vec::new(),
                 full_from: None,
+                full_during: None,
                 odds: CrashOdds::default(),
                 unreaped: std::collections::BTreeMap::new(),
                 next_write_id: 0,
@@ -425,6 +442,17 @@ impl FaultDevice {
     /// keep working. `None` makes room again.
     pub fn set_full_from(&self, offset: Option<u64>) {
         self.state.lock().full_from = offset;
+    }
+
+    /// [`FaultDevice::set_full_from`] `offset` for a stretch of mutating
+    /// operations: from the `after`-th from now (`0` or `1`: the next), for
+    /// `lasting` of them (None: for good), counted as [`FaultDevice::fail_op`]
+    /// counts. For a simulation that wants the store to fill and then get
+    /// room again at points of its own seed's choosing.
+    pub fn set_full_during(&self, after: u64, lasting: Option<u64>, offset: u64) {
+        let mut st = self.state.lock();
+        let from = st.attempts.saturating_add(after.max(1) - 1);
+        st.full_during = Some((from, lasting.map(|n| from.saturating_add(n)), offset));
     }
 
     /// Seeds the order in which queues made from now on deliver completions.
@@ -618,7 +646,7 @@ impl FaultDevice {
             Admission::Injected => Err(DeviceError::Injected(what)),
             Admission::Proceed
                 if matches!(w.payload, Payload::Bytes(_))
-                    && st.full_from.is_some_and(|f| w.offset + w.len() > f) =>
+                    && st.full_at().is_some_and(|f| w.offset + w.len() > f) =>
             {
                 Err(DeviceError::Io {
                     op: what,

@@ -52,6 +52,9 @@ pub struct LogSpace {
     in_flight: VecDeque<(Tid, Placement)>,
     queue_head: u64,
     queue_tail: u64,
+    /// Tickets behind the head whose holders left without a grant: the
+    /// head skips them when it gets there.
+    abandoned: std::collections::BTreeSet<u64>,
     /// Credits the queued writers wait for, in all.
     wanted: u64,
 }
@@ -71,6 +74,7 @@ impl LogSpace {
             in_flight: VecDeque::new(),
             queue_head: 0,
             queue_tail: 0,
+            abandoned: std::collections::BTreeSet::new(),
             wanted: 0,
         }
     }
@@ -138,17 +142,31 @@ impl LogSpace {
         t
     }
 
-    /// Leaves the queue without a grant (the volume failed or closed). Only
-    /// the head can leave without stalling the others, so a failing waiter
-    /// that is not the head still advances the queue: every waiter fails in
-    /// that case anyway.
-    pub fn abandon(&mut self, need: u64) {
-        self.leave(need);
+    /// The holder of `ticket` leaves the queue without a grant (the volume
+    /// failed or closed, or the store is full). Any holder may leave, in
+    /// any order: one behind the head is skipped when the head gets there.
+    /// (Waiters of a full store fail one by one, each after a checkpoint
+    /// attempt it saw fail, not all at once: the first version advanced
+    /// the head for every leaver and stalled the queue.)
+    pub fn abandon(&mut self, ticket: Ticket, need: u64) {
+        self.wanted = self.wanted.saturating_sub(need);
+        if ticket.0 == self.queue_head {
+            self.advance_head();
+        } else if ticket.0 > self.queue_head {
+            self.abandoned.insert(ticket.0);
+        }
     }
 
     fn leave(&mut self, need: u64) {
-        self.queue_head += 1;
         self.wanted = self.wanted.saturating_sub(need);
+        self.advance_head();
+    }
+
+    fn advance_head(&mut self) {
+        self.queue_head += 1;
+        while self.abandoned.remove(&self.queue_head) {
+            self.queue_head += 1;
+        }
     }
 
     /// Whether `ticket` is at the head of the queue.
@@ -322,10 +340,29 @@ mod tests {
         assert_eq!(s.try_grant(None, 10, 0), Some(10));
         let a = s.enqueue(5);
         let b = s.enqueue(5);
-        s.abandon(5);
+        s.abandon(a, 5);
         assert!(!s.is_head(a) && s.is_head(b));
         s.give_back(10);
         assert_eq!(s.try_grant(Some(b), 5, 0), Some(5));
+    }
+
+    #[test]
+    fn a_waiter_behind_the_head_may_leave_first_without_stalling_the_queue() {
+        let mut s = LogSpace::new(0, 21, 1);
+        assert_eq!(s.try_grant(None, 20, 0), Some(20));
+        let a = s.enqueue(5);
+        let b = s.enqueue(5);
+        let c = s.enqueue(5);
+        // b leaves before a: a stays the head, and c is next after a.
+        s.abandon(b, 5);
+        assert!(s.is_head(a));
+        s.give_back(10);
+        assert_eq!(s.try_grant(Some(a), 5, 0), Some(5));
+        assert!(s.is_head(c), "the head skips the ticket b gave up");
+        assert_eq!(s.try_grant(Some(c), 5, 0), Some(5));
+        // Nobody waits: a newcomer is not held back by a phantom want.
+        s.give_back(10);
+        assert_eq!(s.try_grant(None, 10, 0), Some(10));
     }
 
     #[test]

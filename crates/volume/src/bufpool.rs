@@ -38,6 +38,11 @@ struct Slot {
     /// Per block: the journal sums of its bytes, if the writer computed
     /// them ([`WriteBuf::seal`]); cleared whenever the slot is taken.
     sums: Vec<Option<BlockSums>>,
+    /// Per block: it holds zeroes a zeroing request (write-zeroes, trim)
+    /// put there, not data that happens to be zero ([`WriteBuf::mark_zeroed`]);
+    /// cleared whenever the slot is taken. Only such blocks may become
+    /// holes at checkpoint.
+    zeroed: Vec<bool>,
     class: u8,
 }
 
@@ -113,6 +118,8 @@ impl BufPool {
                     Some(s) => {
                         s.sums.clear();
                         s.sums.resize(1 << class, None);
+                        s.zeroed.clear();
+                        s.zeroed.resize(1 << class, false);
                     }
                     None => unreachable!("a free-list slot is never shared"),
                 }
@@ -123,6 +130,7 @@ impl BufPool {
                 Arc::new(Slot {
                     buf: AlignedBuf::zeroed(inner.bs << class),
                     sums: vec![None; 1 << class],
+                    zeroed: vec![false; 1 << class],
                     class: class as u8,
                 })
             }
@@ -256,6 +264,7 @@ impl SharedBuf {
             slot: Some(Arc::new(Slot {
                 buf,
                 sums: Vec::new(),
+                zeroed: Vec::new(),
                 class,
             })),
             pool: pool.inner.clone(),
@@ -265,6 +274,14 @@ impl SharedBuf {
     /// The sums of block `i` of this buffer, if its writer computed them.
     pub fn sums(&self, i: usize) -> Option<BlockSums> {
         self.slot.as_ref()?.sums.get(i).copied().flatten()
+    }
+
+    /// Whether block `i` holds zeroes a zeroing request put there
+    /// ([`WriteBuf::mark_zeroed`]).
+    pub fn zeroed(&self, i: usize) -> bool {
+        self.slot
+            .as_ref()
+            .is_some_and(|s| s.zeroed.get(i).copied().unwrap_or(false))
     }
 }
 
@@ -306,11 +323,12 @@ pub struct WriteBuf {
 }
 
 impl WriteBuf {
-    /// Block `i` of the write, writable. Forgets the block's sums: they
-    /// would not describe what the caller writes now.
+    /// Block `i` of the write, writable. Forgets the block's sums and its
+    /// zeroed mark: they would not describe what the caller writes now.
     pub fn block_mut(&mut self, i: usize) -> &mut [u8] {
         let (slot, b, bs) = self.locate(i);
         slot.sums[b] = None;
+        slot.zeroed[b] = false;
         &mut slot.buf[b * bs..(b + 1) * bs]
     }
 
@@ -328,6 +346,15 @@ impl WriteBuf {
         let (slot, b, bs) = self.locate(i);
         let bytes = &slot.buf[b * bs..(b + 1) * bs];
         slot.sums[b] = (!jbdev_journal::format::needs_escape(bytes)).then(|| BlockSums::of(bytes));
+    }
+
+    /// Marks block `i`, all zeroes now, as written by a zeroing request:
+    /// the checkpoint may punch it out of home instead of writing it (a
+    /// plain write of zeroes stays data, so a preallocated image keeps its
+    /// space).
+    pub fn mark_zeroed(&mut self, i: usize) {
+        let (slot, b, _) = self.locate(i);
+        slot.zeroed[b] = true;
     }
 
     /// Shares the buffer: `(chunk, blocks per chunk)`; block `i` is at
@@ -366,6 +393,30 @@ mod tests {
                 kept_bytes: 0
             }
         );
+    }
+
+    /// The zeroed mark says a zeroing request wrote the block: writing the
+    /// block again clears it, and a reused buffer starts without it (a
+    /// stale mark would let the checkpoint punch out a block of data).
+    #[test]
+    fn zeroed_marks_do_not_outlive_their_block() {
+        let pool = BufPool::new(4096, 1 << 20);
+        let mut w = pool.take(2);
+        w.block_mut(0).fill(0);
+        w.block_mut(1).fill(0);
+        w.mark_zeroed(0);
+        w.mark_zeroed(1);
+        w.block_mut(1)[7] = 9;
+        let (chunks, _) = w.share();
+        assert!(chunks[0].zeroed(0));
+        assert!(!chunks[0].zeroed(1), "block 1 written after its mark");
+        drop(chunks);
+        let again = pool.take(2);
+        assert_eq!(pool.stats().reused, 1);
+        let (chunks, _) = again.share();
+        assert!(!chunks[0].zeroed(0), "the previous write's mark survived");
+        let outside = SharedBuf::from_aligned(&pool, AlignedBuf::zeroed(4096));
+        assert!(!outside.zeroed(0));
     }
 
     /// Sums describe the bytes they were computed over and nothing else:

@@ -56,6 +56,24 @@ pub enum VolumeError {
         /// broken device.
         cause_errno: i32,
     },
+    /// The backing store is full (`ENOSPC` or `EDQUOT` on a home write):
+    /// the checkpoint cannot take journaled blocks home, and the journal
+    /// has no room left for this write. Nothing acknowledged is lost and
+    /// the volume stays open: once space is freed on the store, the
+    /// checkpoint resumes (it retries by itself) and the same write
+    /// succeeds. Also the error of a direct write into unallocated space
+    /// (ARCHITECTURE, failure semantics).
+    #[error(
+        "the backing store is full ({reason}); free space on it and retry: nothing acknowledged \
+         is lost and the volume stays open"
+    )]
+    StoreFull {
+        /// The home write that failed, with the device's error.
+        reason: String,
+        /// `ENOSPC` or `EDQUOT` ([`VolumeError::errno`] says `ENOSPC` for
+        /// both, as for [`VolumeError::Aborted`]).
+        cause_errno: i32,
+    },
     /// The volume is closed (or closing).
     #[error("the volume is closed")]
     Closed,
@@ -75,6 +93,7 @@ impl VolumeError {
             Self::TooLarge { .. } => libc::EFBIG,
             Self::ReadOnly => libc::EROFS,
             Self::Aborted { cause_errno, .. } if is_no_space(*cause_errno) => libc::ENOSPC,
+            Self::StoreFull { .. } => libc::ENOSPC,
             Self::Aborted { .. } | Self::Internal(_) => libc::EIO,
             Self::Closed => libc::EBADF,
         }

@@ -60,6 +60,12 @@ impl BlockRef {
     pub fn sums(&self, block_size: usize) -> Option<BlockSums> {
         self.buf.sums(self.offset / block_size)
     }
+
+    /// Whether the block holds zeroes a zeroing request put there (not a
+    /// plain write of zeroes).
+    pub fn zeroed(&self, block_size: usize) -> bool {
+        self.buf.zeroed(self.offset / block_size)
+    }
 }
 
 /// A journaled version of a block.

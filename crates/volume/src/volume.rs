@@ -89,6 +89,12 @@ pub struct Stats {
     pub device_flushes: u64,
     /// Times a writer found the journal full and waited for space.
     pub log_space_waits: u64,
+    /// The checkpoint's last attempt found the backing store full
+    /// ([`VolumeError::StoreFull`]): writes fail with `ENOSPC` once the
+    /// journal is full, until space is freed.
+    pub store_full: bool,
+    /// Checkpoint attempts that found the store full, since open.
+    pub store_full_attempts: u64,
     /// Journaled writes that paused because the log was filling faster
     /// than the checkpoint empties it (ARCHITECTURE 20b), and the
     /// milliseconds they slept in all.
@@ -1202,6 +1208,7 @@ impl Volume {
         let lag_txns = e.committed_len() as u64;
         let pool = e.pool.stats();
         let device_flushes = e.device_flushes();
+        let (store_full, store_full_attempts) = e.store_full();
         let s = e.stats.lock();
         let secs = s.started.elapsed().as_secs_f64().max(1e-9);
         Stats {
@@ -1232,6 +1239,8 @@ impl Volume {
             commits_pipelined: s.chained_commits,
             device_flushes,
             log_space_waits: s.log_space_waits,
+            store_full,
+            store_full_attempts,
             paced_writes: s.paced_writes,
             pace_sleep_ms: s.pace_sleep_us / 1000,
             bulk_read_yields: s.bulk_read_yields,

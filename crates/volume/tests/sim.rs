@@ -23,6 +23,10 @@
 //! * `bitrot`: some crash images get a flipped bit in the journal area.
 //! * `4k`: 4096-byte sectors (else 512).
 //! * `external`: the journal on a second device in the same power domain.
+//! * `full`: the home store fills (writes past a random point of the home
+//!   area fail with `ENOSPC`) for a stretch of device operations, or for
+//!   good: the checkpoint keeps its batch and retries, writers fail with
+//!   `StoreFull` once the log is full, and writes resume when it clears.
 //!
 //! # What is checked
 //! * During the run, every read: a client's private region must read back
@@ -86,10 +90,13 @@ struct Faults {
     bitrot: bool,
     sector_4k: bool,
     external: bool,
+    /// The home store fills (writes past a point fail with ENOSPC) for a
+    /// stretch of the run, or for good.
+    full: bool,
 }
 
 impl Faults {
-    const NAMES: [&'static str; 7] = [
+    const NAMES: [&'static str; 8] = [
         "power",
         "torn-write",
         "flush",
@@ -97,6 +104,7 @@ impl Faults {
         "bitrot",
         "4k",
         "external",
+        "full",
     ];
 
     fn set(&mut self, name: &str, on: bool) {
@@ -108,6 +116,7 @@ impl Faults {
             "bitrot" => self.bitrot = on,
             "4k" => self.sector_4k = on,
             "external" => self.external = on,
+            "full" => self.full = on,
             other => panic!(
                 "JBDEV_SIM_FAULTS: unknown fault class {other:?} (known: {:?})",
                 Self::NAMES
@@ -929,6 +938,16 @@ fn run_seed(p: &Params, counts: &mut Counts) -> Result<(), String> {
     if p.faults.read {
         home.fail_read(rng.gen_range(1..est.max(2)));
         fired.push("read");
+    }
+    if p.faults.full {
+        // Past a point of the home area (above an internal journal, whose
+        // blocks a real image has allocated at format): for a stretch of
+        // device operations, or for good.
+        let len = home.size_bytes();
+        let offset = len - rng.gen_range(1..=DATA_BYTES / BLOCK) * BLOCK;
+        let lasting = rng.gen_bool(0.6).then(|| rng.gen_range(1..est.max(2)));
+        home.set_full_during(rng.gen_range(1..est.max(2)), lasting, offset);
+        fired.push("full");
     }
     for f in fired {
         *counts.faults_fired.entry(f).or_default() += 1;

@@ -1,8 +1,10 @@
-//! The checkpoint writes journaled zero blocks home as a hole punch when
-//! they form a run of at least 64 KiB of consecutive blocks, and as data
-//! otherwise; either way they read back as zeroes, before and after a
-//! reopen. On a real sparse image file, where a punch shows in the file's
-//! allocated size.
+//! The checkpoint writes journaled zero blocks of zeroing requests
+//! (write-zeroes, trim) home as a hole punch when they form a run of at
+//! least 64 KiB of consecutive blocks, and as data otherwise; either way
+//! they read back as zeroes, before and after a reopen. Zeroes from a
+//! plain write are data and are never punched (a preallocated image keeps
+//! its space). On a real sparse image file, where a punch shows in the
+//! file's allocated size.
 
 mod common;
 
@@ -34,12 +36,11 @@ fn long_zero_runs_are_punched_at_checkpoint_and_short_ones_written() {
     let with_data = allocated(&img);
 
     let v = Volume::open(&img, &opts).unwrap();
-    // 1 MiB of zeroes over the first half (journaled: below one
-    // transaction), and zeroes in every other block of the second half.
-    v.write_at(&vec![0u8; MIB as usize], 4 * MIB, WriteFlags::NONE)
-        .unwrap();
+    // 1 MiB zeroed over the first half (journaled: below one
+    // transaction), and every other block of the second half zeroed.
+    v.write_zeroes(4 * MIB, MIB, WriteFlags::NONE).unwrap();
     for b in (0..MIB / BS).step_by(2) {
-        v.write_at(&[0u8; BS as usize], 5 * MIB + b * BS, WriteFlags::NONE)
+        v.write_zeroes(5 * MIB + b * BS, BS, WriteFlags::NONE)
             .unwrap();
     }
     let check = |v: &Volume| {
@@ -65,5 +66,37 @@ fn long_zero_runs_are_punched_at_checkpoint_and_short_ones_written() {
     );
     let v = Volume::open(&img, &opts).unwrap();
     check(&v);
+    v.close().unwrap();
+}
+
+/// A plain write of zeroes is data: written home, never punched, so an
+/// image allocated up front (`format --preallocate`) stays allocated and a
+/// later write into that range cannot meet a full file system.
+#[test]
+fn zeroes_from_a_plain_write_are_written_not_punched() {
+    let dir = tempfile::tempdir().unwrap();
+    let img = dir.path().join("v.img");
+    let mut f = FormatOptions::new(16 * MIB);
+    f.journal_bytes = Some(8 * MIB);
+    let opts = quiet_open_options();
+    let v = Volume::create(&img, &f, &opts).unwrap();
+    let data: Vec<u8> = (0..2 * MIB).map(|i| (i % 251) as u8 | 1).collect();
+    v.write_at(&data, 4 * MIB, WriteFlags::FUA).unwrap();
+    v.close().unwrap();
+    let with_data = allocated(&img);
+
+    let v = Volume::open(&img, &opts).unwrap();
+    v.write_at(&vec![0u8; 2 * MIB as usize], 4 * MIB, WriteFlags::NONE)
+        .unwrap();
+    v.close().unwrap();
+    assert_eq!(
+        allocated(&img),
+        with_data,
+        "zeroes written with a plain write were punched out"
+    );
+    let v = Volume::open(&img, &opts).unwrap();
+    let mut got = vec![0xaau8; 2 * MIB as usize];
+    v.read_at(&mut got, 4 * MIB).unwrap();
+    assert!(got.iter().all(|&b| b == 0));
     v.close().unwrap();
 }

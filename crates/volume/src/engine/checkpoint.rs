@@ -22,6 +22,12 @@ use std::collections::{HashMap, HashSet};
 /// instead of writing.
 const ZERO_PUNCH_MIN_BYTES: usize = 64 << 10;
 
+/// Shortest and longest wait between checkpoint attempts while the
+/// backing store is full (the wait grows with the episode's length); a
+/// shorter checkpoint interval shortens both (see `Engine::home_is_full`).
+const HOME_FULL_RETRY_MIN: Duration = Duration::from_millis(100);
+const HOME_FULL_RETRY_MAX: Duration = Duration::from_secs(2);
+
 /// Most checkpoint writes in flight on the home device at once: enough to
 /// keep a disk's or an SSD's queue busy with random home blocks, and a
 /// bound on what one chunk's failure can leave in flight.
@@ -140,12 +146,95 @@ impl Engine {
             // thread silently, which would leave writers waiting for log
             // space for ever.
             let res = contain_panic("checkpoint", || {
-                self.checkpoint(batch, &later, urgent, &mut queue)
+                self.checkpoint(&batch, &later, urgent, &mut queue)
             });
-            if let Err(e) = res {
-                self.abort(format!("checkpoint failed: {e}"), e.errno());
-                return;
+            match res {
+                Ok(()) => self.home_has_room(),
+                // A full store is not an abort: the journal keeps the batch
+                // and the checkpoint tries again (ARCHITECTURE, failure
+                // semantics).
+                Err(e) if is_no_space(e.errno()) && self.ack().is_ok() => {
+                    {
+                        let mut q = self.log.committed.lock();
+                        for t in batch.into_iter().rev() {
+                            q.push_front(t);
+                        }
+                    }
+                    if !self.home_is_full(&e) {
+                        return;
+                    }
+                }
+                Err(e) => {
+                    self.abort(format!("checkpoint failed: {e}"), e.errno());
+                    return;
+                }
             }
+        }
+    }
+
+    /// A checkpoint found no room on the backing store; its batch is back
+    /// in the committed queue. Records it, tells writers waiting for log
+    /// space (they fail now: see [`Engine::reserve`]), and waits before
+    /// the next attempt: at least [`HOME_FULL_RETRY_MIN`], at most half
+    /// the time the store has been full (up to [`HOME_FULL_RETRY_MAX`]),
+    /// sooner when a writer needs space; both bounds at most the
+    /// checkpoint interval (tests run with a few milliseconds). False: stop (shutdown or abort; the journal
+    /// keeps what it holds and the next open replays it).
+    fn home_is_full(&self, e: &VolumeError) -> bool {
+        let mut st = self.state();
+        let first = st.home_full.is_none();
+        if first {
+            tracing::error!(
+                "the backing store is full: {e}. The checkpoint cannot take journaled blocks \
+                 home; writes are accepted while the journal has room, then fail with ENOSPC. \
+                 Nothing acknowledged is lost. Free space on the store: the checkpoint retries \
+                 by itself and writes resume"
+            );
+            st.home_full = Some(HomeFull {
+                reason: e.to_string(),
+                errno: e.errno(),
+                since: Instant::now(),
+            });
+        }
+        st.home_full_attempts += 1;
+        self.sync.space.notify_all();
+        if st.checkpoint_shutdown || st.error.is_some() {
+            return false;
+        }
+        // Half the episode's length so far, within the bounds.
+        let since = st.home_full.as_ref().map_or_else(Instant::now, |f| f.since);
+        let least = HOME_FULL_RETRY_MIN.min(self.opts.checkpoint_interval);
+        let most = HOME_FULL_RETRY_MAX.min(self.opts.checkpoint_interval.max(least));
+        let backoff = (since.elapsed() / 2).clamp(least, most);
+        let now = Instant::now();
+        let (soonest, latest) = (now + least, now + backoff);
+        st.checkpoint_request = false;
+        loop {
+            if st.checkpoint_shutdown || st.error.is_some() {
+                return true;
+            }
+            let now = Instant::now();
+            if now >= latest || (now >= soonest && st.checkpoint_request) {
+                return true;
+            }
+            let until = if st.checkpoint_request {
+                soonest
+            } else {
+                latest
+            };
+            self.sync.checkpoint_kick.wait_until(st.inner(), until);
+        }
+    }
+
+    /// A checkpoint succeeded: if the store was full, it has room again.
+    fn home_has_room(&self) {
+        let mut st = self.state();
+        if let Some(f) = st.home_full.take() {
+            tracing::warn!(
+                "the backing store has room again after {:.1} s: the checkpoint resumed",
+                f.since.elapsed().as_secs_f64()
+            );
+            self.sync.space.notify_all();
         }
     }
 
@@ -155,7 +244,7 @@ impl Engine {
     /// transaction that stays in the log ([`newer_committed`]).
     pub(super) fn checkpoint<'a>(
         &'a self,
-        batch: Vec<CommittedTxn>,
+        batch: &[CommittedTxn],
         later: &HashMap<Lba, u64>,
         urgent: bool,
         queue: &mut HomeQueue<'a>,
@@ -177,7 +266,7 @@ impl Engine {
         }
         let bs = self.bs;
         let mut writes: BTreeMap<Lba, (u64, BlockRef)> = BTreeMap::new();
-        for t in &batch {
+        for t in batch {
             for (b, v, r) in &t.blocks {
                 writes.insert(*b, (*v, r.clone()));
             }
@@ -232,8 +321,10 @@ impl Engine {
                     *queue = HomeQueue::Unavailable;
                 }
                 // Abort at once: no write may be acknowledged after a
-                // failure is seen (a streamed chunk aborted already).
-                if self.ack().is_ok() {
+                // failure is seen (a streamed chunk aborted already). Not
+                // for a full store: the journal keeps the batch, and the
+                // caller puts it back and tries again later.
+                if self.ack().is_ok() && !is_no_space(e.errno()) {
                     self.abort(format!("checkpoint write failed: {e}"), e.errno());
                 }
                 return Err(e);
@@ -288,7 +379,7 @@ impl Engine {
             let mut sh = self.overlay.lock_block(*b);
             forget(&mut sh, *b, Some(*v), last_tid);
         }
-        for t in &batch {
+        for t in batch {
             for b in &t.revokes {
                 let mut sh = self.overlay.lock_block(*b);
                 forget(&mut sh, *b, None, last_tid);
@@ -326,7 +417,9 @@ impl Engine {
                     IoRequest::write_v(off, home_bufs(&todo[run.start..run.end], bs))
                 };
                 if let Err(r) = q.push(req.with_priority(prio), tag as u64) {
-                    self.abort(format!("checkpoint write refused: {r}"), r.error.errno());
+                    if !is_no_space(r.error.errno()) {
+                        self.abort(format!("checkpoint write refused: {r}"), r.error.errno());
+                    }
                     failed = Some(r.error);
                 }
             }
@@ -340,8 +433,11 @@ impl Engine {
                 if let Err(e) = d.result {
                     if failed.is_none() {
                         // Abort at once (nothing is acknowledged after a
-                        // failure is seen), then reap what is in flight.
-                        self.abort(format!("checkpoint write failed: {e}"), e.errno());
+                        // failure is seen), then reap what is in flight;
+                        // a full store only stops this attempt.
+                        if !is_no_space(e.errno()) {
+                            self.abort(format!("checkpoint write failed: {e}"), e.errno());
+                        }
                         failed = Some(e);
                     }
                 }
@@ -395,12 +491,13 @@ impl Engine {
 
 /// Splits a chunk (blocks in ascending order) into runs of consecutive
 /// blocks; inside a stretch of consecutive blocks long enough to hold one,
-/// a run of all-zero blocks of at least [`ZERO_PUNCH_MIN_BYTES`] becomes a
-/// hole punch. Shorter stretches are not looked at: their content is cold
-/// by now, and reading every block to find zeroes is wasted where no
-/// stretch could be punched (random writes). Long stretches still need the
-/// scan: under `qemu-img bench -w`, which writes sequential zeroes, it was
-/// 7% of the server's samples before this rule and 4% after.
+/// a run of at least [`ZERO_PUNCH_MIN_BYTES`] of blocks a zeroing request
+/// wrote (write-zeroes, trim: [`BlockRef::zeroed`]) becomes a hole punch.
+/// Blocks a plain write filled with zeroes are data and are written: a
+/// preallocated image must keep its space (found by a failure-mode pass:
+/// 8 MiB of zero WRITEs punched out of a `--preallocate` image, whose
+/// next write into that range then failed with ENOSPC). Marks, not
+/// content: no block is read to find out.
 fn runs(todo: &[&(Lba, u64, BlockRef)], bs: usize) -> Vec<Run> {
     let punch_blocks = ZERO_PUNCH_MIN_BYTES.div_ceil(bs);
     let mut runs = Vec::new();
@@ -419,10 +516,7 @@ fn runs(todo: &[&(Lba, u64, BlockRef)], bs: usize) -> Vec<Run> {
             i = k;
             continue;
         }
-        let zero: Vec<bool> = todo[i..k]
-            .iter()
-            .map(|t| jbdev_device::is_zero(t.2.bytes(bs)))
-            .collect();
+        let zero: Vec<bool> = todo[i..k].iter().map(|t| t.2.zeroed(bs)).collect();
         // Zero runs too short to punch are written with their neighbours.
         let mut data_start = i;
         let mut j = i;
@@ -530,28 +624,30 @@ pub(super) fn forget(sh: &mut crate::overlay::Shard, b: Lba, ver: Option<u64>, c
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::bufpool::{BufPool, SharedBuf};
-    use jbdev_device::AlignedBuf;
+    use crate::bufpool::BufPool;
 
     const BS: usize = 4096;
 
-    /// Runs of `blocks` (home block, all-zero?) as (start, end, punch).
+    /// Runs of `blocks` (home block, zeroed by a zeroing request?) as
+    /// (start, end, punch). Every block's content is zero: only the marks
+    /// decide.
     fn runs_of(blocks: &[(Lba, bool)]) -> Vec<(usize, usize, bool)> {
-        let pool = BufPool::new(BS, 0);
-        let mut buf = AlignedBuf::zeroed(blocks.len() * BS);
-        for (i, (_, zero)) in blocks.iter().enumerate() {
-            if !zero {
-                buf[i * BS + BS / 2] = 1;
+        let pool = BufPool::new(BS, 1 << 30);
+        let mut w = pool.take(blocks.len());
+        for (i, (_, zeroed)) in blocks.iter().enumerate() {
+            w.block_mut(i).fill(0);
+            if *zeroed {
+                w.mark_zeroed(i);
             }
         }
-        let buf = SharedBuf::from_aligned(&pool, buf);
+        let (chunks, per) = w.share();
         let items: Vec<(Lba, u64, BlockRef)> = blocks
             .iter()
             .enumerate()
             .map(|(i, (lba, _))| {
                 let r = BlockRef {
-                    buf: buf.clone(),
-                    offset: i * BS,
+                    buf: chunks[i / per].clone(),
+                    offset: (i % per) * BS,
                 };
                 (*lba, 1, r)
             })
@@ -598,5 +694,8 @@ mod tests {
             .chain((1..=punch as u64).map(|i| (i, true)))
             .collect();
         assert_eq!(runs_of(&d), vec![(0, 1, false), (1, 1 + punch, true)]);
+        // Zeroes a plain write put there are data, however long the run.
+        let e: Vec<(Lba, bool)> = (0..2 * punch as u64).map(|i| (i, false)).collect();
+        assert_eq!(runs_of(&e), vec![(0, 2 * punch, false)]);
     }
 }

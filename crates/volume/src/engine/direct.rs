@@ -3,6 +3,10 @@
 use super::*;
 use crate::CallerBuf;
 
+/// Least time between two log lines about direct writes that found the
+/// backing store full.
+const STORE_FULL_LOG_EVERY: Duration = Duration::from_secs(10);
+
 /// What a direct write must make durable before it returns.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum DirectSync {
@@ -189,15 +193,33 @@ impl Engine {
             // and stops once aborted, so it can never skip them and then move
             // the tail past them (found by the simulator: a durable FUA write
             // read back as the initial content after such a failure).
-            self.abort(
-                format!("direct write to the home location failed: {e}"),
-                e.errno(),
-            );
+            //
+            // A write that cancelled no copy (nothing of its range is in the
+            // log) changed nothing the checkpoint or replay looks at: if the
+            // store is only full, it fails alone and the volume goes on.
+            // (Undoing `cancel_below` instead would be wrong when two
+            // overlapping direct writes fail: the second cannot know what
+            // the first had raised it from.)
+            let store_full = !in_log && is_no_space(e.errno());
+            if !store_full {
+                self.abort(
+                    format!("direct write to the home location failed: {e}"),
+                    e.errno(),
+                );
+            }
             drop(home_guard);
             for &(s, _) in &shard_versions {
                 let mut sh = self.overlay.lock(s);
                 sh.pending.retain(|p| p.id != id);
                 sh.bump();
+            }
+            if store_full {
+                let err = VolumeError::StoreFull {
+                    reason: format!("direct write to the home location failed: {e}"),
+                    cause_errno: e.errno(),
+                };
+                self.log_store_full(&err);
+                return Err(err);
             }
             return Err(e.into());
         }
@@ -261,6 +283,22 @@ impl Engine {
             DirectSync::Alone | DirectSync::WithRunning => self.flush()?,
         }
         self.ack()
+    }
+
+    /// Logs a direct write's [`VolumeError::StoreFull`], at most once per
+    /// [`STORE_FULL_LOG_EVERY`] (a bulk copy meets it on every request).
+    fn log_store_full(&self, e: &VolumeError) {
+        let now = self.micros_since_born();
+        let last = self.store_full_logged_us.load(Ordering::Relaxed);
+        let due = last == 0 || now.saturating_sub(last) >= STORE_FULL_LOG_EVERY.as_micros() as u64;
+        if due
+            && self
+                .store_full_logged_us
+                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        {
+            tracing::error!("a write failed: {e}");
+        }
     }
 
     /// Whether a direct write can go home from the caller's own buffer at

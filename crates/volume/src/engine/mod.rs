@@ -78,6 +78,7 @@ use smallvec::SmallVec;
 use crate::bufpool::{BufPool, WriteBuf};
 use crate::lockorder::{Leaf, Rank, Ranked};
 
+use crate::error::is_no_space;
 use crate::overlay::{BlockRef, DirectData, Lba, Overlay, Pending, Source, Tid, Version};
 use crate::{BatchPolicy, CommitMode, OpenOptions, Result, VolumeError};
 
@@ -267,6 +268,23 @@ struct JState {
     shutdown: bool,
     checkpoint_shutdown: bool,
     checkpoint_request: bool,
+    /// The checkpoint's last attempt found the backing store full (see
+    /// [`HomeFull`]); None once an attempt succeeds.
+    home_full: Option<HomeFull>,
+    /// Checkpoint attempts that failed for lack of space since open: a
+    /// writer waiting for log space fails once an attempt made after it
+    /// arrived has failed too.
+    home_full_attempts: u64,
+}
+
+/// The backing store had no room for a checkpoint's home write.
+#[derive(Clone, Debug)]
+pub(super) struct HomeFull {
+    /// The failed write, with the device's error.
+    reason: String,
+    /// `ENOSPC` or `EDQUOT`.
+    errno: i32,
+    since: Instant,
 }
 
 /// Metrics owned by the background threads.
@@ -346,6 +364,10 @@ pub struct Engine {
     stripes: Box<[CachePadded<Mutex<Stripe>>]>,
     /// Ids of pending direct writes in the overlay.
     pending_id: AtomicU64,
+    /// When a direct write last logged that the store is full
+    /// ([`Engine::micros_since_born`]; 0: never): at most one line per
+    /// [`STORE_FULL_LOG_EVERY`].
+    store_full_logged_us: AtomicU64,
     sync: StateSync,
     hints: Hints,
     abort: AbortFlag,
@@ -513,6 +535,8 @@ impl Engine {
             shutdown: false,
             checkpoint_shutdown: false,
             checkpoint_request: false,
+            home_full: None,
+            home_full_attempts: 0,
         };
         let stripes = (0..STRIPES)
             .map(|_| {
@@ -552,6 +576,7 @@ impl Engine {
             pool: BufPool::new(bs, 64 << 20),
             stripes,
             pending_id: AtomicU64::new(1),
+            store_full_logged_us: AtomicU64::new(0),
             sync: StateSync {
                 st: Mutex::new(st),
                 kick: Condvar::new(),
@@ -741,11 +766,26 @@ impl Engine {
         self.sync.checkpoint_kick.notify_all();
     }
 
-    /// After both threads exited cleanly: mark the journal clean.
+    /// After both threads exited cleanly: mark the journal clean — unless
+    /// the checkpoint left transactions in it because the backing store is
+    /// full: they stay, and the next open replays them.
     pub fn mark_clean(&self) -> Result<()> {
         let st = self.state();
         if st.error.is_some() {
             return Err(self.aborted_now());
+        }
+        let left = self.log.committed.lock().len();
+        if left > 0 {
+            let kept = format!(
+                "{left} committed transactions stay in the journal and the next open replays them"
+            );
+            return Err(match &st.home_full {
+                Some(f) => VolumeError::StoreFull {
+                    reason: format!("{}; {kept}", f.reason),
+                    cause_errno: f.errno,
+                },
+                None => VolumeError::Internal(format!("the checkpoint thread ended early; {kept}")),
+            });
         }
         let next = st.j.space.next_sequence();
         drop(st);
@@ -778,6 +818,13 @@ impl Engine {
         } else {
             home + journal.flushes_issued()
         }
+    }
+
+    /// Whether the checkpoint's last attempt found the store full, and how
+    /// many attempts have since open.
+    pub fn store_full(&self) -> (bool, u64) {
+        let st = self.state();
+        (st.home_full.is_some(), st.home_full_attempts)
     }
 
     /// Transactions committed and waiting for checkpoint.

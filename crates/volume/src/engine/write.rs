@@ -116,12 +116,18 @@ impl Engine {
         // bytes on top.
         let mut buf = self.pool.take(lbas.len());
         fill_and_seal(&mut buf, ops, &lbas, self.bs, |i| !partial[i]);
+        let mut pre_read: SmallVec<[(usize, u64); 4]> = SmallVec::new();
+        let mut reads_due = true;
         loop {
             // Phase 1, no locks held across I/O: read home content of partial
             // blocks that have no newer copy, remembering the shard version.
-            let mut pre_read: SmallVec<[(usize, u64); 4]> = SmallVec::new();
+            // Not again after a wait for credits: phase 2 validates the
+            // versions anyway, and credits granted to the stripe can be
+            // taken back by a cut while a slow home read runs — a writer
+            // that re-read after every grant could go round for ever (seen
+            // with the store full and the checkpoint retrying).
             for (i, &b) in lbas.iter().enumerate() {
-                if !partial[i] {
+                if !reads_due || !partial[i] {
                     continue;
                 }
                 let (is_home, version) = {
@@ -135,6 +141,7 @@ impl Engine {
                     pre_read.push((i, version));
                 }
             }
+            reads_due = false;
             // Credits.
             {
                 let (have, need) = {
@@ -199,6 +206,8 @@ impl Engine {
             }
             if conflict {
                 conflicts += 1;
+                reads_due = true;
+                pre_read.clear();
                 drop(guards);
                 drop(stripe);
                 continue;
@@ -239,21 +248,37 @@ impl Engine {
     /// later may take free space only if what they take leaves enough for
     /// every queued writer (`space_wanted`) — so they cannot starve it, and
     /// the queue forms only when the journal is really full (no convoy).
+    ///
+    /// While the backing store is full (the checkpoint cannot take blocks
+    /// home, so nothing frees log space), a writer does not wait for ever:
+    /// it asks for a checkpoint attempt and fails with
+    /// [`VolumeError::StoreFull`] once an attempt made after it started
+    /// waiting has failed too.
     pub(super) fn reserve(&self, stripe_idx: usize, need: u64) -> Result<()> {
         let mut st = self.state();
         let mut ticket: Option<Ticket> = None;
         let max_extra = Self::max_extra_credits(&st);
+        // `home_full_attempts` when this writer first saw the store full.
+        let mut full_seen: Option<u64> = None;
         loop {
             let failed = if st.error.is_some() {
                 Some(self.aborted_now())
             } else if st.shutdown {
                 Some(VolumeError::Closed)
             } else {
-                None
+                match (&st.home_full, full_seen) {
+                    (Some(f), Some(seen)) if st.home_full_attempts > seen => {
+                        Some(VolumeError::StoreFull {
+                            reason: f.reason.clone(),
+                            cause_errno: f.errno,
+                        })
+                    }
+                    _ => None,
+                }
             };
             if let Some(e) = failed {
-                if ticket.is_some() {
-                    st.j.space.abandon(need);
+                if let Some(t) = ticket {
+                    st.j.space.abandon(t, need);
                     self.sync.space.notify_all();
                 }
                 return Err(e);
@@ -274,10 +299,18 @@ impl Engine {
             // the running transaction (leading the commit ourselves if none
             // is in progress) so its blocks can be checkpointed too and the
             // stripes' unspent credits come back.
+            if st.home_full.is_some() && full_seen.is_none() {
+                full_seen = Some(st.home_full_attempts);
+            }
             st.space_waiters += 1;
             st.checkpoint_request = true;
             self.sync.checkpoint_kick.notify_one();
-            if self.can_lead(&st) {
+            // Only if something was granted since the last cut: an empty
+            // commit frees nothing, and two waiters leading empty commits
+            // woke each other (publishing notifies `space`) in a loop that
+            // kept the state lock from the checkpoint (found by the
+            // simulator's `full` faults).
+            if self.can_lead(&st) && st.credits_since_cut > 0 {
                 st = self.commit_once(st, false);
             }
             let ready = ticket.is_some() && st.j.space.may_grant(ticket, need);
@@ -373,15 +406,18 @@ impl Engine {
         (st.j.space.capacity() / (8 * STRIPES as u64)).min(64)
     }
 
-    /// Moves `grant` credits, just taken from the ledger, to a stripe.
+    /// Moves `grant` credits, just taken from the ledger, to a stripe —
+    /// under the state lock, so that no cut falls between the two: then
+    /// `credits_since_cut == 0` means every stripe is empty (no credits, no
+    /// blocks), which `reserve` relies on to skip empty commits.
     fn granted(&self, mut st: Ranked<'_, JState>, stripe_idx: usize, grant: u64) {
         st.credits_since_cut += grant;
         self.note_taken(&st);
         if st.credits_since_cut >= self.max_txn_blocks / 2 {
             self.sync.kick.notify_one();
         }
-        drop(st);
         self.stripe(stripe_idx).credits += grant;
+        drop(st);
     }
 }
 
@@ -419,9 +455,26 @@ fn fill_and_seal(
     want: impl Fn(usize) -> bool,
 ) {
     apply_ops(buf, ops, lbas, bs, &want);
+    // A request of zeroings only (write-zeroes, trim) marks the blocks it
+    // covers whole: the checkpoint may punch those out of home. A partial
+    // block keeps bytes of its old content, and a transaction that also
+    // writes may have zeroes that are data: not marked.
+    let zeroing = ops.iter().all(|op| matches!(op, Op::Zero { .. }));
     for i in (0..lbas.len()).filter(|&i| want(i)) {
         buf.seal(i);
+        if zeroing && covered_whole(ops, lbas[i], bs) {
+            buf.mark_zeroed(i);
+        }
     }
+}
+
+/// Whether one of `ops` covers block `b` whole.
+fn covered_whole(ops: &[Op<'_>], b: Lba, bs: usize) -> bool {
+    let (lo, hi) = (b * bs as u64, (b + 1) * bs as u64);
+    ops.iter().any(|op| {
+        let (s, e) = op.range();
+        s <= lo && hi <= e
+    })
 }
 
 /// Applies `ops` (in order) to the blocks `i` of `buf` for which `want(i)`;
