@@ -482,7 +482,7 @@ const SIGNATURES: &[(usize, &[u8], &str)] = &[
 ];
 
 /// Bytes read from the start of a device to look for [`SIGNATURES`].
-const PROBE_BYTES: usize = 0x10048;
+pub(crate) const PROBE_BYTES: usize = 0x10048;
 
 /// What `f` visibly holds (a jbdev volume, a file system, a partition
 /// table ...), or `None` if neither the built-in signatures nor `blkid -p`

@@ -43,6 +43,9 @@ pub(crate) enum Action {
     DetachLoopsOf(PathBuf),
     /// Remove a file.
     RemoveFile(PathBuf),
+    /// Remove a Ceph RBD image (`rbd:POOL/IMAGE[:options]`; `--target`).
+    #[cfg(feature = "rbd")]
+    RemoveRbdImage(String),
 }
 
 impl Action {
@@ -68,6 +71,18 @@ impl Action {
             }
             Action::RemoveFile(path) => {
                 let _ = std::fs::remove_file(path);
+            }
+            #[cfg(feature = "rbd")]
+            Action::RemoveRbdImage(target) => {
+                use jbdev_device::rbd::{remove_image, RbdTarget};
+                if let Ok(t) = RbdTarget::parse(target) {
+                    if let Err(e) = remove_image(&t) {
+                        eprintln!(
+                            "jbdev bench: could not remove the RBD image {} ({e}); `rbd rm` it",
+                            t.short_name()
+                        );
+                    }
+                }
             }
         }
     }

@@ -12,14 +12,22 @@
 //! `IMAGE`, `IMAGE-jl` and `IMAGE-jr` (+ `IMAGE-jr-journal`), created if
 //! missing. THEIR CONTENT IS DESTROYED. Every thread rewrites its own
 //! 256 KiB region, as in the other sync-writers runs.
+//!
+//! Like `--device`, before anything is created: an image another client
+//! holds is refused, and one that holds a jbdev volume or a file system
+//! (the same probe as `--device`) is refused unless `--force`. Every image
+//! the run creates is registered with the bench's cleanup before it is
+//! created and removed when the run ends — success, error or signal; images
+//! that existed before are left in place.
 
-use std::path::Path;
 use std::sync::Arc;
 
-use jbdev_device::rbd::RbdTarget;
+use jbdev_device::rbd::{image_exists, RbdTarget};
 use jbdev_device::{open_device, BlockDevice, IoPriority, OpenOptions as DevOpenOptions};
 use jbdev_volume::{FormatOptions, JournalPlacement, OpenOptions, Volume, WriteFlags};
 
+use crate::backing::{describe_head, PROBE_BYTES};
+use crate::cleanup::{Action, Cleanup};
 use crate::cli::SyncWritersArgs;
 use crate::error::{BenchError, Result};
 use crate::load::{run_load, LoadResult, LoadSpec, Op};
@@ -59,8 +67,55 @@ fn sibling(target: &str, t: &RbdTarget, suffix: &str) -> String {
     format!("{head}{suffix}{rest}")
 }
 
+/// Checks the images a run would overwrite, before anything is created:
+/// an image another client holds is refused (even with `--force`, as a
+/// mounted `--device` is), and without `force` so is one that holds a jbdev
+/// volume or a file system (the `--device` probe on its first bytes).
+/// Returns, per image, whether it is missing (the run creates it).
+pub fn preflight(images: &[String], force: bool) -> Result<Vec<bool>> {
+    let mut missing = Vec::with_capacity(images.len());
+    for image in images {
+        let t = RbdTarget::parse(image).map_err(BenchError::InvalidArgument)?;
+        if !image_exists(&t).map_err(jbdev_volume::VolumeError::from)? {
+            missing.push(true);
+            continue;
+        }
+        missing.push(false);
+        jbdev_device::rbd::refuse_if_held(&t).map_err(jbdev_volume::VolumeError::from)?;
+        let dev = open_device(
+            image.as_ref(),
+            &DevOpenOptions {
+                read_only: true,
+                ..DevOpenOptions::default()
+            },
+        )
+        .map_err(jbdev_volume::VolumeError::from)?
+        .device;
+        if force {
+            continue;
+        }
+        let block = u64::from(dev.logical_block_size());
+        let n = (PROBE_BYTES as u64).min(dev.size_bytes()).div_ceil(block) * block;
+        let n = n.min(dev.size_bytes() / block * block);
+        let mut head = vec![0u8; n as usize];
+        dev.read_at(&mut head, 0)
+            .map_err(jbdev_volume::VolumeError::from)?;
+        if let Some(what) = describe_head(&head, None) {
+            return Err(BenchError::InvalidArgument(format!(
+                "{} holds {what}; the benchmark would destroy it. Point --target at a scratch \
+                 image (a name that does not exist: the benchmark creates IMAGE, IMAGE-jl, \
+                 IMAGE-jr and IMAGE-jr-journal and removes them when it ends), or add --force \
+                 to overwrite it",
+                t.short_name()
+            )));
+        }
+    }
+    Ok(missing)
+}
+
 /// Runs the comparison; prints a markdown table to stdout and returns the runs.
 pub fn sync_writers(target: &str, a: &SyncWritersArgs) -> Result<Vec<RbdRun>> {
+    crate::cleanup::install_signal_handler();
     let t = RbdTarget::parse(target).map_err(BenchError::InvalidArgument)?;
     let block = usize::try_from(a.block_size)
         .ok()
@@ -109,11 +164,27 @@ pub fn sync_writers(target: &str, a: &SyncWritersArgs) -> Result<Vec<RbdRun>> {
             .unwrap_or(OpenOptions::default().max_batch),
         ..OpenOptions::default()
     };
+    // Everything checked before anything is created; every image and file
+    // the run creates is registered first, and removed when `_cleanup` drops
+    // (after every device and volume below) or by the signal handler.
+    let images = [
+        plain_t.clone(),
+        local_home.clone(),
+        rbd_home.clone(),
+        rbd_journal.clone(),
+    ];
+    let missing = preflight(&images, a.common.force)?;
+    let mut _cleanup: Vec<Cleanup> = images
+        .iter()
+        .zip(&missing)
+        .filter(|(_, &m)| m)
+        .map(|(i, _)| Cleanup::register(Action::RemoveRbdImage(i.clone())))
+        .collect();
+    _cleanup.push(Cleanup::register(Action::RemoveFile(local_journal.clone())));
     f.journal = JournalPlacement::External(local_journal.clone());
     Volume::create(local_home.as_ref(), &f, &oopts)?.close()?;
     f.journal = JournalPlacement::External(rbd_journal.clone().into());
     Volume::create(rbd_home.as_ref(), &f, &oopts)?.close()?;
-    let _cleanup = RemoveOnDrop(&local_journal);
 
     let mut runs = Vec::new();
     for &threads in &a.threads {
@@ -154,14 +225,6 @@ pub fn sync_writers(target: &str, a: &SyncWritersArgs) -> Result<Vec<RbdRun>> {
     }
     print_table(target, &runs, duration.as_secs_f64(), block);
     Ok(runs)
-}
-
-struct RemoveOnDrop<'a>(&'a Path);
-
-impl Drop for RemoveOnDrop<'_> {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(self.0);
-    }
 }
 
 fn find<'a>(runs: &'a [RbdRun], what: &str, threads: usize) -> Option<&'a RbdRun> {

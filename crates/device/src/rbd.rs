@@ -65,7 +65,14 @@ mod ffi {
             option: *const c_char,
             value: *const c_char,
         ) -> c_int;
+        pub fn rados_conf_get(
+            cluster: rados_t,
+            option: *const c_char,
+            buf: *mut c_char,
+            len: usize,
+        ) -> c_int;
         pub fn rados_connect(cluster: rados_t) -> c_int;
+        pub fn rados_cluster_fsid(cluster: rados_t, buf: *mut c_char, len: usize) -> c_int;
         pub fn rados_shutdown(cluster: rados_t);
         pub fn rados_ioctx_create(
             cluster: rados_t,
@@ -83,6 +90,7 @@ mod ffi {
             size: u64,
             order: *mut c_int,
         ) -> c_int;
+        pub fn rbd_remove(io: rados_ioctx_t, name: *const c_char) -> c_int;
         pub fn rbd_open(
             io: rados_ioctx_t,
             name: *const c_char,
@@ -162,6 +170,18 @@ const MAX_IOV: usize = 1024;
 /// request's work bounded).
 const ZEROES_STEP: u64 = 1 << 30;
 
+/// Longest pool or image name a target may give, in bytes.
+pub const MAX_NAME_BYTES: usize = 255;
+
+/// The `rados_osd_op_timeout` (seconds) every connection gets unless the
+/// target sets its own (`:rados_osd_op_timeout=N`; 0 is librados' own
+/// default, no timeout). Without it an OSD that stops answering blocks a
+/// request — and with it the volume, and a server's shutdown — for ever; with
+/// it the request fails with `ETIMEDOUT` and the volume aborts (fail-stop).
+/// A timed-out write may still land later: that is safe, see
+/// ARCHITECTURE.md ("An OSD that stops answering").
+pub const DEFAULT_OSD_OP_TIMEOUT_SECS: u32 = 30;
+
 /// A parsed `rbd:POOL/IMAGE[:conf=PATH][:id=USER][:KEY=VALUE]...` target.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RbdTarget {
@@ -205,9 +225,17 @@ impl RbdTarget {
                 "RBD target {s:?}: snapshots (IMAGE@SNAP) are not supported: a volume needs a writable image"
             ));
         }
-        for part in [pool, image] {
-            if part.contains('\0') || part.len() > 255 {
-                return Err(format!("RBD target {s:?}: bad pool or image name"));
+        for (what, part) in [("pool", pool), ("image", image)] {
+            if part.contains('\0') {
+                return Err(format!(
+                    "RBD target {s:?}: the {what} name contains a NUL byte"
+                ));
+            }
+            if part.len() > MAX_NAME_BYTES {
+                return Err(format!(
+                    "RBD target {s:?}: the {what} name is too long ({} bytes; at most {MAX_NAME_BYTES})",
+                    part.len()
+                ));
             }
         }
         let mut t = RbdTarget {
@@ -481,6 +509,12 @@ impl RbdDevice {
         &self.name
     }
 
+    /// The value of a librados/librbd option on this device's connection
+    /// (e.g. `rados_osd_op_timeout`), as librados prints it.
+    pub fn conf_value(&self, key: &str) -> Option<String> {
+        conf_get(&self._cluster, key)
+    }
+
     fn check_writable(&self) -> Result<()> {
         if self.read_only {
             return Err(DeviceError::io(
@@ -570,15 +604,16 @@ fn connect(target: &RbdTarget, name: &str) -> Result<Cluster> {
         ));
     }
     // Our defaults first, then the target's own options (which may override them).
-    let defaults = [("rbd_cache", "false"), ("client_mount_timeout", "20")];
-    let opts = defaults
-        .iter()
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .chain(target.options.iter().cloned());
-    for (k, v) in opts {
+    for (k, v) in conf_options(target) {
         let (ck, cv) = (cstring("option", &k)?, cstring("option value", &v)?);
         // SAFETY: an unconnected handle and NUL-terminated strings.
         let r = unsafe { ffi::rados_conf_set(cluster.0, ck.as_ptr(), cv.as_ptr()) };
+        if r == -libc::ENOENT {
+            return Err(DeviceError::Invalid(format!(
+                "{name}: unknown Ceph option {k:?} (image options are :conf=PATH, :id=USER, \
+                 or a librados/librbd setting KEY=VALUE such as :rados_osd_op_timeout=60)"
+            )));
+        }
         if r < 0 {
             return Err(DeviceError::Invalid(format!(
                 "{name}: ceph option {k}={v} refused: {}",
@@ -592,6 +627,48 @@ fn connect(target: &RbdTarget, name: &str) -> Result<Cluster> {
         return Err(rbd_err("connecting to the Ceph cluster", name, r));
     }
     Ok(cluster)
+}
+
+/// The librados options a connection for `target` sets, in order: our
+/// defaults first, then the target's own `KEY=VALUE`s (which override them).
+fn conf_options(target: &RbdTarget) -> Vec<(String, String)> {
+    let timeout = DEFAULT_OSD_OP_TIMEOUT_SECS.to_string();
+    let defaults = [
+        ("rbd_cache", "false"),
+        ("client_mount_timeout", "20"),
+        ("rados_osd_op_timeout", timeout.as_str()),
+    ];
+    defaults
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .chain(target.options.iter().cloned())
+        .collect()
+}
+
+/// The value of a librados option on a connected client.
+fn conf_get(cluster: &Cluster, key: &str) -> Option<String> {
+    let k = CString::new(key).ok()?;
+    let mut buf = [0u8; 256];
+    // SAFETY: a live handle, a NUL-terminated key and a buffer of `len` bytes.
+    let r =
+        unsafe { ffi::rados_conf_get(cluster.0, k.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+    if r < 0 {
+        return None;
+    }
+    let v = CStr::from_bytes_until_nul(&buf).ok()?;
+    Some(v.to_string_lossy().into_owned())
+}
+
+/// The fsid of the cluster a connected client talks to.
+fn cluster_fsid(cluster: &Cluster) -> Option<String> {
+    let mut buf = [0u8; 64];
+    // SAFETY: a connected handle and a buffer of `len` bytes.
+    let r = unsafe { ffi::rados_cluster_fsid(cluster.0, buf.as_mut_ptr().cast(), buf.len()) };
+    if r < 0 {
+        return None;
+    }
+    let v = CStr::from_bytes_until_nul(&buf).ok()?;
+    Some(v.to_string_lossy().into_owned())
 }
 
 fn open_image(io: &Ioctx, img: &CStr, read_only: bool, name: &str) -> Result<Image> {
@@ -661,6 +738,118 @@ pub fn lock_holders(target: &RbdTarget) -> Result<Vec<String>> {
     drop(io);
     drop(cluster);
     owners
+}
+
+/// Refuses (`Busy`, naming the owners, as a second writer is refused) an
+/// image some client holds the exclusive lock of; for read-only opens that
+/// must not see a live writer: a read-only replay (`serve --read-only`) or a
+/// `check`/`journal dump` of a journal that is being appended and
+/// checkpointed under them would show a state that never existed. (A file
+/// volume refuses them through its shared `flock`.) No lock is taken — a
+/// reader cannot hold an RBD image off — so a writer that starts after this
+/// check is not seen. A missing image passes (the open that follows says
+/// so).
+///
+/// The owners are listed through a read-write handle that takes no lock
+/// and writes nothing (librbd reports owners only to a handle that could
+/// take the lock); a client not allowed that handle skips the check.
+pub fn refuse_if_held(target: &RbdTarget) -> Result<()> {
+    let name = target.short_name();
+    let (cluster, io) = connect_pool(target, &name)?;
+    let img = cstring("image name", &target.image)?;
+    let owners = match open_image(&io, &img, false, &name) {
+        Ok(image) => lock_owners(&image, &name).unwrap_or_default(),
+        Err(e) => {
+            tracing::debug!("{name}: cannot list lock owners ({e})");
+            Vec::new()
+        }
+    };
+    drop(io);
+    drop(cluster);
+    if owners.is_empty() {
+        return Ok(());
+    }
+    Err(DeviceError::Busy(format!(
+        "{name} (exclusive lock held by {}; a read-only open of a volume that is being \
+         written would show a state that never existed; if that holder is dead, a \
+         read-write open with --break-lock breaks its lock)",
+        owners.join(", ")
+    )))
+}
+
+/// True if the two RBD targets name the same image: same pool and image
+/// name (namespaces are not supported, so always the default one) on the
+/// same cluster. Options that only change how the client behaves
+/// (`rbd_cache=…`) do not make it another image; a different `conf=`/`id=`
+/// or `mon_host=` may name another cluster, so then the clusters' fsids are
+/// compared (an unreachable cluster counts as the same: refusing is the
+/// safe answer, and such a target cannot be opened anyway). Anything that
+/// does not parse as an RBD target is not the same as anything.
+pub fn same_image(a: &str, b: &str) -> bool {
+    let (Ok(x), Ok(y)) = (RbdTarget::parse(a), RbdTarget::parse(b)) else {
+        return false;
+    };
+    if x.pool != y.pool || x.image != y.image {
+        return false;
+    }
+    let cluster_key = |t: &RbdTarget| {
+        let mons: Vec<&(String, String)> = t
+            .options
+            .iter()
+            .filter(|(k, _)| matches!(k.as_str(), "mon_host" | "mon-host"))
+            .collect();
+        (t.conf.clone(), format!("{mons:?}"))
+    };
+    if cluster_key(&x) == cluster_key(&y) {
+        return true;
+    }
+    let fsid = |t: &RbdTarget| {
+        connect(t, &t.short_name())
+            .ok()
+            .and_then(|c| cluster_fsid(&c))
+    };
+    match (fsid(&x), fsid(&y)) {
+        (Some(f), Some(g)) => f == g,
+        _ => true,
+    }
+}
+
+/// Whether the image `target` names exists (an unreachable cluster or a
+/// missing pool is an error).
+pub fn image_exists(target: &RbdTarget) -> Result<bool> {
+    let name = target.short_name();
+    let (cluster, io) = connect_pool(target, &name)?;
+    let img = cstring("image name", &target.image)?;
+    let r = match open_image(&io, &img, true, &name) {
+        Ok(_) => Ok(true),
+        Err(DeviceError::Io { error, .. }) if error.raw_os_error() == Some(libc::ENOENT) => {
+            Ok(false)
+        }
+        Err(e) => Err(e),
+    };
+    drop(io);
+    drop(cluster);
+    r
+}
+
+/// Removes the image `target` names (`rbd rm`); a missing image is not an
+/// error. An image some client has open fails with `Busy`.
+pub fn remove_image(target: &RbdTarget) -> Result<()> {
+    let name = target.short_name();
+    let (cluster, io) = connect_pool(target, &name)?;
+    let img = cstring("image name", &target.image)?;
+    // SAFETY: a live ioctx and a NUL-terminated name.
+    let r = unsafe { ffi::rbd_remove(io.0, img.as_ptr()) };
+    drop(io);
+    drop(cluster);
+    match r {
+        0 => Ok(()),
+        r if r == -libc::ENOENT => Ok(()),
+        r if r == -libc::EBUSY => Err(DeviceError::Busy(format!(
+            "{name} (open by a client: not removed)"
+        ))),
+        r => Err(rbd_err("rbd_remove", &name, r)),
+    }
 }
 
 /// Connects to the cluster `target` names and opens its pool. Bind the
@@ -901,6 +1090,28 @@ mod tests {
         ] {
             assert!(RbdTarget::parse(bad).is_err(), "{bad:?} parsed");
         }
+    }
+
+    #[test]
+    fn a_too_long_name_says_so_and_the_limit() {
+        let long = "x".repeat(300);
+        let e = RbdTarget::parse(&format!("rbd:rbd/{long}")).unwrap_err();
+        assert!(
+            e.contains("image name is too long (300 bytes; at most 255)"),
+            "{e}"
+        );
+        let e = RbdTarget::parse(&format!("rbd:{long}/img")).unwrap_err();
+        assert!(e.contains("pool name is too long"), "{e}");
+        assert!(RbdTarget::parse(&format!("rbd:rbd/{}", "x".repeat(255))).is_ok());
+    }
+
+    #[test]
+    fn our_defaults_come_first_and_the_target_overrides_them() {
+        let t = RbdTarget::parse("rbd:p/i:rados_osd_op_timeout=0").unwrap();
+        let opts = conf_options(&t);
+        let pos = |k: &str, v: &str| opts.iter().position(|(a, b)| a == k && b == v);
+        let default = pos("rados_osd_op_timeout", "30").expect("default timeout set");
+        assert!(pos("rados_osd_op_timeout", "0").unwrap() > default);
     }
 }
 

@@ -117,6 +117,118 @@ fn a_missing_image_without_create_is_a_clear_error() {
     );
 }
 
+/// `refuse_if_held` (what read-only replays and checks call first) refuses
+/// an image another client holds, naming the holder like a second writer's
+/// refusal; a plain read-only open still reads; once the holder is gone, or
+/// for a missing image, it passes. (New function: the old code had no such
+/// check, so a read-only replay of a held volume went ahead.)
+#[test]
+fn refuse_if_held_names_the_holder_of_a_held_image() {
+    use jbdev_device::rbd::{refuse_if_held, RbdTarget};
+    let Some(conf) = cluster() else { return };
+    let t = test_cluster::target(&conf, &test_cluster::unique_image("rolock"));
+    let target = RbdTarget::parse(&t).unwrap();
+    let writer = open_device(t.as_ref(), &create_opts()).unwrap().device;
+    writer.write_at(&[7u8; 512], 0, Default::default()).unwrap();
+    writer.flush().unwrap();
+    match refuse_if_held(&target) {
+        Err(DeviceError::Busy(msg)) => {
+            println!("read-only opener: {msg}");
+            assert!(msg.contains("held by"), "{msg}");
+            assert!(!msg.contains("another client"), "owner not named: {msg}");
+            let full = DeviceError::Busy(msg).to_string();
+            assert!(full.contains("already open"), "{full}");
+        }
+        Err(e) => panic!("unexpected error {e}"),
+        Ok(()) => panic!("a held image passed"),
+    }
+    let mut buf = [0u8; 512];
+    open_read_only(t.as_ref()).read_at(&mut buf, 0).unwrap();
+    assert_eq!(buf, [7u8; 512]);
+    drop(writer);
+    refuse_if_held(&target).unwrap();
+    let missing = test_cluster::target(&conf, &test_cluster::unique_image("romissing"));
+    refuse_if_held(&RbdTarget::parse(&missing).unwrap()).unwrap();
+}
+
+/// Every connection gets `rados_osd_op_timeout` = 30 s unless the target
+/// sets its own (0: librados' default, no timeout), so an OSD that stops
+/// answering fails a request with ETIMEDOUT instead of blocking for ever.
+/// (Fails on the old code: no timeout was set, librados' default is 0.)
+#[test]
+fn an_osd_op_timeout_is_set_by_default_and_overridable() {
+    use jbdev_device::rbd::{RbdDevice, RbdOpenOptions, RbdTarget, DEFAULT_OSD_OP_TIMEOUT_SECS};
+    let Some(conf) = cluster() else { return };
+    let t = test_cluster::target(&conf, &test_cluster::unique_image("optimeout"));
+    let open = |suffix: &str| {
+        let target = RbdTarget::parse(&format!("{t}{suffix}")).unwrap();
+        RbdDevice::open(
+            &target,
+            &RbdOpenOptions {
+                create_size: Some(SIZE_BYTES),
+                ..RbdOpenOptions::default()
+            },
+        )
+        .unwrap()
+    };
+    let timeout = |d: &RbdDevice| {
+        d.conf_value("rados_osd_op_timeout")
+            .map(|v| v.parse::<f64>())
+    };
+    assert_eq!(DEFAULT_OSD_OP_TIMEOUT_SECS, 30);
+    assert_eq!(timeout(&open("")), Some(Ok(30.0)));
+    assert_eq!(timeout(&open(":rados_osd_op_timeout=0")), Some(Ok(0.0)));
+    assert_eq!(timeout(&open(":rados_osd_op_timeout=7")), Some(Ok(7.0)));
+}
+
+/// An unknown image option is named as such (librados says ENOENT).
+#[test]
+fn an_unknown_image_option_is_named() {
+    let Some(conf) = cluster() else { return };
+    let t = test_cluster::target(&conf, &test_cluster::unique_image("badopt"));
+    let msg = open_device(format!("{t}:foo=bar").as_ref(), &create_opts())
+        .err()
+        .expect("an unknown option was accepted")
+        .to_string();
+    assert!(msg.contains("unknown Ceph option \"foo\""), "{msg}");
+    assert!(!msg.contains("No such file"), "{msg}");
+}
+
+/// `same_image` compares pool, image and cluster, not the target strings;
+/// `image_exists` and `remove_image` find and remove an image.
+#[test]
+fn same_image_ignores_options_and_spelling_and_images_can_be_removed() {
+    use jbdev_device::rbd::{image_exists, remove_image, same_image, RbdTarget};
+    let Some(conf) = cluster() else { return };
+    let img = test_cluster::unique_image("same");
+    let t = test_cluster::target(&conf, &img);
+    // The same ceph.conf under another name: another string, same cluster.
+    let dir = tempfile::tempdir().unwrap();
+    let link = dir.path().join("other.conf");
+    std::os::unix::fs::symlink(&conf, &link).unwrap();
+    let t2 = test_cluster::target(&link, &img);
+    assert!(same_image(&t, &t));
+    assert!(same_image(&t, &format!("{t}:rbd_cache=true")));
+    assert!(same_image(&t, &t2), "{t} vs {t2}");
+    assert!(same_image(&format!("rbd:rbd/{img}"), &t));
+    assert!(!same_image(
+        &t,
+        &test_cluster::target(&conf, &format!("{img}-x"))
+    ));
+    assert!(!same_image(&t, &t.replace("rbd:rbd/", "rbd:other/")));
+    assert!(!same_image(&t, "/tmp/file"));
+
+    let target = RbdTarget::parse(&t).unwrap();
+    assert!(!image_exists(&target).unwrap());
+    drop(open_device(t.as_ref(), &create_opts()).unwrap());
+    assert!(image_exists(&target).unwrap());
+    remove_image(&target).unwrap();
+    assert!(!image_exists(&target).unwrap());
+    remove_image(&target).unwrap();
+    let nopool = RbdTarget::parse(&t.replace("rbd:rbd/", "rbd:nosuchpool/")).unwrap();
+    assert!(image_exists(&nopool).is_err());
+}
+
 /// The queue checks' image size: as small as the local backends' (so that
 /// requests clash often and run ordered), in 64 KiB objects (so that they
 /// still spread over several RADOS objects).

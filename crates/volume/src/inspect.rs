@@ -66,6 +66,17 @@ pub fn inspect(path: &Path, journal_path: Option<&Path>) -> Result<Inspection> {
     })
 }
 
+/// [`inspect`] for `check` and `journal dump`, which read the journal: an
+/// RBD volume another client holds open (a live writer) is refused too,
+/// naming the holder, as a file volume is by its shared lock — its journal
+/// changes under the reader, and a check of it would report corruption
+/// that is not there. `inspect` itself lets `info` read a held RBD
+/// volume's superblocks.
+pub fn inspect_unshared(path: &Path, journal_path: Option<&Path>) -> Result<Inspection> {
+    crate::volume::refuse_held_rbd(path)?;
+    inspect(path, journal_path)
+}
+
 impl Inspection {
     /// Reads one journal block (`InvalidArgument` past the journal's end).
     pub fn read_journal_block(&self, pos: u32) -> Result<AlignedBuf> {

@@ -275,7 +275,7 @@ pub(crate) fn open_external_journal(
 fn refuse_same_target(home: &Path, journal: &Path) -> Result<()> {
     use std::os::unix::fs::{FileTypeExt, MetadataExt};
     let same = if jbdev_device::is_rbd_target(home) || jbdev_device::is_rbd_target(journal) {
-        home == journal
+        same_rbd_image(home, journal)
     } else {
         match (std::fs::metadata(home), std::fs::metadata(journal)) {
             (Ok(h), Ok(j))
@@ -296,6 +296,72 @@ fn refuse_same_target(home: &Path, journal: &Path) -> Result<()> {
         )));
     }
     Ok(())
+}
+
+/// True if two targets, at least one an RBD target, name the same image
+/// (pool and image on the same cluster, however the options are spelled).
+#[cfg(feature = "rbd")]
+fn same_rbd_image(a: &Path, b: &Path) -> bool {
+    match (a.to_str(), b.to_str()) {
+        (Some(x), Some(y)) => jbdev_device::rbd::same_image(x, y),
+        _ => false,
+    }
+}
+
+#[cfg(not(feature = "rbd"))]
+fn same_rbd_image(a: &Path, b: &Path) -> bool {
+    a == b
+}
+
+/// Whether the RBD image `p` names is missing (so that a create making it
+/// may remove it again on failure). `false` when that cannot be told (a
+/// missing pool, an unreachable cluster): such an image is never removed.
+#[cfg(feature = "rbd")]
+fn rbd_image_absent(p: &Path) -> bool {
+    use jbdev_device::rbd::{image_exists, RbdTarget};
+    p.to_str()
+        .and_then(|s| RbdTarget::parse(s).ok())
+        .is_some_and(|t| matches!(image_exists(&t), Ok(false)))
+}
+
+#[cfg(not(feature = "rbd"))]
+fn rbd_image_absent(_p: &Path) -> bool {
+    false
+}
+
+/// A read-only open of an RBD image another client holds (a live writer)
+/// is refused, naming the holder, as a file's shared flock refuses it: a
+/// replay of a journal that is being appended and checkpointed under us
+/// would serve a state that never existed. Files and block devices pass.
+pub(crate) fn refuse_held_rbd(p: &Path) -> Result<()> {
+    #[cfg(feature = "rbd")]
+    if jbdev_device::is_rbd_target(p) {
+        if let Some(Ok(t)) = p.to_str().map(jbdev_device::rbd::RbdTarget::parse) {
+            jbdev_device::rbd::refuse_if_held(&t)?;
+        }
+    }
+    let _ = p;
+    Ok(())
+}
+
+/// Removes what a failed create made: a file, or an RBD image.
+fn remove_created(p: &Path) {
+    #[cfg(feature = "rbd")]
+    if jbdev_device::is_rbd_target(p) {
+        if let Some(t) = p
+            .to_str()
+            .and_then(|s| jbdev_device::rbd::RbdTarget::parse(s).ok())
+        {
+            if let Err(e) = jbdev_device::rbd::remove_image(&t) {
+                tracing::warn!(
+                    "could not remove the RBD image {} this create made: {e}",
+                    t.short_name()
+                );
+            }
+        }
+        return;
+    }
+    let _ = std::fs::remove_file(p);
 }
 
 /// The path an external journal is recorded by: absolute, so the volume
@@ -334,10 +400,15 @@ impl Volume {
             break_lock: oopts.break_lock,
             ..Default::default()
         };
-        // Files this call creates are removed again if it fails, so a
-        // failed create leaves nothing behind.
-        let absent =
-            |p: &Path| !jbdev_device::is_rbd_target(p) && std::fs::symlink_metadata(p).is_err();
+        // Files and RBD images this call creates are removed again if it
+        // fails, so a failed create leaves nothing behind.
+        let absent = |p: &Path| {
+            if jbdev_device::is_rbd_target(p) {
+                rbd_image_absent(p)
+            } else {
+                std::fs::symlink_metadata(p).is_err()
+            }
+        };
         let mut created: Vec<PathBuf> = Vec::new();
         if absent(path) {
             created.push(path.to_path_buf());
@@ -361,7 +432,7 @@ impl Volume {
         })();
         if res.is_err() {
             for p in &created {
-                let _ = std::fs::remove_file(p);
+                remove_created(p);
             }
         }
         res
@@ -378,6 +449,10 @@ impl Volume {
             break_lock: opts.break_lock,
             ..Default::default()
         };
+        if opts.read_only {
+            // A file is refused by its shared flock; an RBD image here.
+            refuse_held_rbd(path)?;
+        }
         let dev = open_device(path, &dopts)?.device;
         let sb = read_volume_superblock(dev.as_ref(), &path.display().to_string())?;
         let jdev = match &sb.journal {

@@ -1,0 +1,155 @@
+//! RBD-specific create and open paths of a volume, against the throwaway
+//! test cluster (skipped without Ceph): a failed create removes the images
+//! it made, a journal naming the home image however spelled is refused, and
+//! a read-only open of a volume another client is writing is refused.
+#![cfg(feature = "rbd")]
+
+use std::path::PathBuf;
+
+use jbdev_device::rbd::{image_exists, test_cluster, RbdTarget};
+use jbdev_device::DeviceError;
+use jbdev_volume::{FormatOptions, JournalPlacement, OpenOptions, Volume, VolumeError, WriteFlags};
+
+fn cluster() -> Option<PathBuf> {
+    match test_cluster::ensure() {
+        Ok(conf) => Some(conf),
+        Err(why) => {
+            println!("SKIP: {why}");
+            None
+        }
+    }
+}
+
+fn exists(t: &str) -> bool {
+    image_exists(&RbdTarget::parse(t).unwrap()).unwrap()
+}
+
+fn small(journal: JournalPlacement) -> FormatOptions {
+    let mut f = FormatOptions::new(16 << 20);
+    f.journal_bytes = Some(4 << 20);
+    f.journal = journal;
+    f
+}
+
+/// `format rbd:rbd/d --journal rbd:nopool/dj`: the journal cannot be
+/// opened, and the home image the create made is removed again (as a file
+/// would be). An image that existed before is left alone. (Fails on the old
+/// code: the home image stayed.)
+#[test]
+fn a_failed_create_removes_the_rbd_images_it_made() {
+    let Some(conf) = cluster() else { return };
+    let home = test_cluster::target(&conf, &test_cluster::unique_image("failcreate"));
+    let bad_journal = format!(
+        "rbd:nosuchpool/{}:conf={}",
+        test_cluster::unique_image("dj"),
+        conf.display()
+    );
+    let f = small(JournalPlacement::External(bad_journal.clone().into()));
+    let err = Volume::create(home.as_ref(), &f, &OpenOptions::default())
+        .err()
+        .expect("created a volume with a journal in a missing pool");
+    println!("create: {err}");
+    assert!(!exists(&home), "the failed create left {home} behind");
+
+    // An existing home is not removed by a failed create.
+    Volume::create(
+        home.as_ref(),
+        &small(JournalPlacement::Internal),
+        &OpenOptions::default(),
+    )
+    .unwrap()
+    .close()
+    .unwrap();
+    assert!(Volume::create(home.as_ref(), &f, &OpenOptions::default()).is_err());
+    assert!(
+        exists(&home),
+        "a failed create removed an image it did not make"
+    );
+
+    // A journal image another client holds: the create fails on it; the
+    // fresh home is removed, the journal (not made by the create) is kept.
+    let journal = test_cluster::target(&conf, &test_cluster::unique_image("failcreate-j"));
+    let holder = jbdev_device::open_device(
+        journal.as_ref(),
+        &jbdev_device::OpenOptions {
+            create_size: Some(8 << 20),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let fresh_home = test_cluster::target(&conf, &test_cluster::unique_image("failcreate-h"));
+    let f = small(JournalPlacement::External(journal.clone().into()));
+    assert!(Volume::create(fresh_home.as_ref(), &f, &OpenOptions::default()).is_err());
+    drop(holder);
+    assert!(
+        !exists(&fresh_home),
+        "the failed create left {fresh_home} behind"
+    );
+    assert!(
+        exists(&journal),
+        "a failed create removed an image it did not make"
+    );
+}
+
+/// The journal named as the home image with other options (`rbd:rbd/g` vs
+/// `rbd:rbd/g:conf=…`) is the same image: refused as such, and nothing is
+/// left behind. (Fails on the old code, which compared the strings: the
+/// journal open then failed on the home's own lock, "already open".)
+#[test]
+fn a_journal_naming_the_home_image_otherwise_spelled_is_refused() {
+    let Some(conf) = cluster() else { return };
+    let img = test_cluster::unique_image("sametarget");
+    let home = test_cluster::target(&conf, &img);
+    let journal = format!("{home}:rbd_cache=false");
+    let f = small(JournalPlacement::External(journal.into()));
+    let err = Volume::create(home.as_ref(), &f, &OpenOptions::default())
+        .err()
+        .expect("the home image was accepted as its own journal");
+    let msg = err.to_string();
+    assert!(matches!(err, VolumeError::InvalidArgument(_)), "{msg}");
+    assert!(msg.contains("the volume's own file or device"), "{msg}");
+    assert!(!exists(&home));
+}
+
+/// A read-only open (what `serve --read-only` does) of a volume another
+/// client holds open read-write is refused, naming the holder, as a file
+/// volume's is: replaying the writer's journal in memory while it keeps
+/// checkpointing would serve a state that never existed. After the writer
+/// closes, the read-only open works and sees its data. (Fails on the old
+/// code: the read-only open succeeded.)
+#[test]
+fn a_read_only_open_of_a_volume_held_elsewhere_is_refused() {
+    let Some(conf) = cluster() else { return };
+    let home = test_cluster::target(&conf, &test_cluster::unique_image("roheld"));
+    let vol = Volume::create(
+        home.as_ref(),
+        &small(JournalPlacement::Internal),
+        &OpenOptions::default(),
+    )
+    .unwrap();
+    vol.write_at(&[5u8; 4096], 0, WriteFlags::FUA).unwrap();
+    let ro = OpenOptions {
+        read_only: true,
+        ..OpenOptions::default()
+    };
+    match Volume::open(home.as_ref(), &ro) {
+        Err(VolumeError::Device(DeviceError::Busy(msg))) => {
+            println!("read-only open: {msg}");
+            assert!(msg.contains("held by"), "{msg}");
+        }
+        Err(e) => panic!("unexpected error {e}"),
+        Ok(_) => panic!("a read-only open of a volume held elsewhere was allowed"),
+    }
+    // Inspection for check and journal dump is refused the same way; the
+    // plain inspection (info) still reads the superblocks.
+    let e = jbdev_volume::inspect::inspect_unshared(home.as_ref(), None)
+        .err()
+        .expect("inspected a held volume");
+    assert!(e.to_string().contains("already open"), "{e}");
+    jbdev_volume::inspect::inspect(home.as_ref(), None).expect("info-style inspection");
+    vol.close().unwrap();
+    let r = Volume::open(home.as_ref(), &ro).unwrap();
+    let mut buf = vec![0u8; 4096];
+    r.read_at(&mut buf, 0).unwrap();
+    assert_eq!(buf, vec![5u8; 4096]);
+}
