@@ -174,6 +174,17 @@ pub fn format(a: FormatArgs) -> anyhow::Result<()> {
         f.journal = JournalPlacement::External(j.clone());
     }
     let layout = jbdev_volume::format_layout(&f)?;
+    for (p, label) in
+        std::iter::once((&a.path, "")).chain(a.journal.iter().map(|j| (j, "--journal ")))
+    {
+        if let Some(ro) = read_only_block_device(p) {
+            anyhow::bail!(
+                "{label}{} is a read-only block device ({ro} is 1): format must write to it \
+                 (`blockdev --setrw`, or set up the loop device without -r)",
+                p.display()
+            );
+        }
+    }
     if !a.force {
         // What format writes: block 0 and an internal journal (everything
         // before the data region) of PATH, the first journal_bytes of
@@ -207,6 +218,23 @@ pub fn format(a: FormatArgs) -> anyhow::Result<()> {
         outln!("{m}")?;
     }
     Ok(())
+}
+
+/// The sysfs `ro` file of a block device that is read-only (a loop device
+/// set up with -r, a write-protected disk): None for anything else. Its
+/// writes would fail with a bare EPERM.
+fn read_only_block_device(path: &std::path::Path) -> Option<String> {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let meta = std::fs::metadata(path).ok()?;
+    if !meta.file_type().is_block_device() {
+        return None;
+    }
+    let dev = meta.rdev();
+    // dev_t to major:minor, as glibc's gnu_dev_major/minor.
+    let major = ((dev >> 8) & 0xfff) | ((dev >> 32) & !0xfff);
+    let minor = (dev & 0xff) | ((dev >> 12) & !0xff);
+    let ro = format!("/sys/dev/block/{major}:{minor}/ro");
+    (std::fs::read_to_string(&ro).ok()?.trim() == "1").then_some(ro)
 }
 
 /// How many bytes [`refuse_to_overwrite`] reads beyond what format writes
@@ -466,6 +494,31 @@ pub struct InfoArgs {
     pub json: bool,
 }
 
+/// Where the journal superblock disagrees with the volume superblock about
+/// the journal's geometry (block size, length), which every open and
+/// `check` refuse (`recovery::check_geometry`).
+fn journal_geometry_mismatch(
+    sb: &jbdev_volume::superblock::VolumeSuperblock,
+    j: &format::JournalSuperblock,
+) -> Option<String> {
+    let (JournalLocation::Internal { len_bytes, .. } | JournalLocation::External { len_bytes, .. }) =
+        &sb.journal;
+    if j.block_size != sb.block_size {
+        return Some(format!(
+            "the journal superblock says {}-byte blocks, the volume uses {}-byte blocks",
+            j.block_size, sb.block_size
+        ));
+    }
+    let described = u64::from(j.max_len) * u64::from(sb.block_size);
+    (described != *len_bytes).then(|| {
+        format!(
+            "the journal superblock says {} blocks ({described} bytes, s_maxlen), the volume \
+             superblock reserved {len_bytes} bytes",
+            j.max_len
+        )
+    })
+}
+
 pub fn info(a: InfoArgs) -> anyhow::Result<()> {
     let (sb, journal_path, journal_superblock, in_use) =
         match inspect(&a.path, a.journal.as_deref()) {
@@ -519,6 +572,7 @@ pub fn info(a: InfoArgs) -> anyhow::Result<()> {
     // Another volume's journal: a wrong --journal.
     let expect_uuid = sb.journal_uuid();
     let foreign = jsb.ok().filter(|j| j.uuid != expect_uuid);
+    let geometry = jsb.ok().and_then(|j| journal_geometry_mismatch(sb, j));
     // Image files only: how much of the file is allocated, and whether its
     // file system could run out before the holes are filled.
     let space = if home_kind == "local" {
@@ -541,6 +595,7 @@ pub fn info(a: InfoArgs) -> anyhow::Result<()> {
                 "start": jsb.map(|j| j.start).ok(),
                 "error": jsb.err(),
                 "belongs_to_volume": jsb.ok().map(|j| j.uuid == expect_uuid),
+                "geometry_error": geometry,
             },
             "created_unix_secs": sb.created_unix_secs,
             "feature_compat": sb.feature_compat,
@@ -627,6 +682,9 @@ pub fn info(a: InfoArgs) -> anyhow::Result<()> {
             }
         }
         Err(e) => outln!("journal state   UNREADABLE: {e}")?,
+    }
+    if let Some(g) = &geometry {
+        outln!("warning         CORRUPT: {g}: every open refuses this volume")?;
     }
     if let Some(j) = foreign {
         outln!(
@@ -1008,6 +1066,11 @@ pub fn journal(c: JournalCommand) -> anyhow::Result<()> {
         jsb.start,
         if jsb.is_clean() { " (clean)" } else { "" }
     )?;
+    if let Some(g) = journal_geometry_mismatch(&ins.superblock, &jsb) {
+        // Walking it would misplace every block, or run past the region.
+        outln!("CORRUPT: {g}: every open refuses this volume")?;
+        std::process::exit(EXIT_CORRUPT);
+    }
     if jsb.is_clean() && !all {
         outln!("the journal is clean: nothing to replay (use --all to walk old log blocks)")?;
     } else {

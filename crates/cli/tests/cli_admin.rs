@@ -1054,6 +1054,27 @@ fn the_journal_path_hint_keeps_symlinks_and_raw_bytes() {
     assert!(!img3.exists() && !long.exists());
 }
 
+/// A loop device over `backing` (read-only with `-r`), detached on drop;
+/// None where losetup is not allowed (not root).
+fn loop_device(backing: &Path, read_only: bool) -> Option<LoopDev> {
+    let mut cmd = Command::new("losetup");
+    if read_only {
+        cmd.arg("-r");
+    }
+    let o = cmd.args(["-f", "--show"]).arg(backing).output().ok()?;
+    o.status
+        .success()
+        .then(|| LoopDev(String::from_utf8_lossy(&o.stdout).trim().to_string()))
+}
+
+struct LoopDev(String);
+
+impl Drop for LoopDev {
+    fn drop(&mut self) {
+        let _ = Command::new("losetup").args(["-d", &self.0]).status();
+    }
+}
+
 /// Report #11: format of a whole block device without --size uses all of
 /// it: superblock + journal + data = the device's size (a loop device;
 /// skipped where losetup is not allowed).
@@ -1065,24 +1086,11 @@ fn format_of_a_whole_device_uses_all_of_it() {
         .unwrap()
         .set_len(64 << 20)
         .unwrap();
-    let o = Command::new("losetup")
-        .args(["-f", "--show"])
-        .arg(&backing)
-        .output();
-    let dev = match o {
-        Ok(o) if o.status.success() => String::from_utf8_lossy(&o.stdout).trim().to_string(),
-        _ => {
-            println!("SKIP: no loop device (losetup needs root)");
-            return;
-        }
+    let Some(lo) = loop_device(&backing, false) else {
+        println!("SKIP: no loop device (losetup needs root)");
+        return;
     };
-    struct Detach(String);
-    impl Drop for Detach {
-        fn drop(&mut self) {
-            let _ = Command::new("losetup").args(["-d", &self.0]).status();
-        }
-    }
-    let _detach = Detach(dev.clone());
+    let dev = lo.0.clone();
     let o = jbdev(&["format", &dev]);
     assert!(o.status.success(), "{}", text(&o));
     let o = jbdev(&["info", "--json", &dev]);
@@ -1090,8 +1098,66 @@ fn format_of_a_whole_device_uses_all_of_it() {
     let data = v["size_bytes"].as_u64().unwrap();
     let journal = v["journal"]["len_bytes"].as_u64().unwrap();
     assert_eq!(data + journal + 4096, 64 << 20, "{v}");
-    // A journal that leaves no room for data: said so.
+    // A journal that leaves no room for data: said so (report #19).
     let o = jbdev(&["format", &dev, "--force", "--journal-size", "64M"]);
     assert_clean_error(&o, "a journal as large as the device");
     assert!(text(&o).contains("no room for data"), "{}", text(&o));
+    // Report #16: a device held exclusively by something else (here this
+    // test, as a mount would) is not blamed on another jbdev.
+    use std::os::unix::fs::OpenOptionsExt;
+    let held = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(0o200) // O_EXCL: what the kernel does for a mount
+        .open(&dev)
+        .unwrap();
+    let o = jbdev(&["format", &dev, "--force"]);
+    assert_clean_error(&o, "format of a device held exclusively");
+    assert!(text(&o).contains("mounted file system"), "{}", text(&o));
+    drop(held);
+}
+
+/// Report #17: a read-only block device is named as such by format.
+#[test]
+fn format_names_a_read_only_device() {
+    let dir = tempfile::tempdir().unwrap();
+    let backing = dir.path().join("ro.img");
+    std::fs::File::create(&backing)
+        .unwrap()
+        .set_len(16 << 20)
+        .unwrap();
+    let Some(lo) = loop_device(&backing, true) else {
+        println!("SKIP: no loop device (losetup needs root)");
+        return;
+    };
+    let o = jbdev(&["format", &lo.0, "--force"]);
+    assert_clean_error(&o, "format of a read-only device");
+    assert!(text(&o).contains("read-only block device"), "{}", text(&o));
+}
+
+/// Report #15: info and journal dump compare the journal superblock with
+/// the volume superblock (check and every open already refuse a mismatch).
+#[test]
+fn info_and_dump_compare_the_journal_with_the_volume() {
+    use jbdev_volume::journal::format::JournalSuperblock;
+    let dir = tempfile::tempdir().unwrap();
+    let img = dir.path().join("v.img");
+    let p = img.to_str().unwrap();
+    format_16m(p, &[]);
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&img)
+        .unwrap();
+    let mut b = vec![0u8; 4096];
+    f.read_exact_at(&mut b, 4096).unwrap();
+    let mut j = JournalSuperblock::decode(&b).unwrap();
+    j.max_len -= 16;
+    j.encode(&mut b);
+    f.write_all_at(&b, 4096).unwrap();
+    assert_eq!(jbdev(&["check", p]).status.code(), Some(2));
+    let o = jbdev(&["info", p]);
+    assert!(text(&o).contains("s_maxlen"), "{}", text(&o));
+    let o = jbdev(&["journal", "dump", p]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(text(&o).contains("s_maxlen"), "{}", text(&o));
 }
