@@ -897,8 +897,18 @@ pub fn check(a: CheckArgs) -> anyhow::Result<()> {
             }
             None => anyhow::bail!("{msg}"),
         },
-        Err(e @ (VolumeError::BadSuperblock(_) | VolumeError::CorruptJournal(_))) => {
-            outln!("{p}: CORRUPT: {e}")?;
+        Err(
+            e @ (VolumeError::BadSuperblock(_)
+            | VolumeError::Truncated(_)
+            | VolumeError::CorruptJournal(_)),
+        ) => {
+            // The message names the path itself where it has it.
+            let e = e.to_string();
+            if e.contains(&*p.to_string()) {
+                outln!("CORRUPT: {e}")?;
+            } else {
+                outln!("{p}: CORRUPT: {e}")?;
+            }
             std::process::exit(EXIT_CORRUPT);
         }
         Err(e) => return Err(e.into()),

@@ -403,9 +403,15 @@ fn check_and_info_refuse_a_truncated_image() {
     let o = jbdev(&["check", p]);
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
     assert!(text(&o).contains("holds 8388608 bytes"), "{}", text(&o));
+    // Report #20 and the cosmetic one: the superblock is intact, so not
+    // "bad volume superblock", and the path is named once.
+    assert!(text(&o).contains("shorter than the volume"), "{}", text(&o));
+    assert!(!text(&o).contains("bad volume superblock"), "{}", text(&o));
+    assert_eq!(text(&o).matches(p).count(), 1, "{}", text(&o));
     let o = jbdev(&["info", p]);
     assert_clean_error(&o, "info of a truncated image");
     assert!(text(&o).contains("holds 8388608 bytes"), "{}", text(&o));
+    assert!(!text(&o).contains("bad volume superblock"), "{}", text(&o));
 }
 
 #[test]

@@ -10,7 +10,9 @@
 //!
 //! Decoding never panics, checks the magic first (so a foreign file is
 //! reported as [`SuperblockError::NotAVolume`], not as corruption), then the
-//! version, the checksum, the features and finally the geometry.
+//! checksum (every version keeps this 512-byte frame and its crc32c at 508,
+//! so a flipped version byte is damage, not a newer jbdev), the version, the
+//! features and finally the geometry.
 
 use std::os::unix::ffi::OsStrExt;
 
@@ -275,14 +277,14 @@ impl VolumeSuperblock {
                 Self::ENCODED_LEN
             ));
         };
-        let version = get_u32(b, off::VERSION);
-        if version != VOLUME_VERSION {
-            return Err(SuperblockError::UnsupportedVersion(version));
-        }
         let stored = get_u32(b, off::CHECKSUM);
         let computed = Self::checksum_of(b);
         if stored != computed {
             return Err(SuperblockError::BadChecksum { stored, computed });
+        }
+        let version = get_u32(b, off::VERSION);
+        if version != VOLUME_VERSION {
+            return Err(SuperblockError::UnsupportedVersion(version));
         }
         let feature_incompat = get_u32(b, off::FEATURE_INCOMPAT);
         let unknown = feature_incompat & !SUPPORTED_FEATURE_INCOMPAT;
@@ -492,8 +494,16 @@ mod tests {
             VolumeSuperblock::decode(&buf[..511]),
             Err(SuperblockError::Invalid(_))
         ));
+        // A newer version (checksummed as written) is named as such; a
+        // version byte flipped by damage is a checksum error.
         let mut b = buf.clone();
         b[8] = 2;
+        assert!(matches!(
+            VolumeSuperblock::decode(&b),
+            Err(SuperblockError::BadChecksum { .. })
+        ));
+        let c = VolumeSuperblock::checksum_of(&b);
+        b[508..512].copy_from_slice(&c.to_le_bytes());
         assert!(matches!(
             VolumeSuperblock::decode(&b),
             Err(SuperblockError::UnsupportedVersion(2))

@@ -273,9 +273,12 @@ pub(crate) fn read_volume_superblock(
     // into I/O errors: refuse it here, for opens and inspections alike.
     let described = sb.data_offset_bytes.saturating_add(sb.size_bytes);
     if dev.size_bytes() < described {
-        return Err(VolumeError::BadSuperblock(format!(
-            "{what} holds {} bytes but its superblock describes {described}",
-            dev.size_bytes()
+        return Err(VolumeError::Truncated(format!(
+            "{what} is shorter than the volume its superblock describes: it holds {} bytes \
+             (in whole {}-byte sectors), the volume needs {described} (a truncated image, or \
+             a smaller device)",
+            dev.size_bytes(),
+            dev.logical_block_size()
         )));
     }
     Ok(sb)
