@@ -1122,6 +1122,43 @@ fn format_of_a_whole_device_uses_all_of_it() {
     drop(held);
 }
 
+/// Report #9: a 1 KiB-block volume on a 4 KiB-sector device is not
+/// corruption: check says why it cannot be used, exit 1.
+#[test]
+fn check_of_a_volume_on_a_device_with_larger_sectors_is_not_corruption() {
+    let dir = tempfile::tempdir().unwrap();
+    let img = dir.path().join("k.img");
+    let o = jbdev(&[
+        "format",
+        img.to_str().unwrap(),
+        "--size",
+        "8M",
+        "--journal-size",
+        "1M",
+        "--block-size",
+        "1024",
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let o = Command::new("losetup")
+        .args(["-b", "4096", "-f", "--show"])
+        .arg(&img)
+        .output();
+    let dev = match o {
+        Ok(o) if o.status.success() => LoopDev(String::from_utf8_lossy(&o.stdout).trim().into()),
+        _ => {
+            println!("SKIP: no loop device (losetup needs root)");
+            return;
+        }
+    };
+    let o = jbdev(&["check", &dev.0]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(
+        text(&o).contains("4096-byte logical blocks"),
+        "{}",
+        text(&o)
+    );
+}
+
 /// Report #17: a read-only block device is named as such by format.
 #[test]
 fn format_names_a_read_only_device() {

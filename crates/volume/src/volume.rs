@@ -268,6 +268,18 @@ pub(crate) fn read_volume_superblock(
     let mut buf = AlignedBuf::zeroed(n);
     dev.read_at(&mut buf, 0)?;
     let sb = VolumeSuperblock::decode(&buf).map_err(|e| bad_sb(e, what))?;
+    // Not corruption: the volume is fine, this device cannot address its
+    // blocks (a 1 KiB-block volume on a 4 KiB-sector device, say).
+    if sb.block_size < dev.logical_block_size() {
+        return Err(VolumeError::InvalidArgument(format!(
+            "{what} has {}-byte logical blocks, larger than the volume's {}-byte blocks: \
+             the volume cannot be used on it (copy it to a device with sectors of at most \
+             {} bytes, e.g. a loop device without --sector-size)",
+            dev.logical_block_size(),
+            sb.block_size,
+            sb.block_size
+        )));
+    }
     // A device shorter than the volume it describes (a truncated image
     // file, a smaller block device) would turn reads and writes of its end
     // into I/O errors: refuse it here, for opens and inspections alike.
