@@ -1036,7 +1036,11 @@ pub fn check(a: CheckArgs) -> anyhow::Result<()> {
 
 #[derive(clap::Subcommand)]
 pub enum JournalCommand {
-    /// Print the blocks of the journal log, from its tail.
+    /// Print the blocks of the journal log, from its tail, with each data
+    /// block's checksum and each commit's data digest verified. Exit status
+    /// 2 when the journal is corrupt (mid-log damage with committed
+    /// transactions after it, or a geometry that disagrees with the volume),
+    /// 1 for another volume's journal or any error.
     Dump {
         /// Volume image or device.
         path: PathBuf,
