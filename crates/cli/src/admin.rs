@@ -8,6 +8,7 @@ use jbdev_volume::inspect::{inspect, Inspection};
 use jbdev_volume::journal::format::{self, LogRecord};
 use jbdev_volume::journal::next_pos;
 use jbdev_volume::journal::recovery::{self, ScanEnd};
+use jbdev_volume::journal::writer::{self, DataDigest, DataDigestV1, DigestKind};
 use jbdev_volume::superblock::JournalLocation;
 use jbdev_volume::{FormatOptions, JournalPlacement, OpenOptions, Volume};
 
@@ -36,9 +37,12 @@ pub struct FormatArgs {
     /// without this flag; librbd blocklists the old holder).
     #[arg(long)]
     pub break_lock: bool,
-    /// Format even if PATH (or --journal) already holds a jbdev volume or
-    /// other data, destroying it. Without this flag, format only writes
-    /// over a new, empty or all-zero target.
+    /// Format even if PATH (or --journal) already holds a jbdev volume,
+    /// journal or other data, destroying it. Without this flag, format only
+    /// writes over a new, empty or all-zero target: it reads every byte it
+    /// would overwrite (block 0 and the journal area), signatures in the
+    /// first MiB, and up to 64 MiB more (an image file's allocated extents,
+    /// a device's following bytes).
     #[arg(long, short = 'f')]
     pub force: bool,
     /// Image files: allocate the whole file now (fallocate), so that writes
@@ -58,16 +62,57 @@ fn spinner(msg: String) -> ProgressBar {
     pb
 }
 
-/// The data area of a volume that fills a whole device of `total` bytes:
-/// what is left after the superblock block and an internal journal.
-fn data_bytes_of(total: u64, bs: u64, a: &FormatArgs) -> u64 {
-    let journal = if a.journal.is_some() {
-        0
-    } else {
-        a.journal_size
-            .unwrap_or_else(|| jbdev_volume::default_journal_bytes(total))
+/// The layout of a volume that fills a whole device of `total` bytes:
+/// (data bytes, journal bytes to format with). Superblock block + internal
+/// journal + data = `total` rounded down to whole blocks. Without
+/// `--journal-size` the journal is the default for the data size (64 MiB or
+/// a quarter of the data, see `default_journal_bytes`), so the data size
+/// is the largest whose superblock, default journal and data fit; the
+/// journal takes the block or so left over.
+fn whole_device_layout(
+    total: u64,
+    bs: u64,
+    journal_size: Option<u64>,
+    external: bool,
+) -> anyhow::Result<(u64, Option<u64>)> {
+    let total = total / bs * bs;
+    let too_small = |journal: u64| {
+        anyhow::anyhow!(
+            "the device holds {total} bytes: no room for data after the {bs}-byte superblock \
+             and a {journal}-byte journal (give a smaller --journal-size, or --journal)"
+        )
     };
-    (total.saturating_sub(bs + journal)) / bs * bs
+    if external {
+        let data = total.saturating_sub(bs);
+        anyhow::ensure!(
+            data > 0,
+            "the device holds {total} bytes: too small for a volume"
+        );
+        return Ok((data, journal_size));
+    }
+    if let Some(j) = journal_size {
+        let j = j / bs * bs;
+        let data = total.checked_sub(bs + j).filter(|&d| d > 0);
+        return data.map(|d| (d, Some(j))).ok_or_else(|| too_small(j));
+    }
+    let journal_of = |data: u64| jbdev_volume::default_journal_bytes(data) / bs * bs;
+    let fits = |data: u64| bs + journal_of(data) + data <= total;
+    // data + journal_of(data) grows with data: the largest fitting data
+    // size, in blocks, by bisection.
+    let (mut lo, mut hi) = (0u64, total / bs);
+    while lo < hi {
+        let mid = lo + (hi - lo).div_ceil(2);
+        if fits(mid * bs) {
+            lo = mid;
+        } else {
+            hi = mid - 1;
+        }
+    }
+    let data = lo * bs;
+    if data == 0 {
+        return Err(too_small(journal_of(bs)));
+    }
+    Ok((data, Some(total - bs - data)))
 }
 
 /// Opens an existing device read-only and shared, to learn its size.
@@ -89,8 +134,9 @@ pub fn format(a: FormatArgs) -> anyhow::Result<()> {
         "--block-size must be a power of two from 1024 to 65536 (got {})",
         a.block_size
     );
-    let size = match a.size {
-        Some(s) => s,
+    let whole = |total: u64| whole_device_layout(total, bs, a.journal_size, a.journal.is_some());
+    let (size, journal_bytes) = match a.size {
+        Some(s) => (s, a.journal_size),
         None if jbdev_device::is_rbd_target(&a.path) => {
             // An existing image: all of it, like a block device.
             let dev = open_to_size(&a.path).with_context(|| {
@@ -99,7 +145,7 @@ pub fn format(a: FormatArgs) -> anyhow::Result<()> {
                     a.path.display()
                 )
             })?;
-            data_bytes_of(dev.device.size_bytes(), bs, &a)
+            whole(dev.device.size_bytes())?
         }
         None => {
             let meta = std::fs::metadata(&a.path).with_context(|| {
@@ -114,50 +160,136 @@ pub fn format(a: FormatArgs) -> anyhow::Result<()> {
                 "--size is required for an image file (e.g. --size 1G)"
             );
             let dev = open_to_size(&a.path)?;
-            data_bytes_of(dev.device.size_bytes(), bs, &a)
+            whole(dev.device.size_bytes())?
         }
     };
     anyhow::ensure!(
         size > 0 && size % bs == 0,
         "--size must be a positive multiple of the {bs}-byte block size"
     );
+    let mut f = FormatOptions::new(size);
+    f.block_size = a.block_size;
+    f.journal_bytes = journal_bytes;
+    if let Some(j) = &a.journal {
+        f.journal = JournalPlacement::External(j.clone());
+    }
+    let layout = jbdev_volume::format_layout(&f)?;
+    for (p, label) in
+        std::iter::once((&a.path, "")).chain(a.journal.iter().map(|j| (j, "--journal ")))
+    {
+        if let Some(ro) = read_only_block_device(p) {
+            anyhow::bail!(
+                "{label}{} is a read-only block device ({ro} is 1): format must write to it \
+                 (`blockdev --setrw`, or set up the loop device without -r)",
+                p.display()
+            );
+        }
+    }
     if !a.force {
-        refuse_to_overwrite(&a.path, "")?;
+        // What format writes: block 0 and an internal journal (everything
+        // before the data region) of PATH, the first journal_bytes of
+        // --journal.
+        refuse_to_overwrite(&a.path, "", layout.data_offset_bytes)?;
         if let Some(j) = &a.journal {
-            refuse_to_overwrite(j, "--journal ")?;
+            refuse_to_overwrite(j, "--journal ", layout.journal_bytes)?;
         }
     }
     // Files this command creates are removed again if it fails, so a
-    // failed format leaves nothing behind that looks like a volume.
+    // failed format leaves nothing behind that looks like a volume. For a
+    // dangling symlink that is the file it points to, never the link.
     let created: Vec<PathBuf> = std::iter::once(&a.path)
         .chain(a.journal.as_ref())
-        .filter(|p| !jbdev_device::is_rbd_target(p) && !p.exists())
-        .cloned()
+        .filter_map(|p| jbdev_volume::file_format_would_create(p))
         .collect();
-    if let Err(e) = format_checked(&a, size) {
-        for p in &created {
-            let _ = std::fs::remove_file(p);
+    let formatted = match format_checked(&a, &f) {
+        Ok(m) => m,
+        Err(e) => {
+            for p in &created {
+                let _ = std::fs::remove_file(p);
+            }
+            return Err(e);
         }
-        return Err(e);
+    };
+    // All the work first, then the report: a closed stdout (`| true`) ends
+    // the command at its first line, and must not cut the work short.
+    let preallocated = preallocate(&a);
+    outln!("{formatted}")?;
+    if let Some(m) = preallocated? {
+        outln!("{m}")?;
     }
-    preallocate(&a)
+    Ok(())
 }
 
-/// How many leading bytes [`refuse_to_overwrite`] looks at: past the
-/// signatures of partition tables, file systems and LVM (btrfs keeps its
-/// superblock at 64 KiB).
-const OVERWRITE_PROBE_BYTES: u64 = 1 << 20;
+/// The sysfs `ro` file of a block device that is read-only (a loop device
+/// set up with -r, a write-protected disk): None for anything else. Its
+/// writes would fail with a bare EPERM.
+fn read_only_block_device(path: &std::path::Path) -> Option<String> {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let meta = std::fs::metadata(path).ok()?;
+    if !meta.file_type().is_block_device() {
+        return None;
+    }
+    let dev = meta.rdev();
+    // dev_t to major:minor, as glibc's gnu_dev_major/minor.
+    let major = ((dev >> 8) & 0xfff) | ((dev >> 32) & !0xfff);
+    let minor = (dev & 0xff) | ((dev >> 12) & !0xff);
+    let ro = format!("/sys/dev/block/{major}:{minor}/ro");
+    (std::fs::read_to_string(&ro).ok()?.trim() == "1").then_some(ro)
+}
 
-/// Fails when `path` exists and holds a jbdev volume, a jbdev journal or
-/// any non-zero byte in its first [`OVERWRITE_PROBE_BYTES`]: formatting
-/// would destroy it. A missing or empty target, or one that reads as
-/// zeroes there (a fresh `truncate -s`), is fine. `label` names the
-/// argument in the message ("" for PATH, "--journal ").
-fn refuse_to_overwrite(path: &std::path::Path, label: &str) -> anyhow::Result<()> {
+/// How many bytes [`refuse_to_overwrite`] reads beyond what format writes
+/// over: the allocated extents of an image file (SEEK_DATA/SEEK_HOLE; its
+/// holes read as zeroes without a read), the bytes that follow on a device.
+const PROBE_BEYOND_BYTES: u64 = 64 << 20;
+
+/// Bytes read at a time by the probe.
+const PROBE_CHUNK_BYTES: u64 = 1 << 20;
+
+/// Signatures are looked for in the first MiB: past those of partition
+/// tables, file systems and LVM (btrfs keeps its superblock at 64 KiB).
+const SIGNATURE_PROBE_BYTES: u64 = 1 << 20;
+
+/// A jbdev journal superblock in `head` at offset 0 (an external journal)
+/// or one block in, for any block size (an internal journal).
+fn find_journal_superblock(
+    head: &[u8],
+) -> Option<(usize, jbdev_volume::journal::format::JournalSuperblock)> {
     use jbdev_volume::journal::format::JournalSuperblock;
+    std::iter::once(0)
+        .chain((10..=16).map(|shift| 1usize << shift))
+        .find_map(|off| {
+            let j = JournalSuperblock::decode(head.get(off..)?).ok()?;
+            Some((off, j))
+        })
+}
+
+/// A journal superblock's state, in words.
+fn journal_state(j: &jbdev_volume::journal::format::JournalSuperblock) -> String {
+    if j.is_clean() {
+        format!("clean, next transaction {}", j.sequence)
+    } else {
+        format!(
+            "needs recovery: log starts at block {} with transaction {}",
+            j.start, j.sequence
+        )
+    }
+}
+
+/// Fails when `path` exists and holds a jbdev volume, a jbdev journal, a
+/// known signature in its first MiB, or any non-zero byte in its first
+/// `overwrite_end` bytes (everything format writes there) or in the
+/// [`PROBE_BEYOND_BYTES`] of data that follow (see there): formatting would
+/// destroy it. A missing or empty target, or one that reads as zeroes there
+/// (a fresh `truncate -s`), is fine. `label` names the argument in the
+/// message ("" for PATH, "--journal ").
+fn refuse_to_overwrite(
+    path: &std::path::Path,
+    label: &str,
+    overwrite_end: u64,
+) -> anyhow::Result<()> {
     use jbdev_volume::superblock::VolumeSuperblock;
     let local = !jbdev_device::is_rbd_target(path);
-    if local && !path.exists() {
+    if local && std::fs::metadata(path).is_err() {
         return Ok(());
     }
     let Ok(opened) = open_to_size(path) else {
@@ -167,65 +299,113 @@ fn refuse_to_overwrite(path: &std::path::Path, label: &str) -> anyhow::Result<()
     };
     let dev = opened.device;
     let lbs = u64::from(dev.logical_block_size()).max(512);
-    let len = dev.size_bytes().min(OVERWRITE_PROBE_BYTES) / lbs * lbs;
-    if len == 0 {
+    // Whole sectors only: a file's partial last sector is not read.
+    let size = dev.size_bytes() / lbs * lbs;
+    let reading = |what: &str| format!("reading {} to see whether it holds {what}", path.display());
+    let read = |offset: u64, len: u64| -> anyhow::Result<jbdev_device::AlignedBuf> {
+        let mut buf = jbdev_device::AlignedBuf::zeroed(len as usize);
+        dev.read_at(&mut buf, offset)
+            .with_context(|| reading("data"))?;
+        Ok(buf)
+    };
+    let head_len = size.min(SIGNATURE_PROBE_BYTES);
+    if head_len == 0 {
         return Ok(());
     }
-    let mut buf = jbdev_device::AlignedBuf::zeroed(len as usize);
-    dev.read_at(&mut buf, 0)
-        .with_context(|| format!("reading {} to see whether it holds data", path.display()))?;
+    let head = read(0, head_len)?;
     let p = path.display();
-    // A format interrupted before its last step (the volume superblock in
-    // block 0) left an internal journal at offset one block and zeroes
-    // before it. Only a pristine journal (clean, first transaction still to
-    // come) says no volume was ever used there: a used volume whose block
-    // 0 was lost still has its data, and its journal says so.
-    let interrupted = (10..=16).map(|shift| 1usize << shift).any(|off| {
-        buf.get(..off)
-            .is_some_and(|head| head.iter().all(|&b| b == 0))
-            && buf
-                .get(off..)
-                .and_then(|rest| JournalSuperblock::decode(rest).ok())
-                .is_some_and(|j| j.is_clean() && j.sequence == 1)
-    });
-    if interrupted {
-        println!("{label}{p} holds an interrupted jbdev format (a journal without a volume superblock); formatting it again");
-        return Ok(());
-    }
-    let what_is_there = if let Ok(sb) = VolumeSuperblock::decode(&buf) {
-        format!(
+    let refuse = |what_is_there: String| {
+        anyhow::anyhow!(
+            "{label}{p} {what_is_there}: formatting would destroy it; \
+             give --force to format it anyway"
+        )
+    };
+    if let Ok(sb) = VolumeSuperblock::decode(&head) {
+        return Err(refuse(format!(
             "holds a jbdev volume (uuid {}, {} bytes)",
             uuid_str(&sb.uuid),
             sb.size_bytes
-        )
-    } else if let Ok(jsb) = JournalSuperblock::decode(&buf) {
-        format!("holds a jbdev journal (uuid {})", uuid_str(&jsb.uuid))
-    } else if let Some(what) = jbdev_bench::backing::describe_head(&buf, local.then_some(path)) {
-        format!("holds {what}")
-    } else if let Some(at) = buf.iter().position(|&b| b != 0) {
-        format!("holds data (byte {at} is not zero)")
-    } else {
-        return Ok(());
-    };
-    anyhow::bail!(
-        "{label}{p} {what_is_there}: formatting would destroy it; \
-         give --force to format it anyway"
-    )
+        )));
+    }
+    match find_journal_superblock(&head) {
+        Some((0, j)) => {
+            return Err(refuse(format!(
+                "holds a jbdev journal (uuid {}, {})",
+                uuid_str(&j.uuid),
+                journal_state(&j)
+            )))
+        }
+        // IMPORTANT: never taken for an interrupted format. A volume whose
+        // block 0 was lost looks the same, and its journal cannot say
+        // whether data was written (writes of direct_write_threshold bytes
+        // and more go home without a transaction).
+        Some((_, j)) => {
+            return Err(refuse(format!(
+                "holds a jbdev journal (uuid {}, {}) but no volume superblock: an \
+                 interrupted format, or a volume whose first block was lost — `jbdev check \
+                 {p}` tells which journal it is; its data may still be there",
+                uuid_str(&j.uuid),
+                journal_state(&j)
+            )))
+        }
+        None => {}
+    }
+    if let Some(what) = jbdev_bench::backing::describe_head(&head, local.then_some(path)) {
+        return Err(refuse(format!("holds {what}")));
+    }
+    // Every byte format writes over, then up to PROBE_BEYOND_BYTES of
+    // allocated data after it.
+    let overwrite_end = overwrite_end.min(size).div_ceil(lbs) * lbs;
+    let mut ranges = vec![(0, overwrite_end.min(size))];
+    let mut budget = PROBE_BEYOND_BYTES;
+    if overwrite_end < size {
+        let extents = dev
+            .allocation(overwrite_end, size - overwrite_end)
+            .with_context(|| reading("data"))?;
+        for e in extents.iter().filter(|e| e.allocated) {
+            if budget == 0 {
+                break;
+            }
+            let start = e.offset / lbs * lbs;
+            let end = (e.offset + e.len).div_ceil(lbs) * lbs;
+            let end = end.min(size).min(start + budget);
+            budget -= end - start;
+            ranges.push((start, end));
+        }
+    }
+    for (start, end) in ranges {
+        let mut at = start;
+        while at < end {
+            let n = (end - at).min(PROBE_CHUNK_BYTES);
+            let buf = if at == 0 && n <= head_len {
+                None
+            } else {
+                Some(read(at, n)?)
+            };
+            let bytes: &[u8] = match &buf {
+                Some(b) => b,
+                None => head.get(..n as usize).unwrap_or(&head),
+            };
+            if let Some(i) = bytes.iter().position(|&b| b != 0) {
+                return Err(refuse(format!(
+                    "holds data (byte {} is not zero)",
+                    at + i as u64
+                )));
+            }
+            at += n;
+        }
+    }
+    Ok(())
 }
 
-fn format_checked(a: &FormatArgs, size: u64) -> anyhow::Result<()> {
-    let mut f = FormatOptions::new(size);
-    f.block_size = a.block_size;
-    f.journal_bytes = a.journal_size;
-    if let Some(j) = &a.journal {
-        f.journal = JournalPlacement::External(j.clone());
-    }
+fn format_checked(a: &FormatArgs, f: &FormatOptions) -> anyhow::Result<String> {
+    let size = f.size_bytes;
     let pb = spinner(format!("formatting {}", a.path.display()));
     let oopts = OpenOptions {
         break_lock: a.break_lock,
         ..OpenOptions::default()
     };
-    let res = Volume::create(&a.path, &f, &oopts);
+    let res = Volume::create(&a.path, f, &oopts);
     pb.finish_and_clear();
     let v = res.with_context(|| format!("formatting {}", a.path.display()))?;
     let journal = match &v.superblock().journal {
@@ -243,31 +423,36 @@ fn format_checked(a: &FormatArgs, size: u64) -> anyhow::Result<()> {
             )
         }
     };
-    println!(
+    let msg = format!(
         "formatted {}: {size} bytes, {}-byte blocks, {journal}, uuid {}",
         a.path.display(),
         a.block_size,
         uuid_str(&v.superblock().uuid)
     );
     v.close()?;
-    Ok(())
+    Ok(msg)
 }
 
 /// `--preallocate`, once the volume is formatted (a failure here leaves a
-/// valid, sparse volume: nothing is removed).
-fn preallocate(a: &FormatArgs) -> anyhow::Result<()> {
+/// valid, sparse volume: nothing is removed). Returns what to print.
+fn preallocate(a: &FormatArgs) -> anyhow::Result<Option<String>> {
     if a.preallocate {
         anyhow::ensure!(
             !jbdev_device::is_rbd_target(&a.path),
             "--preallocate is for image files; an RBD image is thin by design"
         );
         match jbdev_device::file::preallocate(&a.path) {
-            Ok(n) => println!("preallocated {}: {n} bytes", a.path.display()),
+            Ok(n) => {
+                return Ok(Some(format!(
+                    "preallocated {}: {n} bytes",
+                    a.path.display()
+                )))
+            }
             Err(e) if e.kind() == std::io::ErrorKind::InvalidInput => {
-                println!(
+                return Ok(Some(format!(
                     "{}: not an image file, nothing to preallocate",
                     a.path.display()
-                )
+                )))
             }
             Err(e) => {
                 return Err(e).with_context(|| {
@@ -279,7 +464,7 @@ fn preallocate(a: &FormatArgs) -> anyhow::Result<()> {
             }
         }
     }
-    Ok(())
+    Ok(None)
 }
 
 /// What a journal placement promises (docs/ARCHITECTURE.md, "Journal placement").
@@ -309,6 +494,31 @@ pub struct InfoArgs {
     pub json: bool,
 }
 
+/// Where the journal superblock disagrees with the volume superblock about
+/// the journal's geometry (block size, length), which every open and
+/// `check` refuse (`recovery::check_geometry`).
+fn journal_geometry_mismatch(
+    sb: &jbdev_volume::superblock::VolumeSuperblock,
+    j: &format::JournalSuperblock,
+) -> Option<String> {
+    let (JournalLocation::Internal { len_bytes, .. } | JournalLocation::External { len_bytes, .. }) =
+        &sb.journal;
+    if j.block_size != sb.block_size {
+        return Some(format!(
+            "the journal superblock says {}-byte blocks, the volume uses {}-byte blocks",
+            j.block_size, sb.block_size
+        ));
+    }
+    let described = u64::from(j.max_len) * u64::from(sb.block_size);
+    (described != *len_bytes).then(|| {
+        format!(
+            "the journal superblock says {} blocks ({described} bytes, s_maxlen), the volume \
+             superblock reserved {len_bytes} bytes",
+            j.max_len
+        )
+    })
+}
+
 pub fn info(a: InfoArgs) -> anyhow::Result<()> {
     let (sb, journal_path, journal_superblock, in_use) =
         match inspect(&a.path, a.journal.as_deref()) {
@@ -328,8 +538,9 @@ pub fn info(a: InfoArgs) -> anyhow::Result<()> {
                     Some(snap.holder),
                 )
             }
-            Err(e) => return Err(e).with_context(|| format!("reading {}", a.path.display())),
+            Err(e) => return Err(not_a_volume_hint(&a.path, e)),
         };
+    refuse_unused_journal(&sb, a.journal.as_deref())?;
     let sb = &sb;
     let (jkind, jlen) = match &sb.journal {
         JournalLocation::Internal { len_bytes, .. } => ("internal".to_string(), *len_bytes),
@@ -361,6 +572,7 @@ pub fn info(a: InfoArgs) -> anyhow::Result<()> {
     // Another volume's journal: a wrong --journal.
     let expect_uuid = sb.journal_uuid();
     let foreign = jsb.ok().filter(|j| j.uuid != expect_uuid);
+    let geometry = jsb.ok().and_then(|j| journal_geometry_mismatch(sb, j));
     // Image files only: how much of the file is allocated, and whether its
     // file system could run out before the holes are filled.
     let space = if home_kind == "local" {
@@ -383,8 +595,13 @@ pub fn info(a: InfoArgs) -> anyhow::Result<()> {
                 "start": jsb.map(|j| j.start).ok(),
                 "error": jsb.err(),
                 "belongs_to_volume": jsb.ok().map(|j| j.uuid == expect_uuid),
+                "geometry_error": geometry,
             },
             "created_unix_secs": sb.created_unix_secs,
+            "feature_compat": sb.feature_compat,
+            "feature_incompat": sb.feature_incompat,
+            "feature_ro_compat": sb.feature_ro_compat,
+            "unknown_ro_compat": sb.unknown_ro_compat(),
             "open_elsewhere": in_use.is_some(),
             "holder": in_use.as_ref().map(|h| h.to_string()),
             "file_space": space.map(|sp| serde_json::json!({
@@ -394,68 +611,88 @@ pub fn info(a: InfoArgs) -> anyhow::Result<()> {
                 "may_run_out": sp.may_run_out(),
             })),
         });
-        println!("{}", serde_json::to_string_pretty(&j)?);
+        outln!("{}", serde_json::to_string_pretty(&j)?)?;
         return Ok(());
     }
-    println!("volume          {}", a.path.display());
+    outln!("volume          {}", a.path.display())?;
     if let Some(holder) = &in_use {
-        println!(
+        outln!(
             "state           OPEN ELSEWHERE ({holder}); below is a snapshot read without \
              its lock: the journal state changes while it runs. Live figures: \
              `jbdev stats ADDR:PORT` against its `--metrics` address"
-        );
+        )?;
     }
-    println!("uuid            {}", uuid_str(&sb.uuid));
-    println!(
+    outln!("uuid            {}", uuid_str(&sb.uuid))?;
+    outln!(
         "size            {} bytes ({} blocks of {})",
         sb.size_bytes,
         sb.size_bytes / u64::from(sb.block_size),
         sb.block_size
-    );
-    println!("data offset     {} bytes", sb.data_offset_bytes);
-    println!("home            {home_kind}");
+    )?;
+    outln!("data offset     {} bytes", sb.data_offset_bytes)?;
+    if sb.feature_compat != 0 || sb.feature_ro_compat != 0 {
+        outln!(
+            "features        compat {:#x}, ro_compat {:#x}{}",
+            sb.feature_compat,
+            sb.feature_ro_compat,
+            if sb.unknown_ro_compat() != 0 {
+                format!(
+                    " (unknown ro_compat {:#x}: read-only opens only)",
+                    sb.unknown_ro_compat()
+                )
+            } else {
+                String::new()
+            }
+        )?;
+    }
+    outln!("home            {home_kind}")?;
     if let Some(sp) = space {
-        println!(
+        outln!(
             "allocated       {} of {} bytes of the image file; its file system has {} bytes free",
-            sp.allocated, sp.len, sp.fs_available,
-        );
+            sp.allocated,
+            sp.len,
+            sp.fs_available,
+        )?;
         if let Some(w) = space_warning(&sp, &a.path) {
-            println!("warning         {w}");
+            outln!("warning         {w}")?;
         }
     }
     if let Some(h) = &rbd_holder {
-        println!("rbd lock        held by {h}");
+        outln!("rbd lock        held by {h}")?;
     }
-    println!(
+    outln!(
         "journal         {jkind}, {jlen} bytes ({} blocks)",
         jlen / u64::from(sb.block_size)
-    );
-    println!("placement       {placement}");
+    )?;
+    outln!("placement       {placement}")?;
     match jsb {
         Ok(j) => {
-            println!(
+            outln!(
                 "journal format  jbd2 v2, features incompat {:#x}, uuid {}",
                 j.feature_incompat,
                 uuid_str(&j.uuid)
-            );
+            )?;
             if j.is_clean() {
-                println!("journal state   clean (next transaction {})", j.sequence);
+                outln!("journal state   clean (next transaction {})", j.sequence)?;
             } else {
-                println!(
+                outln!(
                     "journal state   in use or needs recovery: log starts at block {} with transaction {}",
                     j.start, j.sequence
-                );
+                )?;
             }
         }
-        Err(e) => println!("journal state   UNREADABLE: {e}"),
+        Err(e) => outln!("journal state   UNREADABLE: {e}")?,
+    }
+    if let Some(g) = &geometry {
+        outln!("warning         CORRUPT: {g}: every open refuses this volume")?;
     }
     if let Some(j) = foreign {
-        println!(
+        outln!(
             "warning         this journal belongs to another volume (uuid {}, expected {}): \
              the wrong --journal? Opening the volume with it is refused",
             uuid_str(&j.uuid),
             uuid_str(&expect_uuid)
-        );
+        )?;
     }
     Ok(())
 }
@@ -575,48 +812,164 @@ pub struct CheckArgs {
     pub journal: Option<PathBuf>,
 }
 
-/// Exit status of `check` when it finds corruption.
+/// Exit status of `check` when it finds corruption of a jbdev volume or
+/// journal. Anything else that stops it (not a jbdev volume, the wrong
+/// journal given, a device error) exits 1, like every other command.
 const EXIT_CORRUPT: i32 = 2;
 
+/// What a path that holds no volume superblock holds instead, if it is a
+/// jbdev journal: (offset of its superblock, the superblock). Offset 0 is
+/// an external journal; one block in, an internal journal whose volume
+/// superblock is gone.
+fn journal_without_volume(
+    path: &std::path::Path,
+) -> Option<(usize, jbdev_volume::journal::format::JournalSuperblock)> {
+    let dev = open_to_size(path).ok()?.device;
+    let lbs = u64::from(dev.logical_block_size()).max(512);
+    let len = dev.size_bytes().min(SIGNATURE_PROBE_BYTES) / lbs * lbs;
+    let mut head = jbdev_device::AlignedBuf::zeroed(usize::try_from(len).ok()?);
+    dev.read_at(&mut head, 0).ok()?;
+    find_journal_superblock(&head)
+}
+
+/// `--journal` given for a volume whose journal is internal: refused
+/// rather than ignored (the operator meant some other volume, or path).
+fn refuse_unused_journal(
+    sb: &jbdev_volume::superblock::VolumeSuperblock,
+    journal: Option<&std::path::Path>,
+) -> anyhow::Result<()> {
+    if let (JournalLocation::Internal { .. }, Some(j)) = (&sb.journal, journal) {
+        anyhow::bail!(
+            "--journal {} given, but this volume's journal is internal: leave --journal out \
+             (or name the volume it belongs to)",
+            j.display()
+        );
+    }
+    Ok(())
+}
+
+/// jbd2's magic, big-endian, at byte 0 of a journal superblock.
+const JBD2_MAGIC: [u8; 4] = [0xc0, 0x3b, 0x39, 0x98];
+
+/// An inspection's error, with what a path that is not a volume holds when
+/// that is a jbdev journal (`info`, `journal dump`; `check` says it its way).
+fn not_a_volume_hint(path: &std::path::Path, e: jbdev_volume::VolumeError) -> anyhow::Error {
+    let p = path.display();
+    match (&e, journal_without_volume(path)) {
+        (jbdev_volume::VolumeError::NotAVolume(_), Some((0, j))) => anyhow::anyhow!(
+            "{p} is a jbdev journal (uuid {}, {}), not a volume: give the volume's path, \
+             with --journal {p}",
+            uuid_str(&j.uuid),
+            journal_state(&j)
+        ),
+        (jbdev_volume::VolumeError::NotAVolume(_), Some((off, j))) => anyhow::anyhow!(
+            "{p} has no volume superblock, but a jbdev journal {off} bytes in (uuid {}, {}): \
+             an interrupted format, or a volume whose first block was lost (`jbdev check {p}`)",
+            uuid_str(&j.uuid),
+            journal_state(&j)
+        ),
+        _ => anyhow::Error::new(e).context(format!("reading {p}")),
+    }
+}
+
 pub fn check(a: CheckArgs) -> anyhow::Result<()> {
-    let ins = match inspect(&a.path, a.journal.as_deref()) {
+    use jbdev_volume::VolumeError;
+    let p = a.path.display();
+    // Refused, naming the holder, while another client writes an RBD
+    // volume: its live log would read as corrupt (a file volume is
+    // refused by its lock already).
+    let ins = match jbdev_volume::inspect::inspect_unshared(&a.path, a.journal.as_deref()) {
         Ok(i) => i,
-        Err(e) => {
-            if matches!(
-                e,
-                jbdev_volume::VolumeError::NotAVolume(_)
-                    | jbdev_volume::VolumeError::BadSuperblock(_)
-                    | jbdev_volume::VolumeError::CorruptJournal(_)
-            ) {
-                println!("{}: {e}", a.path.display());
+        Err(VolumeError::NotAVolume(msg)) => match journal_without_volume(&a.path) {
+            Some((0, j)) => anyhow::bail!(
+                "{p} is a jbdev journal (uuid {}, {}), not a volume: check the volume it \
+                 belongs to, with --journal {p}",
+                uuid_str(&j.uuid),
+                journal_state(&j)
+            ),
+            Some((off, j)) => {
+                outln!(
+                    "{p}: CORRUPT: no volume superblock in block 0, but a jbdev journal \
+                     {off} bytes in (uuid {}, {}): an interrupted format, or a volume whose \
+                     first block was lost. Its data may still be there: `jbdev format` \
+                     refuses it without --force",
+                    uuid_str(&j.uuid),
+                    journal_state(&j)
+                )?;
                 std::process::exit(EXIT_CORRUPT);
             }
-            return Err(e.into());
+            None => anyhow::bail!("{msg}"),
+        },
+        Err(
+            e @ (VolumeError::BadSuperblock(_)
+            | VolumeError::Truncated(_)
+            | VolumeError::CorruptJournal(_)),
+        ) => {
+            // The message names the path itself where it has it.
+            let e = e.to_string();
+            if e.contains(&*p.to_string()) {
+                outln!("CORRUPT: {e}")?;
+            } else {
+                outln!("{p}: CORRUPT: {e}")?;
+            }
+            std::process::exit(EXIT_CORRUPT);
         }
+        Err(e) => return Err(e.into()),
     };
-    println!(
+    refuse_unused_journal(&ins.superblock, a.journal.as_deref())?;
+    outln!(
         "volume superblock: ok (uuid {}, {} bytes)",
         uuid_str(&ins.superblock.uuid),
         ins.superblock.size_bytes
-    );
+    )?;
+    let unknown_ro = ins.superblock.unknown_ro_compat();
+    if unknown_ro != 0 {
+        outln!(
+            "volume superblock: read-only-compatible features {unknown_ro:#x} unknown to this \
+             jbdev: read-write opens are refused, read-only opens work"
+        )?;
+    }
     let jsb = match &ins.journal_superblock {
         Ok(j) => j.clone(),
         Err(e) => {
-            println!("journal superblock: CORRUPT: {e}");
+            // Not corruption when the block cannot be read at all (a
+            // device error), or when a --journal given is no journal.
+            let first = ins
+                .read_journal_block(0)
+                .context("reading the journal superblock")?;
+            let e = e.strip_prefix("journal superblock: ").unwrap_or(e);
+            if let (Some(j), false) = (&a.journal, first.starts_with(&JBD2_MAGIC)) {
+                let what = if first.starts_with(&jbdev_volume::superblock::VOLUME_MAGIC) {
+                    "a jbdev volume"
+                } else {
+                    "no jbdev journal"
+                };
+                anyhow::bail!(
+                    "--journal {} is {what} ({e}): the wrong --journal?",
+                    j.display()
+                );
+            }
+            outln!("journal superblock: CORRUPT: {e}")?;
             std::process::exit(EXIT_CORRUPT);
         }
     };
     if jsb.uuid != ins.superblock.journal_uuid() {
-        println!(
-            "journal superblock: belongs to another volume (uuid {})",
-            uuid_str(&jsb.uuid)
+        anyhow::bail!(
+            "the journal {} belongs to another volume (its uuid is {}, this volume's journal \
+             has {}): the wrong --journal?",
+            ins.journal_path
+                .as_ref()
+                .map(|j| j.display().to_string())
+                .unwrap_or_else(|| "in the volume".into()),
+            uuid_str(&jsb.uuid),
+            uuid_str(&ins.superblock.journal_uuid())
         );
-        std::process::exit(EXIT_CORRUPT);
     }
-    println!(
+    outln!(
         "journal superblock: ok ({} blocks, next transaction {})",
-        jsb.max_len, jsb.sequence
-    );
+        jsb.max_len,
+        jsb.sequence
+    )?;
     let pb = ProgressBar::new(u64::from(jsb.max_len));
     pb.set_style(
         ProgressStyle::with_template("scanning journal {bar:40} {pos}/{len} blocks")
@@ -626,59 +979,71 @@ pub fn check(a: CheckArgs) -> anyhow::Result<()> {
     pb.finish_and_clear();
     let scan = match scan {
         Ok(s) => s,
+        Err(jbdev_volume::journal::JournalError::Device(e)) => {
+            return Err(e).context("reading the journal")
+        }
         Err(e) => {
-            println!("journal: CORRUPT: {e}");
+            outln!("journal: CORRUPT: {e}")?;
             std::process::exit(EXIT_CORRUPT);
         }
     };
     let (plan, revoked) = recovery::replay_plan(&scan.txns);
+    // The checks every open applies to what recovery would replay.
+    if let Err(e) = jbdev_volume::check_replay_plan(&ins.superblock, &plan) {
+        outln!("journal: CORRUPT: {e}; every open refuses this volume")?;
+        std::process::exit(EXIT_CORRUPT);
+    }
     match &scan.end {
-        ScanEnd::CleanJournal => println!("journal: clean; recovery has nothing to do"),
+        ScanEnd::CleanJournal => outln!("journal: clean; recovery has nothing to do")?,
         end => {
-            println!(
+            outln!(
                 "journal: needs recovery: {} complete transaction(s) ({} blocks read)",
                 scan.txns.len(),
                 scan.blocks_read
-            );
+            )?;
             for t in &scan.txns {
-                println!(
+                outln!(
                     "  transaction {}: blocks {}..{}, {} data block(s), {} revoke(s)",
                     t.sequence,
                     t.start_pos,
                     t.end_pos,
                     t.blocks.len(),
                     t.revokes.len()
-                );
+                )?;
             }
-            println!("recovery would replay {} block(s) to their home location; {revoked} logged copies are revoked", plan.len());
+            outln!("recovery would replay {} block(s) to their home location; {revoked} logged copies are revoked", plan.len())?;
             match end {
                 ScanEnd::TornTail {
                     sequence,
                     pos,
                     reason,
                 } => {
-                    println!("recovery would discard torn last transaction {sequence} (block {pos}): {reason}")
+                    outln!("recovery would discard torn last transaction {sequence} (block {pos}): {reason}")?
                 }
                 ScanEnd::CorruptMiddle {
                     sequence,
                     pos,
                     reason,
                 } => {
-                    println!("CORRUPT: transaction {sequence} (block {pos}): {reason}");
-                    println!("a read-write open will refuse this volume; open it read-only to rescue data");
+                    outln!("CORRUPT: transaction {sequence} (block {pos}): {reason}")?;
+                    outln!("a read-write open will refuse this volume; open it read-only to rescue data")?;
                     std::process::exit(EXIT_CORRUPT);
                 }
-                _ => println!("log ends cleanly at a transaction boundary"),
+                _ => outln!("log ends cleanly at a transaction boundary")?,
             }
         }
     }
-    println!("check: ok");
+    outln!("check: ok")?;
     Ok(())
 }
 
 #[derive(clap::Subcommand)]
 pub enum JournalCommand {
-    /// Print the blocks of the journal log, from its tail.
+    /// Print the blocks of the journal log, from its tail, with each data
+    /// block's checksum and each commit's data digest verified. Exit status
+    /// 2 when the journal is corrupt (mid-log damage with committed
+    /// transactions after it, or a geometry that disagrees with the volume),
+    /// 1 for another volume's journal or any error.
     Dump {
         /// Volume image or device.
         path: PathBuf,
@@ -694,13 +1059,23 @@ pub enum JournalCommand {
 
 pub fn journal(c: JournalCommand) -> anyhow::Result<()> {
     let JournalCommand::Dump { path, journal, all } = c;
-    let ins = inspect(&path, journal.as_deref())
-        .with_context(|| format!("reading {}", path.display()))?;
+    let ins = jbdev_volume::inspect::inspect_unshared(&path, journal.as_deref())
+        .map_err(|e| not_a_volume_hint(&path, e))?;
+    refuse_unused_journal(&ins.superblock, journal.as_deref())?;
     let jsb = ins
         .journal_superblock
         .clone()
-        .map_err(|e| anyhow::anyhow!("journal superblock: {e}"))?;
-    println!(
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    let foreign = jsb.uuid != ins.superblock.journal_uuid();
+    if foreign {
+        outln!(
+            "warning: this journal belongs to another volume (uuid {}, expected {}): the wrong \
+             --journal? Opening the volume with it is refused",
+            uuid_str(&jsb.uuid),
+            uuid_str(&ins.superblock.journal_uuid())
+        )?;
+    }
+    outln!(
         "journal superblock: block size {}, {} blocks, first {}, sequence {}, start {}{}",
         jsb.block_size,
         jsb.max_len,
@@ -708,12 +1083,50 @@ pub fn journal(c: JournalCommand) -> anyhow::Result<()> {
         jsb.sequence,
         jsb.start,
         if jsb.is_clean() { " (clean)" } else { "" }
-    );
-    if jsb.is_clean() && !all {
-        println!("the journal is clean: nothing to replay (use --all to walk old log blocks)");
-        return Ok(());
+    )?;
+    if let Some(g) = journal_geometry_mismatch(&ins.superblock, &jsb) {
+        // Walking it would misplace every block, or run past the region.
+        outln!("CORRUPT: {g}: every open refuses this volume")?;
+        std::process::exit(EXIT_CORRUPT);
     }
-    dump_log(&ins, &jsb, all)
+    if jsb.is_clean() && !all {
+        outln!("the journal is clean: nothing to replay (use --all to walk old log blocks)")?;
+    } else {
+        dump_log(&ins, &jsb, all)?;
+    }
+    if !jsb.is_clean() {
+        // The walk above stops at the first block that ends the log; the
+        // recovery scan (what `check` and every open use) knows whether
+        // committed transactions follow a damaged one.
+        match recovery::scan(&ins.region, &mut |_| {}) {
+            Ok(scan) => {
+                if let ScanEnd::CorruptMiddle {
+                    sequence,
+                    pos,
+                    reason,
+                } = scan.end
+                {
+                    outln!(
+                        "CORRUPT: transaction {sequence} (block {pos}): {reason}; later \
+                         committed transactions follow it (what `jbdev check` calls mid-log \
+                         corruption): a read-write open refuses this volume"
+                    )?;
+                    std::process::exit(EXIT_CORRUPT);
+                }
+            }
+            Err(jbdev_volume::journal::JournalError::Device(e)) => {
+                return Err(e).context("reading the journal")
+            }
+            Err(e) => {
+                outln!("CORRUPT: {e}")?;
+                std::process::exit(EXIT_CORRUPT);
+            }
+        }
+    }
+    if foreign {
+        anyhow::bail!("the journal belongs to another volume (see the warning above)");
+    }
+    Ok(())
 }
 
 fn dump_log(ins: &Inspection, jsb: &format::JournalSuperblock, all: bool) -> anyhow::Result<()> {
@@ -725,6 +1138,9 @@ fn dump_log(ins: &Inspection, jsb: &format::JournalSuperblock, all: bool) -> any
         jsb.start
     };
     let mut expect = if all { None } else { Some(jsb.sequence) };
+    // The commit block's digest over the transaction's data blocks (both
+    // algorithms: the commit block says which one it carries).
+    let mut digests: Option<(u32, DataDigest, DataDigestV1)> = None;
     let mut walked = 0u64;
     let usable = u64::from(len - first);
     while walked < usable {
@@ -732,7 +1148,7 @@ fn dump_log(ins: &Inspection, jsb: &format::JournalSuperblock, all: bool) -> any
         walked += 1;
         let Some(view) = format::decode_log_block(&block, seed) else {
             if !all {
-                println!("{pos:>8}: no journal header: end of log");
+                outln!("{pos:>8}: no journal header: end of log")?;
                 return Ok(());
             }
             pos = next_pos(pos, first, len);
@@ -741,10 +1157,10 @@ fn dump_log(ins: &Inspection, jsb: &format::JournalSuperblock, all: bool) -> any
         let h = view.header;
         if let Some(e) = expect {
             if h.sequence != e {
-                println!(
+                outln!(
                     "{pos:>8}: sequence {} where {e} was expected: end of log",
                     h.sequence
-                );
+                )?;
                 return Ok(());
             }
         }
@@ -752,41 +1168,77 @@ fn dump_log(ins: &Inspection, jsb: &format::JournalSuperblock, all: bool) -> any
         pos = next_pos(pos, first, len);
         match view.record {
             Ok(LogRecord::Descriptor(d)) => {
-                println!(
+                outln!(
                     "{here:>8}: descriptor  transaction {} with {} tag(s)",
                     h.sequence,
                     d.tags.len()
-                );
+                )?;
+                let (_, digest, digest_v1) = match &mut digests {
+                    Some(d) if d.0 == h.sequence => d,
+                    d => d.insert((
+                        h.sequence,
+                        DataDigest::new(seed, h.sequence),
+                        DataDigestV1::new(seed, h.sequence),
+                    )),
+                };
                 for t in &d.tags {
                     let data = ins.read_journal_block(pos)?;
                     let ok = format::data_block_checksum(seed, h.sequence, &data) == t.checksum;
-                    println!(
+                    digest.update(t.home_block, &data);
+                    digest_v1.update(t.home_block, &data);
+                    outln!(
                         "{pos:>8}:   data -> home block {} flags {:#x} checksum {:#010x} {}",
                         t.home_block,
                         t.flags,
                         t.checksum,
                         if ok { "ok" } else { "MISMATCH" }
-                    );
+                    )?;
                     pos = next_pos(pos, first, len);
                     walked += 1;
                 }
             }
-            Ok(LogRecord::Revoke(r)) => println!(
+            Ok(LogRecord::Revoke(r)) => outln!(
                 "{here:>8}: revoke      transaction {}: {:?}",
-                h.sequence, r.blocks
-            ),
+                h.sequence,
+                r.blocks
+            )?,
             Ok(LogRecord::Commit(c)) => {
-                println!(
-                    "{here:>8}: commit      transaction {} at {}.{:09}",
-                    h.sequence, c.commit_sec, c.commit_nsec
-                );
+                let txn_digests = digests.take().filter(|d| d.0 == h.sequence);
+                let digest = match writer::commit_digest(&block) {
+                    None => "",
+                    Some((kind, want)) => {
+                        let got = txn_digests.map_or_else(
+                            || {
+                                let d = DataDigest::new(seed, h.sequence);
+                                let d1 = DataDigestV1::new(seed, h.sequence);
+                                (d.finish(), d1.finish())
+                            },
+                            |(_, d, d1)| (d.finish(), d1.finish()),
+                        );
+                        let got = match kind {
+                            DigestKind::Hash => got.0,
+                            DigestKind::V1 => got.1,
+                        };
+                        if got == want {
+                            ", data digest ok"
+                        } else {
+                            ", data digest MISMATCH (a data block is torn or stale)"
+                        }
+                    }
+                };
+                outln!(
+                    "{here:>8}: commit      transaction {} at {}.{:09}{digest}",
+                    h.sequence,
+                    c.commit_sec,
+                    c.commit_nsec
+                )?;
                 expect = expect.map(|e| e.wrapping_add(1));
             }
             Err(reason) => {
-                println!(
+                outln!(
                     "{here:>8}: BAD block of transaction {} ({reason})",
                     h.sequence
-                );
+                )?;
                 if h.block_type == format::BLOCKTYPE_COMMIT {
                     expect = expect.map(|e| e.wrapping_add(1));
                 }

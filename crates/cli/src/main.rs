@@ -5,7 +5,48 @@
 
 use clap::{Parser, Subcommand};
 
+/// `println!` that returns a [`StdoutError`] instead of panicking when
+/// stdout cannot be written (`>/dev/full`, a closed pipe where SIGPIPE is
+/// ignored): use it with `?` for everything a command prints.
+macro_rules! outln {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        writeln!(std::io::stdout().lock(), $($arg)*).map_err($crate::StdoutError)
+    }};
+}
+
+/// `print!` counterpart of [`outln!`].
+macro_rules! out {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let mut o = std::io::stdout().lock();
+        write!(o, $($arg)*).and_then(|()| o.flush()).map_err($crate::StdoutError)
+    }};
+}
+
 mod admin;
+
+/// Writing to stdout failed: `jbdev: error: writing to stdout: ...`, exit 1
+/// (a closed pipe ends the command quietly instead, see [`main`]).
+#[derive(Debug)]
+pub struct StdoutError(pub std::io::Error);
+
+impl std::fmt::Display for StdoutError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "writing to stdout: {}", self.0)
+    }
+}
+
+impl std::error::Error for StdoutError {}
+
+/// Exit status of a command-line usage error (sysexits.h `EX_USAGE`): apart
+/// from `check`'s 2 (corruption found) and the 1 of every other failure.
+const EXIT_USAGE: i32 = 64;
+
+/// Exit status after stdout went away (a closed pipe): what a shell
+/// reports for a command killed by SIGPIPE (128 + 13).
+const EXIT_BROKEN_PIPE: i32 = 141;
+
 mod bench;
 mod metrics;
 mod serve;
@@ -24,7 +65,9 @@ enum Command {
     Format(admin::FormatArgs),
     /// Print the superblocks and journal state of a volume.
     Info(admin::InfoArgs),
-    /// Verify superblocks and journal; print what recovery would do.
+    /// Verify superblocks and journal; print what recovery would do. Exit
+    /// status 0 ok, 2 corruption of a jbdev volume or journal, 1 anything
+    /// else (not a volume, wrong --journal, device error); usage errors 64.
     Check(admin::CheckArgs),
     /// Inspect the journal.
     Journal {
@@ -49,13 +92,25 @@ fn main() {
         // Colour only on a terminal: a log file or journald gets plain text.
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
-    let cli = Cli::parse();
-    if matches!(
-        cli.command,
-        Command::Info(_) | Command::Check(_) | Command::Journal { .. } | Command::Stats(_)
-    ) {
-        // Commands that only print (and read a file or an HTTP reply),
-        // whose output may go to `head` or `less`.
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            use clap::error::ErrorKind;
+            let code = match e.kind() {
+                ErrorKind::DisplayHelp | ErrorKind::DisplayVersion => e.exit_code(),
+                _ => EXIT_USAGE,
+            };
+            // clap writes help to stdout and errors to stderr; a failure to
+            // write them changes nothing about the exit status.
+            let _ = e.print();
+            std::process::exit(code);
+        }
+    };
+    if !matches!(cli.command, Command::Serve(_) | Command::Bench(_)) {
+        // Commands whose output may go to `head` or `less`: a closed pipe
+        // ends them quietly (SIGPIPE, like any Unix filter). `format` prints
+        // only after its work is done, so this never cuts a format short.
+        // serve keeps SIGPIPE ignored: its sockets must not kill it.
         jbdev_device::die_quietly_on_broken_pipe();
     }
     let res = match cli.command {
@@ -68,6 +123,11 @@ fn main() {
         Command::Stats(a) => stats::run(a),
     };
     if let Err(e) = res {
+        if e.downcast_ref::<StdoutError>()
+            .is_some_and(|s| s.0.kind() == std::io::ErrorKind::BrokenPipe)
+        {
+            std::process::exit(EXIT_BROKEN_PIPE);
+        }
         eprintln!("jbdev: error: {e:#}");
         std::process::exit(1);
     }

@@ -46,8 +46,7 @@ pub fn run(a: StatsArgs) -> anyhow::Result<()> {
     while reports.is_none_or(|n| done < n) {
         std::thread::sleep(interval);
         let now = scrape(&host, &path)?;
-        print!("{}", render(&host, &prev, &now));
-        let _ = std::io::stdout().flush();
+        out!("{}", render(&host, &prev, &now))?;
         prev = now;
         done += 1;
     }
@@ -107,9 +106,19 @@ fn scrape(host: &str, path: &str) -> anyhow::Result<Scrape> {
     let body = http_get(host, path).with_context(|| {
         format!("cannot read metrics from http://{host}{path} (is `jbdev serve --metrics` running there?)")
     })?;
+    let samples: Vec<Sample> = body.lines().filter_map(parse_sample).collect();
+    // Something else answering there (another exporter, a web server)
+    // would otherwise show as an idle server with nothing in it.
+    if !samples.iter().any(|s| s.name.starts_with("jbdev_")) {
+        bail!(
+            "http://{host}{path} answered, but with no jbdev metrics ({} sample(s) of others): \
+             give the address `jbdev serve --metrics` printed",
+            samples.len()
+        );
+    }
     Ok(Scrape {
         at: Instant::now(),
-        samples: body.lines().filter_map(parse_sample).collect(),
+        samples,
     })
 }
 

@@ -138,7 +138,8 @@ fn external_journal_format_and_check() {
         "--journal",
         ojrn.to_str().unwrap(),
     ]);
-    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    // The wrong journal given, not corruption: 1, not check's 2.
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
     assert!(text(&o).contains("another volume"), "{}", text(&o));
     // `info` says so too.
     let i = jbdev(&[
@@ -239,7 +240,7 @@ fn bad_input_gives_clear_errors() {
     assert_clean_error(&o, "info on a non-volume");
     assert!(text(&o).contains("not a jbdev volume"), "{}", text(&o));
     let o = jbdev(&["check", nv]);
-    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
     assert_clean_error(&jbdev(&["info", "/nonexistent/x.img"]), "missing path");
     assert_clean_error(
         &jbdev(&["check", dir.path().to_str().unwrap()]),
@@ -325,8 +326,8 @@ fn format_refuses_to_destroy_a_volume_or_data_without_force() {
         _ => eprintln!("mkfs.ext4 not available: the file system case is not run"),
     }
 
-    // Data past the first 1 MiB is not looked at; zeroes before it are a
-    // fresh target (`truncate -s`), which format takes without --force.
+    // A fresh target (`truncate -s`) reads as zeroes (all holes): format
+    // takes it without --force.
     let zeroes = dir.path().join("z.img");
     std::fs::File::create(&zeroes)
         .unwrap()
@@ -334,8 +335,9 @@ fn format_refuses_to_destroy_a_volume_or_data_without_force() {
         .unwrap();
     format_16m(zeroes.to_str().unwrap(), &[]);
 
-    // A format interrupted before it wrote the volume superblock (block 0
-    // still zero, the internal journal written) is formatted again.
+    // A journal without a volume superblock (a format interrupted before
+    // its last step, or a volume that lost block 0: they look the same) is
+    // refused without --force.
     let zero_block_0 = || {
         std::fs::OpenOptions::new()
             .write(true)
@@ -346,11 +348,12 @@ fn format_refuses_to_destroy_a_volume_or_data_without_force() {
     };
     zero_block_0();
     assert_clean_error(&jbdev(&["check", p]), "check of an interrupted format");
-    let o = format_16m(p, &[]);
-    assert!(text(&o).contains("interrupted"), "{}", text(&o));
+    let o = jbdev(&["format", p, "--size", "16M", "--journal-size", "1M"]);
+    assert_clean_error(&o, "format over an interrupted format");
+    assert!(text(&o).contains("interrupted format"), "{}", text(&o));
+    format_16m(p, &["--force"]);
     assert!(jbdev(&["check", p]).status.success());
-    // But a volume that was written and then lost block 0 is not an
-    // interrupted format: its journal has moved on, and data is there.
+    // A volume that was written and then lost block 0: the same.
     let v = jbdev_volume::Volume::open(&img, &jbdev_volume::OpenOptions::default()).unwrap();
     v.write_at(&[9u8; 4096], 0, jbdev_volume::WriteFlags::FUA)
         .unwrap();
@@ -400,9 +403,15 @@ fn check_and_info_refuse_a_truncated_image() {
     let o = jbdev(&["check", p]);
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
     assert!(text(&o).contains("holds 8388608 bytes"), "{}", text(&o));
+    // Report #20 and the cosmetic one: the superblock is intact, so not
+    // "bad volume superblock", and the path is named once.
+    assert!(text(&o).contains("shorter than the volume"), "{}", text(&o));
+    assert!(!text(&o).contains("bad volume superblock"), "{}", text(&o));
+    assert_eq!(text(&o).matches(p).count(), 1, "{}", text(&o));
     let o = jbdev(&["info", p]);
     assert_clean_error(&o, "info of a truncated image");
     assert!(text(&o).contains("holds 8388608 bytes"), "{}", text(&o));
+    assert!(!text(&o).contains("bad volume superblock"), "{}", text(&o));
 }
 
 #[test]
@@ -548,4 +557,650 @@ fn output_into_a_closed_pipe_ends_quietly() {
         "{:?}: {err}",
         o.status
     );
+}
+
+/// Sets the little-endian field at `off` of the volume superblock in block
+/// 0 of `img` and fixes its checksum (like the report's setvol.py).
+fn set_volume_field(img: &Path, off: usize, value: &[u8]) {
+    use jbdev_volume::superblock::VolumeSuperblock;
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(img)
+        .unwrap();
+    let mut b = [0u8; 512];
+    f.read_exact_at(&mut b, 0).unwrap();
+    b[off..off + value.len()].copy_from_slice(value);
+    let c = VolumeSuperblock::checksum_of(&b);
+    b[508..512].copy_from_slice(&c.to_le_bytes());
+    f.write_all_at(&b, 0).unwrap();
+}
+
+/// A crash image of `img` (formatted with a 4096-byte block size): the
+/// volume is opened with checkpoints held off, each of `writes` (offset,
+/// byte) is written as one FUA block (one committed transaction each), and
+/// the file is copied while the volume is still open, as a crash would
+/// leave it: the journal needs recovery and holds every transaction.
+fn crash_copy(img: &Path, writes: &[(u64, u8)]) -> std::path::PathBuf {
+    let opts = jbdev_volume::OpenOptions {
+        checkpoint_interval: jbdev_volume::MAX_WAIT,
+        ..Default::default()
+    };
+    let v = jbdev_volume::Volume::open(img, &opts).unwrap();
+    for &(off, byte) in writes {
+        v.write_at(&[byte; 4096], off, jbdev_volume::WriteFlags::FUA)
+            .unwrap();
+    }
+    let copy = img.with_extension("crash");
+    std::fs::copy(img, &copy).unwrap();
+    v.close().unwrap();
+    copy
+}
+
+/// Report #1: a used volume whose block 0 was lost, with a pristine journal
+/// (large writes go home without a transaction), is not an interrupted
+/// format: format refuses it without --force, and check names the journal
+/// instead of suggesting `jbdev format`.
+#[test]
+fn a_journal_without_a_volume_superblock_is_refused_and_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let img = dir.path().join("v.img");
+    let p = img.to_str().unwrap();
+    format_16m(p, &[]);
+    let opts = jbdev_volume::OpenOptions {
+        direct_write_threshold: 256 << 10,
+        ..Default::default()
+    };
+    let v = jbdev_volume::Volume::open(&img, &opts).unwrap();
+    let data: Vec<u8> = (0..(1u32 << 20)).map(|i| (i % 253) as u8 + 1).collect();
+    v.write_at(&data, 0, jbdev_volume::WriteFlags::FUA).unwrap();
+    v.close().unwrap();
+    let o = jbdev(&["info", p]);
+    assert!(
+        text(&o).contains("clean (next transaction 1)"),
+        "the journal must look pristine for this test: {}",
+        text(&o)
+    );
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&img)
+        .unwrap()
+        .write_all_at(&[0u8; 4096], 0)
+        .unwrap();
+    let o = jbdev(&["check", p]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(text(&o).contains("jbdev journal"), "{}", text(&o));
+    assert!(!text(&o).contains("create one"), "{}", text(&o));
+    let o = jbdev(&["info", p]);
+    assert_clean_error(&o, "info without block 0");
+    assert!(text(&o).contains("jbdev journal"), "{}", text(&o));
+    let o = jbdev(&["format", p, "--size", "16M", "--journal-size", "1M"]);
+    assert_clean_error(&o, "format over a journal without a volume superblock");
+    let t = text(&o);
+    assert!(
+        t.contains("holds a jbdev journal") && t.contains("interrupted format"),
+        "{t}"
+    );
+    assert!(t.contains("jbdev check") && t.contains("--force"), "{t}");
+    let mut back = vec![0u8; data.len()];
+    std::fs::File::open(&img)
+        .unwrap()
+        .read_exact_at(&mut back, 4096 + (1 << 20))
+        .unwrap();
+    assert!(back == data, "the refused format changed the data");
+    format_16m(p, &["--force"]);
+}
+
+/// Report #2: format looks at every byte it would write over (block 0 and
+/// the whole journal area), and at the data of an image file after it.
+#[test]
+fn format_refuses_data_anywhere_it_would_overwrite() {
+    let dir = tempfile::tempdir().unwrap();
+    let late = dir.path().join("late.img");
+    let f = std::fs::File::options()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .open(&late)
+        .unwrap();
+    f.set_len(16 << 20).unwrap();
+    let junk: Vec<u8> = (0..(4u32 << 20)).map(|i| (i % 241) as u8 + 1).collect();
+    f.write_all_at(&junk, 2 << 20).unwrap();
+    // The default journal of an 8 MiB volume is 2 MiB: it covers 2 MiB.
+    let o = jbdev(&["format", late.to_str().unwrap(), "--size", "8M"]);
+    assert_clean_error(&o, "format over data inside the journal area");
+    assert!(
+        text(&o).contains("holds data (byte 2097152 is not zero)"),
+        "{}",
+        text(&o)
+    );
+    let mut back = vec![0u8; junk.len()];
+    f.read_exact_at(&mut back, 2 << 20).unwrap();
+    assert!(back == junk, "the refused format changed the file");
+    // Data of a sparse image past everything format writes, within the
+    // probe's reach: refused too.
+    let far = dir.path().join("far.img");
+    let f = std::fs::File::create(&far).unwrap();
+    f.set_len(128 << 20).unwrap();
+    f.write_all_at(&[5u8; 4096], 100 << 20).unwrap();
+    let o = jbdev(&["format", far.to_str().unwrap(), "--size", "8M"]);
+    assert_clean_error(&o, "format over data in the data area");
+    assert!(
+        text(&o).contains(&format!("byte {} is not zero", 100u64 << 20)),
+        "{}",
+        text(&o)
+    );
+}
+
+/// Report #3: a failed format removes the file it created through a
+/// dangling symlink, and never the symlink itself.
+#[test]
+fn a_failed_format_keeps_the_symlink_and_removes_the_file_it_made() {
+    let dir = tempfile::tempdir().unwrap();
+    let link = dir.path().join("dl.img");
+    let target = dir.path().join("target.img");
+    std::os::unix::fs::symlink("target.img", &link).unwrap();
+    // Creating the image works; opening the journal does not.
+    let o = jbdev(&[
+        "format",
+        link.to_str().unwrap(),
+        "--size",
+        "4M",
+        "--journal",
+        "/nonexistent/dir/j.journal",
+    ]);
+    assert_clean_error(&o, "format with a journal in a missing directory");
+    let meta = std::fs::symlink_metadata(&link).expect("the symlink was removed");
+    assert!(meta.file_type().is_symlink());
+    assert!(
+        std::fs::symlink_metadata(&target).is_err(),
+        "the file format created through the symlink was left behind"
+    );
+}
+
+/// Report #4: with stdout closed (`| true`) format still does all its work
+/// (--preallocate included), and nothing panics.
+#[test]
+fn format_with_stdout_closed_does_its_work_quietly() {
+    use std::os::unix::fs::MetadataExt;
+    use std::os::unix::process::ExitStatusExt;
+    let dir = tempfile::tempdir().unwrap();
+    let img = dir.path().join("v.img");
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let o = Command::new(env!("CARGO_BIN_EXE_jbdev"))
+        .args(["format", img.to_str().unwrap(), "--size", "16M"])
+        .args(["--journal-size", "1M", "--preallocate"])
+        .stdout(writer)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!err.contains("panicked"), "{err}");
+    assert!(
+        o.status.signal() == Some(13) || o.status.code() == Some(141),
+        "{:?}: {err}",
+        o.status
+    );
+    let meta = std::fs::metadata(&img).unwrap();
+    assert!(
+        meta.blocks() * 512 >= meta.len(),
+        "--preallocate was skipped"
+    );
+    assert!(jbdev(&["check", img.to_str().unwrap()]).status.success());
+}
+
+/// Report #5: a stdout that fails (`>/dev/full`) is a clean error, exit 1.
+#[test]
+fn a_failing_stdout_is_a_clean_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let img = dir.path().join("v.img");
+    let p = img.to_str().unwrap();
+    format_16m(p, &[]);
+    let fresh = dir.path().join("w.img");
+    for args in [
+        &["check", p][..],
+        &["info", "--json", p][..],
+        &["info", p][..],
+        &["journal", "dump", "--all", p][..],
+        &["format", fresh.to_str().unwrap(), "--size", "4M"][..],
+    ] {
+        let full = std::fs::OpenOptions::new()
+            .write(true)
+            .open("/dev/full")
+            .unwrap();
+        let o = Command::new(env!("CARGO_BIN_EXE_jbdev"))
+            .args(args)
+            .stdout(full)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(1), "{args:?}: {err}");
+        assert!(
+            err.contains("jbdev: error: writing to stdout: No space left on device"),
+            "{args:?}: {err}"
+        );
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+    }
+}
+
+/// Report #6: check applies the checks every open applies: a log naming a
+/// home block past the end of the volume is corruption.
+#[test]
+fn check_finds_a_home_block_past_the_end_of_the_volume() {
+    let dir = tempfile::tempdir().unwrap();
+    let img = dir.path().join("v.img");
+    format_16m(img.to_str().unwrap(), &[]);
+    let copy = crash_copy(&img, &[(15 << 20, 1), (0, 2)]);
+    let c = copy.to_str().unwrap();
+    let o = jbdev(&["check", c]);
+    assert!(o.status.success(), "the crash image is fine: {}", text(&o));
+    set_volume_field(&copy, 32, &(8u64 << 20).to_le_bytes()); // size_bytes
+    let ro = jbdev_volume::OpenOptions {
+        read_only: true,
+        ..Default::default()
+    };
+    let opened = jbdev_volume::Volume::open(&copy, &ro);
+    assert!(opened.is_err(), "open takes it");
+    let o = jbdev(&["check", c]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(text(&o).contains("home block 3840"), "{}", text(&o));
+}
+
+/// Report #7: unknown ro_compat feature bits allow read-only opens only;
+/// info shows them and check reports them.
+#[test]
+fn unknown_ro_compat_features_allow_only_read_only_opens() {
+    let dir = tempfile::tempdir().unwrap();
+    let img = dir.path().join("v.img");
+    let p = img.to_str().unwrap();
+    format_16m(p, &[]);
+    set_volume_field(&img, 64, &1u32.to_le_bytes()); // feature_ro_compat
+    let err = match jbdev_volume::Volume::open(&img, &Default::default()) {
+        Ok(_) => panic!("a read-write open took unknown ro_compat features"),
+        Err(e) => e.to_string(),
+    };
+    assert!(err.contains("0x1") && err.contains("read-only"), "{err}");
+    let ro = jbdev_volume::OpenOptions {
+        read_only: true,
+        ..Default::default()
+    };
+    jbdev_volume::Volume::open(&img, &ro)
+        .expect("read-only open")
+        .close()
+        .unwrap();
+    let o = jbdev(&["info", p]);
+    assert!(text(&o).contains("ro_compat 0x1"), "{}", text(&o));
+    let o = jbdev(&["info", "--json", p]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("JSON");
+    assert_eq!(v["feature_ro_compat"], 1);
+    let o = jbdev(&["check", p]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(text(&o).contains("features 0x1"), "{}", text(&o));
+}
+
+/// Report #8: a usage error exits 64 (EX_USAGE), never check's 2.
+#[test]
+fn usage_errors_exit_64() {
+    for args in [
+        &["check", "--jornal", "j.img", "v.img"][..],
+        &["format"][..],
+        &["no-such-command"][..],
+        &[][..],
+    ] {
+        let o = jbdev(args);
+        assert_eq!(o.status.code(), Some(64), "{args:?}: {}", text(&o));
+    }
+    assert_eq!(jbdev(&["check", "--help"]).status.code(), Some(0));
+    assert_eq!(jbdev(&["--version"]).status.code(), Some(0));
+}
+
+/// Report #9: check exits 2 only for a damaged jbdev volume or journal; a
+/// file that is no volume, a journal given as the volume, or a --journal
+/// that is not this volume's journal are errors (1).
+#[test]
+fn check_exit_codes_tell_corruption_from_wrong_input() {
+    let dir = tempfile::tempdir().unwrap();
+    let plain = dir.path().join("plain");
+    std::fs::write(&plain, vec![7u8; 1 << 20]).unwrap();
+    let o = jbdev(&["check", plain.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(text(&o).contains("not a jbdev volume"), "{}", text(&o));
+    let img = dir.path().join("v.img");
+    let jrn = dir.path().join("v.journal");
+    let p = img.to_str().unwrap();
+    format_16m(p, &["--journal", jrn.to_str().unwrap()]);
+    let o = jbdev(&["check", jrn.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(text(&o).contains("is a jbdev journal"), "{}", text(&o));
+    let other = dir.path().join("o.img");
+    format_16m(other.to_str().unwrap(), &[]);
+    let o = jbdev(&["check", p, "--journal", other.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(text(&o).contains("the wrong --journal?"), "{}", text(&o));
+    let ojrn = dir.path().join("o.journal");
+    let o2 = dir.path().join("o2.img");
+    format_16m(o2.to_str().unwrap(), &["--journal", ojrn.to_str().unwrap()]);
+    let o = jbdev(&["check", p, "--journal", ojrn.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(text(&o).contains("another volume"), "{}", text(&o));
+    // An internal-journal volume given a --journal: refused, not ignored.
+    let o = jbdev(&[
+        "check",
+        other.to_str().unwrap(),
+        "--journal",
+        "/nonexistent",
+    ]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(text(&o).contains("internal"), "{}", text(&o));
+    assert!(jbdev(&["check", p]).status.success());
+}
+
+/// Report #12: `stats` against something that serves no jbdev metrics is
+/// an error, not an empty report.
+#[test]
+fn stats_refuses_a_page_without_jbdev_metrics() {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for s in listener.incoming() {
+            let Ok(mut s) = s else { return };
+            // The whole request, then the reply.
+            let mut req = Vec::new();
+            let mut b = [0u8; 256];
+            while !req.windows(4).any(|w| w == b"\r\n\r\n") {
+                match s.read(&mut b) {
+                    Ok(n) if n > 0 => req.extend_from_slice(&b[..n]),
+                    _ => break,
+                }
+            }
+            let _ = s.write_all(
+                b"HTTP/1.0 200 OK\r\nContent-Type: text/plain\r\n\r\n\
+                  # HELP node_load1 load\nnode_load1 0.5\nprocess_cpu_seconds_total 3\n",
+            );
+        }
+    });
+    let o = jbdev(&["stats", &port.to_string(), "--interval", "0.05"]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(text(&o).contains("no jbdev metrics"), "{}", text(&o));
+}
+
+/// Byte offset in `img` of journal block `pos` of its internal journal
+/// (4096-byte blocks, journal at block 1).
+fn journal_block_offset(pos: u64) -> u64 {
+    4096 + pos * 4096
+}
+
+/// Report #13: `journal dump` verifies each commit block's data digest,
+/// and says so (exit 2) when committed transactions follow a damaged one.
+#[test]
+fn journal_dump_checks_digests_and_reports_mid_log_corruption() {
+    use jbdev_volume::journal::format::{self, JournalSuperblock};
+    let dir = tempfile::tempdir().unwrap();
+    let img = dir.path().join("v.img");
+    format_16m(img.to_str().unwrap(), &[]);
+    let writes: Vec<(u64, u8)> = (0..6u64).map(|i| (i * 8192, i as u8 + 1)).collect();
+    let copy = crash_copy(&img, &writes);
+    let c = copy.to_str().unwrap();
+    let o = jbdev(&["journal", "dump", c]);
+    assert!(o.status.success(), "{}", text(&o));
+    let dump = text(&o);
+    assert!(dump.contains("data digest ok"), "{dump}");
+    // The commit block of the third transaction.
+    let commits: Vec<u64> = dump
+        .lines()
+        .filter(|l| l.contains(": commit "))
+        .map(|l| l.split(':').next().unwrap().trim().parse().unwrap())
+        .collect();
+    assert!(commits.len() >= 4, "{dump}");
+    let at = journal_block_offset(commits[2]);
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&copy)
+        .unwrap();
+    let mut jsb = vec![0u8; 4096];
+    f.read_exact_at(&mut jsb, 4096).unwrap();
+    let seed = JournalSuperblock::decode(&jsb).unwrap().csum_seed();
+    let mut block = vec![0u8; 4096];
+    f.read_exact_at(&mut block, at).unwrap();
+    let d = jbdev_volume::journal::writer::DIGEST_OFFSET;
+    block[d] ^= 0x40; // the digest, with the block's checksum made right
+    let sum = format::commit_block_checksum(seed, &block);
+    block[16..20].copy_from_slice(&sum.to_be_bytes());
+    f.write_all_at(&block, at).unwrap();
+    let o = jbdev(&["journal", "dump", c]);
+    let dump = text(&o);
+    assert!(dump.contains("data digest MISMATCH"), "{dump}");
+    assert!(dump.contains("mid-log corruption"), "{dump}");
+    assert_eq!(o.status.code(), Some(2), "{dump}");
+    assert_eq!(jbdev(&["check", c]).status.code(), Some(2));
+}
+
+/// Report #14: `journal dump` with another volume's journal warns and
+/// fails.
+#[test]
+fn journal_dump_of_another_volumes_journal_fails() {
+    let dir = tempfile::tempdir().unwrap();
+    let (v1, j1, v2, j2) = (
+        dir.path().join("v1.img"),
+        dir.path().join("j1"),
+        dir.path().join("v2.img"),
+        dir.path().join("j2"),
+    );
+    format_16m(v1.to_str().unwrap(), &["--journal", j1.to_str().unwrap()]);
+    format_16m(v2.to_str().unwrap(), &["--journal", j2.to_str().unwrap()]);
+    let o = jbdev(&[
+        "journal",
+        "dump",
+        v1.to_str().unwrap(),
+        "--journal",
+        j2.to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(text(&o).contains("another volume"), "{}", text(&o));
+}
+
+/// Report #10: the external journal's path is recorded as given (made
+/// absolute, symlinks kept), as raw bytes (a non-UTF-8 path works), and a
+/// path too long for the superblock is refused at format.
+#[test]
+fn the_journal_path_hint_keeps_symlinks_and_raw_bytes() {
+    use std::ffi::OsStr;
+    use std::os::unix::ffi::OsStrExt;
+    let dir = tempfile::tempdir().unwrap();
+    // A symlink stays the symlink (a /dev/disk/by-id name stays that name).
+    let real = dir.path().join("real.journal");
+    std::fs::File::create(&real)
+        .unwrap()
+        .set_len(1 << 20)
+        .unwrap();
+    let link = dir.path().join("by-id-link");
+    std::os::unix::fs::symlink(&real, &link).unwrap();
+    let img = dir.path().join("v.img");
+    format_16m(
+        img.to_str().unwrap(),
+        &["--journal", link.to_str().unwrap()],
+    );
+    let o = jbdev(&["info", "--json", img.to_str().unwrap()]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("JSON");
+    let placement = v["journal"]["placement"].as_str().unwrap().to_string();
+    assert!(
+        placement.contains("by-id-link") && !placement.contains("real.journal"),
+        "{placement}"
+    );
+    // A non-UTF-8 directory name: check finds the journal without --journal.
+    let odd = dir.path().join(OsStr::from_bytes(b"j\xff\xfe"));
+    std::fs::create_dir(&odd).unwrap();
+    let img2 = dir.path().join("v2.img");
+    let o = Command::new(env!("CARGO_BIN_EXE_jbdev"))
+        .arg("format")
+        .arg(&img2)
+        .args(["--size", "16M", "--journal-size", "1M", "--journal"])
+        .arg(odd.join("j"))
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    let o = jbdev(&["check", img2.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", text(&o));
+    // Over 255 bytes once absolute: refused, nothing left behind.
+    let long = dir.path().join("d".repeat(200)).join("j".repeat(60));
+    std::fs::create_dir(long.parent().unwrap()).unwrap();
+    let img3 = dir.path().join("v3.img");
+    let o = jbdev(&[
+        "format",
+        img3.to_str().unwrap(),
+        "--size",
+        "16M",
+        "--journal",
+        long.to_str().unwrap(),
+    ]);
+    assert_clean_error(&o, "a journal path over 255 bytes");
+    assert!(text(&o).contains("at most 255 bytes"), "{}", text(&o));
+    assert!(!img3.exists() && !long.exists());
+}
+
+/// A loop device over `backing` (read-only with `-r`), detached on drop;
+/// None where losetup is not allowed (not root).
+fn loop_device(backing: &Path, read_only: bool) -> Option<LoopDev> {
+    let mut cmd = Command::new("losetup");
+    if read_only {
+        cmd.arg("-r");
+    }
+    let o = cmd.args(["-f", "--show"]).arg(backing).output().ok()?;
+    o.status
+        .success()
+        .then(|| LoopDev(String::from_utf8_lossy(&o.stdout).trim().to_string()))
+}
+
+struct LoopDev(String);
+
+impl Drop for LoopDev {
+    fn drop(&mut self) {
+        let _ = Command::new("losetup").args(["-d", &self.0]).status();
+    }
+}
+
+/// Report #11: format of a whole block device without --size uses all of
+/// it: superblock + journal + data = the device's size (a loop device;
+/// skipped where losetup is not allowed).
+#[test]
+fn format_of_a_whole_device_uses_all_of_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let backing = dir.path().join("loop.img");
+    std::fs::File::create(&backing)
+        .unwrap()
+        .set_len(64 << 20)
+        .unwrap();
+    let Some(lo) = loop_device(&backing, false) else {
+        println!("SKIP: no loop device (losetup needs root)");
+        return;
+    };
+    let dev = lo.0.clone();
+    let o = jbdev(&["format", &dev]);
+    assert!(o.status.success(), "{}", text(&o));
+    let o = jbdev(&["info", "--json", &dev]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("JSON");
+    let data = v["size_bytes"].as_u64().unwrap();
+    let journal = v["journal"]["len_bytes"].as_u64().unwrap();
+    assert_eq!(data + journal + 4096, 64 << 20, "{v}");
+    // A journal that leaves no room for data: said so (report #19).
+    let o = jbdev(&["format", &dev, "--force", "--journal-size", "64M"]);
+    assert_clean_error(&o, "a journal as large as the device");
+    assert!(text(&o).contains("no room for data"), "{}", text(&o));
+    // Report #16: a device held exclusively by something else (here this
+    // test, as a mount would) is not blamed on another jbdev.
+    use std::os::unix::fs::OpenOptionsExt;
+    let held = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(0o200) // O_EXCL: what the kernel does for a mount
+        .open(&dev)
+        .unwrap();
+    let o = jbdev(&["format", &dev, "--force"]);
+    assert_clean_error(&o, "format of a device held exclusively");
+    assert!(text(&o).contains("mounted file system"), "{}", text(&o));
+    drop(held);
+}
+
+/// Report #9: a 1 KiB-block volume on a 4 KiB-sector device is not
+/// corruption: check says why it cannot be used, exit 1.
+#[test]
+fn check_of_a_volume_on_a_device_with_larger_sectors_is_not_corruption() {
+    let dir = tempfile::tempdir().unwrap();
+    let img = dir.path().join("k.img");
+    let o = jbdev(&[
+        "format",
+        img.to_str().unwrap(),
+        "--size",
+        "8M",
+        "--journal-size",
+        "1M",
+        "--block-size",
+        "1024",
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let o = Command::new("losetup")
+        .args(["-b", "4096", "-f", "--show"])
+        .arg(&img)
+        .output();
+    let dev = match o {
+        Ok(o) if o.status.success() => LoopDev(String::from_utf8_lossy(&o.stdout).trim().into()),
+        _ => {
+            println!("SKIP: no loop device (losetup needs root)");
+            return;
+        }
+    };
+    let o = jbdev(&["check", &dev.0]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(
+        text(&o).contains("4096-byte logical blocks"),
+        "{}",
+        text(&o)
+    );
+}
+
+/// Report #17: a read-only block device is named as such by format.
+#[test]
+fn format_names_a_read_only_device() {
+    let dir = tempfile::tempdir().unwrap();
+    let backing = dir.path().join("ro.img");
+    std::fs::File::create(&backing)
+        .unwrap()
+        .set_len(16 << 20)
+        .unwrap();
+    let Some(lo) = loop_device(&backing, true) else {
+        println!("SKIP: no loop device (losetup needs root)");
+        return;
+    };
+    let o = jbdev(&["format", &lo.0, "--force"]);
+    assert_clean_error(&o, "format of a read-only device");
+    assert!(text(&o).contains("read-only block device"), "{}", text(&o));
+}
+
+/// Report #15: info and journal dump compare the journal superblock with
+/// the volume superblock (check and every open already refuse a mismatch).
+#[test]
+fn info_and_dump_compare_the_journal_with_the_volume() {
+    use jbdev_volume::journal::format::JournalSuperblock;
+    let dir = tempfile::tempdir().unwrap();
+    let img = dir.path().join("v.img");
+    let p = img.to_str().unwrap();
+    format_16m(p, &[]);
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&img)
+        .unwrap();
+    let mut b = vec![0u8; 4096];
+    f.read_exact_at(&mut b, 4096).unwrap();
+    let mut j = JournalSuperblock::decode(&b).unwrap();
+    j.max_len -= 16;
+    j.encode(&mut b);
+    f.write_all_at(&b, 4096).unwrap();
+    assert_eq!(jbdev(&["check", p]).status.code(), Some(2));
+    let o = jbdev(&["info", p]);
+    assert!(text(&o).contains("s_maxlen"), "{}", text(&o));
+    let o = jbdev(&["journal", "dump", p]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(text(&o).contains("s_maxlen"), "{}", text(&o));
 }

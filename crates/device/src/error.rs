@@ -29,8 +29,9 @@ pub enum DeviceError {
         /// The OS error (shown in the message, so not a `source()`).
         error: io::Error,
     },
-    /// The device was opened by another process or handle.
-    #[error("{0} is already open (locked by another jbdev process or handle)")]
+    /// The device was opened by another process or handle. The string
+    /// names it and, in parentheses, who may hold it.
+    #[error("{0} is already open")]
     Busy(String),
     /// The fault-injecting device has "lost power": every operation fails.
     #[error("device lost power (fault injection)")]

@@ -81,12 +81,14 @@ pub fn open_file(path: &Path, opts: &OpenOptions) -> Result<DeviceFile> {
             match open(false) {
                 Ok(f) => (f, false),
                 Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {
-                    return Err(DeviceError::Busy(what))
+                    return Err(DeviceError::Busy(held_exclusively(&what)))
                 }
                 Err(e) => return Err(DeviceError::io("open", what, e)),
             }
         }
-        Err(e) if e.raw_os_error() == Some(libc::EBUSY) => return Err(DeviceError::Busy(what)),
+        Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {
+            return Err(DeviceError::Busy(held_exclusively(&what)))
+        }
         Err(e) => return Err(DeviceError::io("open", what, e)),
     };
     if opts.exclusive && !is_block_device {
@@ -102,7 +104,9 @@ pub fn open_file(path: &Path, opts: &OpenOptions) -> Result<DeviceFile> {
         if unsafe { libc::flock(file.as_raw_fd(), op | libc::LOCK_NB) } != 0 {
             let e = io::Error::last_os_error();
             if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
-                return Err(DeviceError::Busy(what));
+                return Err(DeviceError::Busy(format!(
+                    "{what} (locked by another jbdev process or handle)"
+                )));
             }
             return Err(DeviceError::io("flock", what, e));
         }
@@ -287,6 +291,15 @@ pub(crate) fn zero_range(f: &DeviceFile, offset: u64, len: u64) -> Result<()> {
         pos += n as u64;
     }
     Ok(())
+}
+
+/// A block device's `O_EXCL` open failed with EBUSY: the kernel does not
+/// say who holds it, and it is seldom jbdev.
+fn held_exclusively(what: &str) -> String {
+    format!(
+        "{what} (a block device held exclusively elsewhere: a mounted file system, LVM, md \
+         or device-mapper, swap, or another jbdev)"
+    )
 }
 
 /// Allocation map from SEEK_DATA / SEEK_HOLE (regular files only).

@@ -186,7 +186,8 @@ fn open_waiting_for_dead_holder(
                 let deadline = *deadline.get_or_insert_with(|| {
                     if !holders.is_empty() {
                         tracing::warn!(
-                            "{what} is locked by a process that has exited; waiting up to {} s for the kernel to release the lock",
+                            "{} is locked by a process that has exited; waiting up to {} s for the kernel to release the lock",
+                            path.display(),
                             DEAD_HOLDER_WAIT.as_secs()
                         );
                     }

@@ -23,6 +23,10 @@ pub enum VolumeError {
     /// The volume superblock is damaged or of an unsupported version.
     #[error("bad volume superblock: {0}")]
     BadSuperblock(String),
+    /// The file or device is shorter than the volume its (intact)
+    /// superblock describes: a truncated image, or a smaller device.
+    #[error("{0}")]
+    Truncated(String),
     /// The journal is damaged in a way recovery cannot repair.
     #[error("corrupt journal: {0}")]
     CorruptJournal(String),
@@ -89,7 +93,10 @@ impl VolumeError {
             Self::Device(e) => e.errno(),
             Self::OutOfRange { .. } => libc::ENOSPC,
             Self::InvalidArgument(_) => libc::EINVAL,
-            Self::NotAVolume(_) | Self::BadSuperblock(_) | Self::CorruptJournal(_) => libc::EUCLEAN,
+            Self::NotAVolume(_)
+            | Self::BadSuperblock(_)
+            | Self::Truncated(_)
+            | Self::CorruptJournal(_) => libc::EUCLEAN,
             Self::TooLarge { .. } => libc::EFBIG,
             Self::ReadOnly => libc::EROFS,
             Self::Aborted { cause_errno, .. } if is_no_space(*cause_errno) => libc::ENOSPC,

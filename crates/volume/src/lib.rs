@@ -33,6 +33,7 @@ pub use options::{
 };
 pub use overlay::CallerBuf;
 pub use volume::{
-    default_journal_bytes, Extent, ExtentState, RecoveryReport, Stats, TouchedBlocks, Transaction,
-    Volume, WriteFlags,
+    check_replay_plan, default_journal_bytes, file_format_would_create, format_layout, Extent,
+    ExtentState, FormatLayout, RecoveryReport, Stats, TouchedBlocks, Transaction, Volume,
+    WriteFlags,
 };

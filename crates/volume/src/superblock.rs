@@ -10,7 +10,11 @@
 //!
 //! Decoding never panics, checks the magic first (so a foreign file is
 //! reported as [`SuperblockError::NotAVolume`], not as corruption), then the
-//! version, the checksum, the features and finally the geometry.
+//! checksum (every version keeps this 512-byte frame and its crc32c at 508,
+//! so a flipped version byte is damage, not a newer jbdev), the version, the
+//! features and finally the geometry.
+
+use std::os::unix::ffi::OsStrExt;
 
 /// Bytes 0..8 of every jbdev volume.
 pub const VOLUME_MAGIC: [u8; 8] = *b"JBDEVVOL";
@@ -22,7 +26,8 @@ pub const SUPPORTED_FEATURE_INCOMPAT: u32 = 0;
 /// Ro-compat feature bits this version understands (none yet): any other
 /// bit means the volume may only be opened read-only.
 pub const SUPPORTED_FEATURE_RO_COMPAT: u32 = 0;
-/// Longest external-journal path hint, in bytes of UTF-8.
+/// Longest external-journal path hint, in bytes (raw bytes of the path as
+/// the OS gives them, not necessarily UTF-8).
 pub const MAX_PATH_HINT_LEN: usize = 255;
 /// Smallest and largest volume block sizes.
 pub const MIN_BLOCK_SIZE: u32 = 512;
@@ -87,8 +92,9 @@ pub enum JournalLocation {
         /// Journal length in bytes (a multiple of the block size).
         len_bytes: u64,
         /// Where it was at format time; a hint only, the uuid decides.
-        /// At most [`MAX_PATH_HINT_LEN`] bytes of UTF-8, no NUL.
-        path_hint: String,
+        /// At most [`MAX_PATH_HINT_LEN`] bytes (the path's raw bytes, any
+        /// encoding), no NUL; empty if none was recorded.
+        path_hint: std::path::PathBuf,
     },
 }
 
@@ -241,7 +247,7 @@ impl VolumeSuperblock {
                 len_bytes,
                 path_hint,
             } => {
-                let hint = path_hint.as_bytes();
+                let hint = path_hint.as_os_str().as_bytes();
                 assert!(
                     hint.len() <= MAX_PATH_HINT_LEN,
                     "journal path hint of {} bytes (at most {MAX_PATH_HINT_LEN})",
@@ -271,14 +277,14 @@ impl VolumeSuperblock {
                 Self::ENCODED_LEN
             ));
         };
-        let version = get_u32(b, off::VERSION);
-        if version != VOLUME_VERSION {
-            return Err(SuperblockError::UnsupportedVersion(version));
-        }
         let stored = get_u32(b, off::CHECKSUM);
         let computed = Self::checksum_of(b);
         if stored != computed {
             return Err(SuperblockError::BadChecksum { stored, computed });
+        }
+        let version = get_u32(b, off::VERSION);
+        if version != VOLUME_VERSION {
+            return Err(SuperblockError::UnsupportedVersion(version));
         }
         let feature_incompat = get_u32(b, off::FEATURE_INCOMPAT);
         let unknown = feature_incompat & !SUPPORTED_FEATURE_INCOMPAT;
@@ -297,14 +303,12 @@ impl VolumeSuperblock {
                         "journal path hint of {hint_len} bytes (at most {MAX_PATH_HINT_LEN})"
                     ));
                 }
+                // Raw bytes: a path need not be UTF-8 (Unix paths are bytes).
                 let hint = &b[off::PATH_HINT..off::PATH_HINT + hint_len];
-                let Ok(path_hint) = std::str::from_utf8(hint) else {
-                    return invalid("journal path hint is not UTF-8");
-                };
                 JournalLocation::External {
                     uuid: get_uuid(b, off::JOURNAL_UUID),
                     len_bytes: get_u64(b, off::JOURNAL_LEN_BYTES),
-                    path_hint: path_hint.to_owned(),
+                    path_hint: std::ffi::OsStr::from_bytes(hint).into(),
                 }
             }
             other => return invalid(format_args!("unknown journal kind {other}")),
@@ -385,7 +389,8 @@ impl VolumeSuperblock {
                         "external journal of {len_bytes} bytes is empty or not a multiple of {bs}"
                     ));
                 }
-                if path_hint.len() > MAX_PATH_HINT_LEN || path_hint.contains('\0') {
+                let hint = path_hint.as_os_str().as_bytes();
+                if hint.len() > MAX_PATH_HINT_LEN || hint.contains(&0) {
                     return invalid("journal path hint too long or contains NUL");
                 }
             }
@@ -446,6 +451,23 @@ mod tests {
         }
     }
 
+    /// A path hint is the path's raw bytes: a non-UTF-8 path (Unix paths
+    /// are bytes) comes back exactly, not with U+FFFD in it.
+    #[test]
+    fn a_non_utf8_path_hint_round_trips_byte_for_byte() {
+        let raw: &[u8] = b"/srv/j\xff\xfe-journal";
+        let mut sb = external();
+        if let JournalLocation::External { path_hint, .. } = &mut sb.journal {
+            *path_hint = std::ffi::OsStr::from_bytes(raw).into();
+        }
+        let back = VolumeSuperblock::decode(&encoded(&sb)).unwrap();
+        let JournalLocation::External { path_hint, .. } = &back.journal else {
+            panic!("external journal expected")
+        };
+        assert_eq!(path_hint.as_os_str().as_bytes(), raw);
+        assert_eq!(back, sb);
+    }
+
     #[test]
     fn layout_is_little_endian_with_checksum_last() {
         let buf = encoded(&internal(4096));
@@ -472,8 +494,16 @@ mod tests {
             VolumeSuperblock::decode(&buf[..511]),
             Err(SuperblockError::Invalid(_))
         ));
+        // A newer version (checksummed as written) is named as such; a
+        // version byte flipped by damage is a checksum error.
         let mut b = buf.clone();
         b[8] = 2;
+        assert!(matches!(
+            VolumeSuperblock::decode(&b),
+            Err(SuperblockError::BadChecksum { .. })
+        ));
+        let c = VolumeSuperblock::checksum_of(&b);
+        b[508..512].copy_from_slice(&c.to_le_bytes());
         assert!(matches!(
             VolumeSuperblock::decode(&b),
             Err(SuperblockError::UnsupportedVersion(2))
@@ -526,12 +556,12 @@ mod tests {
         assert!(bad(&|s| s.journal = JournalLocation::External {
             uuid: [0; 16],
             len_bytes: 100,
-            path_hint: String::new()
+            path_hint: std::path::PathBuf::new()
         }));
         assert!(bad(&|s| s.journal = JournalLocation::External {
             uuid: [0; 16],
             len_bytes: 4096,
-            path_hint: "a\0b".into()
+            path_hint: std::ffi::OsStr::from_bytes(b"a\0b").into()
         }));
         // Data before the journal is fine too.
         let mut sb = internal(4096);
@@ -575,7 +605,7 @@ mod tests {
                             JournalLocation::External {
                                 uuid: juuid,
                                 len_bytes: journal_blocks * bs,
-                                path_hint,
+                                path_hint: path_hint.into(),
                             },
                         ),
                         None if data_first => (

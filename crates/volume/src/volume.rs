@@ -156,6 +156,30 @@ pub fn default_journal_bytes(size_bytes: u64) -> u64 {
 /// Smallest journal, in blocks.
 pub const MIN_JOURNAL_BLOCKS: u64 = 16;
 
+/// What a format of given options lays out, in bytes: what `jbdev format`
+/// must look at before it overwrites anything.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FormatLayout {
+    /// Journal length (internal or external).
+    pub journal_bytes: u64,
+    /// Bytes the volume's own file or device must hold.
+    pub needed_bytes: u64,
+    /// Where the data region starts. Format writes every byte of the volume
+    /// device before it (block 0 and an internal journal), and bytes
+    /// `0..journal_bytes` of an external journal; nothing of the data region.
+    pub data_offset_bytes: u64,
+}
+
+/// The layout a format with `f` produces, or why `f` is refused.
+pub fn format_layout(f: &FormatOptions) -> Result<FormatLayout> {
+    let (journal_bytes, needed_bytes, data_offset_bytes) = plan_layout(f)?;
+    Ok(FormatLayout {
+        journal_bytes,
+        needed_bytes,
+        data_offset_bytes,
+    })
+}
+
 /// Byte layout a format produces: (journal bytes, total bytes needed on the
 /// volume device, data offset).
 fn plan_layout(f: &FormatOptions) -> Result<(u64, u64, u64)> {
@@ -201,6 +225,35 @@ fn plan_layout(f: &FormatOptions) -> Result<(u64, u64, u64)> {
     Ok((journal, needed, data_offset))
 }
 
+/// Every home block named by the log must lie inside the volume: a
+/// checksummed tag pointing elsewhere is a bug or a forged image, and
+/// replaying it would write outside the data area. Applied by every open and
+/// by `jbdev check`.
+pub fn check_replay_plan(sb: &VolumeSuperblock, plan: &[recovery::ReplayEntry]) -> Result<()> {
+    let volume_blocks = sb.size_bytes / u64::from(sb.block_size);
+    if let Some(e) = plan.iter().find(|e| e.home >= volume_blocks) {
+        return Err(VolumeError::CorruptJournal(format!(
+            "transaction {} logs home block {} but the volume has {volume_blocks} blocks",
+            e.sequence, e.home
+        )));
+    }
+    Ok(())
+}
+
+/// Ro-compat features this jbdev does not know allow only read-only opens
+/// (docs/FORMAT.md): a writer that ignored them could break what they mean.
+fn refuse_unknown_ro_compat(sb: &VolumeSuperblock, read_only: bool) -> Result<()> {
+    let unknown = sb.unknown_ro_compat();
+    if unknown != 0 && !read_only {
+        return Err(VolumeError::BadSuperblock(format!(
+            "the volume uses read-only-compatible features {unknown:#x} this jbdev does not \
+             know: it may only be opened read-only (serve --read-only), or by a jbdev \
+             that knows them"
+        )));
+    }
+    Ok(())
+}
+
 fn now_unix_secs() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -221,14 +274,29 @@ pub(crate) fn read_volume_superblock(
     let mut buf = AlignedBuf::zeroed(n);
     dev.read_at(&mut buf, 0)?;
     let sb = VolumeSuperblock::decode(&buf).map_err(|e| bad_sb(e, what))?;
+    // Not corruption: the volume is fine, this device cannot address its
+    // blocks (a 1 KiB-block volume on a 4 KiB-sector device, say).
+    if sb.block_size < dev.logical_block_size() {
+        return Err(VolumeError::InvalidArgument(format!(
+            "{what} has {}-byte logical blocks, larger than the volume's {}-byte blocks: \
+             the volume cannot be used on it (copy it to a device with sectors of at most \
+             {} bytes, e.g. a loop device without --sector-size)",
+            dev.logical_block_size(),
+            sb.block_size,
+            sb.block_size
+        )));
+    }
     // A device shorter than the volume it describes (a truncated image
     // file, a smaller block device) would turn reads and writes of its end
     // into I/O errors: refuse it here, for opens and inspections alike.
     let described = sb.data_offset_bytes.saturating_add(sb.size_bytes);
     if dev.size_bytes() < described {
-        return Err(VolumeError::BadSuperblock(format!(
-            "{what} holds {} bytes but its superblock describes {described}",
-            dev.size_bytes()
+        return Err(VolumeError::Truncated(format!(
+            "{what} is shorter than the volume its superblock describes: it holds {} bytes \
+             (in whole {}-byte sectors), the volume needs {described} (a truncated image, or \
+             a smaller device)",
+            dev.size_bytes(),
+            dev.logical_block_size()
         )));
     }
     Ok(sb)
@@ -238,13 +306,13 @@ pub(crate) fn read_volume_superblock(
 /// path recorded at format time (`path_hint`). Returns the path used.
 pub(crate) fn open_external_journal(
     home: &Path,
-    path_hint: &str,
+    path_hint: &Path,
     given: Option<&Path>,
     dopts: &jbdev_device::OpenOptions,
 ) -> Result<(PathBuf, Arc<dyn BlockDevice>)> {
     let (jp, recorded) = match given {
         Some(p) => (p.to_path_buf(), false),
-        None if !path_hint.is_empty() => (PathBuf::from(path_hint), true),
+        None if !path_hint.as_os_str().is_empty() => (path_hint.to_path_buf(), true),
         None => {
             return Err(VolumeError::InvalidArgument(
                 "this volume has an external journal: give its path (--journal)".into(),
@@ -365,22 +433,60 @@ fn remove_created(p: &Path) {
 }
 
 /// The path an external journal is recorded by: absolute, so the volume
-/// opens from any working directory (RBD targets as given). At most 255
-/// bytes, or empty (then every open must name it).
-fn journal_path_hint(p: &Path) -> String {
+/// opens from any working directory, but with its symlinks kept (a
+/// `/dev/disk/by-id/...` name must not become the `/dev/sdX` it points to
+/// today); RBD targets as given. The path's raw bytes, refused (before
+/// anything is written) if they do not fit the superblock's field.
+fn journal_path_hint(p: &Path) -> Result<PathBuf> {
+    use std::os::unix::ffi::OsStrExt;
     let abs = if jbdev_device::is_rbd_target(p) {
         p.to_path_buf()
     } else {
-        std::fs::canonicalize(p)
-            .or_else(|_| std::path::absolute(p))
-            .unwrap_or_else(|_| p.to_path_buf())
+        std::path::absolute(p).map_err(|e| {
+            VolumeError::InvalidArgument(format!(
+                "cannot make the journal path {} absolute: {e}",
+                p.display()
+            ))
+        })?
     };
-    let hint = abs.display().to_string();
-    if hint.len() <= 255 {
-        hint
-    } else {
-        String::new()
+    let len = abs.as_os_str().as_bytes().len();
+    if len > crate::superblock::MAX_PATH_HINT_LEN {
+        return Err(VolumeError::InvalidArgument(format!(
+            "the journal path {} is {len} bytes long once absolute; the volume superblock \
+             records at most {} bytes: use a shorter path (a symlink, or a shorter \
+             directory)",
+            abs.display(),
+            crate::superblock::MAX_PATH_HINT_LEN
+        )));
     }
+    Ok(abs)
+}
+
+/// The file a format of `p` would create, if any: `p` itself when nothing
+/// is there, or, for a dangling symlink, the file it points to (opening
+/// follows the link). None for an existing target (file, device, or a
+/// symlink to one) and for RBD. A failed format removes exactly this, never
+/// the symlink.
+pub fn file_format_would_create(p: &Path) -> Option<PathBuf> {
+    if jbdev_device::is_rbd_target(p) {
+        return None;
+    }
+    let mut at = p.to_path_buf();
+    // As many links as the kernel follows (ELOOP past 40).
+    for _ in 0..40 {
+        match std::fs::symlink_metadata(&at) {
+            Err(_) => return Some(at),
+            Ok(m) if m.file_type().is_symlink() => {
+                let to = std::fs::read_link(&at).ok()?;
+                at = match at.parent() {
+                    Some(dir) if to.is_relative() => dir.join(to),
+                    _ => to,
+                };
+            }
+            Ok(_) => return None,
+        }
+    }
+    None
 }
 
 impl Volume {
@@ -402,21 +508,17 @@ impl Volume {
         };
         // Files and RBD images this call creates are removed again if it
         // fails, so a failed create leaves nothing behind.
-        let absent = |p: &Path| {
+        let would_create = |p: &Path| {
             if jbdev_device::is_rbd_target(p) {
-                rbd_image_absent(p)
+                rbd_image_absent(p).then(|| p.to_path_buf())
             } else {
-                std::fs::symlink_metadata(p).is_err()
+                file_format_would_create(p)
             }
         };
         let mut created: Vec<PathBuf> = Vec::new();
-        if absent(path) {
-            created.push(path.to_path_buf());
-        }
+        created.extend(would_create(path));
         if let JournalPlacement::External(p) = &fopts.journal {
-            if absent(p) {
-                created.push(p.clone());
-            }
+            created.extend(would_create(p));
         }
         let res = (|| {
             let dev = open_device(path, &dopts(needed))?.device;
@@ -503,7 +605,7 @@ impl Volume {
                         j.size_bytes()
                     )));
                 }
-                let hint = journal_path_hint(p);
+                let hint = journal_path_hint(p)?;
                 (
                     JournalLocation::External {
                         uuid,
@@ -572,6 +674,7 @@ impl Volume {
     ) -> Result<Volume> {
         opts.validate()?;
         let sb = read_volume_superblock(dev.as_ref(), "the volume device")?;
+        refuse_unknown_ro_compat(&sb, opts.read_only)?;
         let bs = sb.block_size;
         let home_flusher = Arc::new(FlushCoalescer::new());
         let (jdev, jflusher, joff, jlen) = match (&sb.journal, journal) {
@@ -608,16 +711,7 @@ impl Volume {
             }
         }
         let (mut plan, revoked) = recovery::replay_plan(&scan.txns);
-        // Every home block named by the log must lie inside the volume: a
-        // checksummed tag pointing elsewhere is a bug or a forged image, and
-        // replaying it would write outside the data area.
-        let volume_blocks = sb.size_bytes / u64::from(bs);
-        if let Some(e) = plan.iter().find(|e| e.home >= volume_blocks) {
-            return Err(VolumeError::CorruptJournal(format!(
-                "transaction {} logs home block {} but the volume has {volume_blocks} blocks",
-                e.sequence, e.home
-            )));
-        }
+        check_replay_plan(&sb, &plan)?;
         if !was_clean && !plan.is_empty() {
             // Replay can take a while on a large journal: say so first.
             tracing::info!(
