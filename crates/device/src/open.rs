@@ -211,20 +211,21 @@ fn flock_holders(path: &Path) -> Option<Vec<i64>> {
     if !md.is_file() {
         return None;
     }
+    flock_holders_of(dev_major(md.dev()), dev_minor(md.dev()), md.ino())
+}
+
+/// Pids holding flock locks on the inode `ino` of device `major:minor`
+/// (see [`flock_holders`]).
+pub(crate) fn flock_holders_of(major: u64, minor: u64, ino: u64) -> Option<Vec<i64>> {
     let locks = std::fs::read_to_string("/proc/locks").ok()?;
-    Some(parse_proc_locks(
-        &locks,
-        dev_major(md.dev()),
-        dev_minor(md.dev()),
-        md.ino(),
-    ))
+    Some(parse_proc_locks(&locks, major, minor, ino))
 }
 
 /// The glibc/Linux encoding of `dev_t`.
-fn dev_major(dev: u64) -> u64 {
+pub(crate) fn dev_major(dev: u64) -> u64 {
     ((dev >> 32) & 0xffff_f000) | ((dev >> 8) & 0xfff)
 }
-fn dev_minor(dev: u64) -> u64 {
+pub(crate) fn dev_minor(dev: u64) -> u64 {
     ((dev >> 12) & 0xffff_ff00) | (dev & 0xff)
 }
 
@@ -257,7 +258,7 @@ fn parse_proc_locks(text: &str, major: u64, minor: u64, ino: u64) -> Vec<i64> {
 
 /// True unless `pid` is known to have exited (absent, a zombie, or dead).
 /// Pid 0 is what /proc/locks shows once the holder's pid is gone.
-fn pid_alive(pid: i64) -> bool {
+pub(crate) fn pid_alive(pid: i64) -> bool {
     if pid == 0 {
         return false;
     }
