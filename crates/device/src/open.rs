@@ -80,6 +80,11 @@ pub struct OpenedDevice {
     pub is_block_device: bool,
     /// True if O_DIRECT is in effect.
     pub direct: bool,
+    /// For a regular file: a duplicate of the device's descriptor, for
+    /// `fstat` checks while it is open (the volume notices an external
+    /// journal file deleted or truncated under it). `None` for block devices
+    /// and RBD targets.
+    pub watch: Option<std::fs::File>,
 }
 
 /// True if `path` names an RBD target (`rbd:POOL/IMAGE...`) rather than a
@@ -111,6 +116,15 @@ pub fn open_device(path: &Path, opts: &OpenOptions) -> Result<OpenedDevice> {
         },
     };
     let (is_block_device, direct) = (file.is_block_device, file.direct);
+    let watch = if is_block_device {
+        None
+    } else {
+        Some(
+            file.file
+                .try_clone()
+                .map_err(|e| DeviceError::io("dup", path.display().to_string(), e))?,
+        )
+    };
     let device: Arc<dyn BlockDevice> = if use_uring {
         Arc::new(crate::uring::UringDevice::new(file))
     } else {
@@ -121,6 +135,7 @@ pub fn open_device(path: &Path, opts: &OpenOptions) -> Result<OpenedDevice> {
         path: path.to_path_buf(),
         is_block_device,
         direct,
+        watch,
     })
 }
 
@@ -143,6 +158,7 @@ fn open_rbd(path: &Path, opts: &OpenOptions) -> Result<OpenedDevice> {
         path: path.to_path_buf(),
         is_block_device: false,
         direct: true,
+        watch: None,
     })
 }
 
