@@ -127,7 +127,7 @@ pub struct Volume {
     engine: Arc<Engine>,
     threads: Mutex<Vec<JoinHandle<()>>>,
     /// Dropped at shutdown to stop the external journal's watch thread.
-    journal_watch: Mutex<Option<std::sync::mpsc::Sender<()>>>,
+    journal_watch: Mutex<Option<JournalWatch>>,
     closed: AtomicBool,
     superblock: VolumeSuperblock,
     recovery: RecoveryReport,
@@ -276,9 +276,18 @@ fn open_external_journal_watched(
     }
 }
 
+/// The external journal file a read-write volume watches, and the sender
+/// whose drop stops the watch thread (never sent on: dropping it is the
+/// signal).
+struct JournalWatch {
+    _stop: std::sync::mpsc::Sender<()>,
+    file: Arc<(std::fs::File, PathBuf, u64)>,
+}
+
 /// How often an open volume checks that its external journal file is still
 /// there (one `fstat`; see [`journal_file_problem`]).
-pub(crate) const JOURNAL_WATCH_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
+pub(crate) const JOURNAL_WATCH_INTERVAL: std::time::Duration =
+    std::time::Duration::from_millis(250);
 
 /// What is wrong with the external journal file open as `file` (at `path`)
 /// whose journal region ends at byte `region_end`, or `None` while nothing
@@ -463,6 +472,8 @@ impl Volume {
         region_end: u64,
     ) -> Result<()> {
         let (stop, stopped) = std::sync::mpsc::channel::<()>();
+        let file = Arc::new((file, path, region_end));
+        let watched = file.clone();
         let engine = Arc::downgrade(&self.engine);
         let t = std::thread::Builder::new()
             .name("jbdev-journal-watch".into())
@@ -471,7 +482,8 @@ impl Volume {
                 while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) =
                     stopped.recv_timeout(JOURNAL_WATCH_INTERVAL)
                 {
-                    let Some(why) = journal_file_problem(&file, &path, region_end) else {
+                    let (file, path, region_end) = &*watched;
+                    let Some(why) = journal_file_problem(file, path, *region_end) else {
                         continue;
                     };
                     if let Some(e) = engine.upgrade() {
@@ -483,7 +495,7 @@ impl Volume {
             .map_err(|e| {
                 VolumeError::InvalidArgument(format!("cannot start the journal watch thread: {e}"))
             })?;
-        *self.journal_watch.lock() = Some(stop);
+        *self.journal_watch.lock() = Some(JournalWatch { _stop: stop, file });
         self.threads.lock().push(t);
         Ok(())
     }
@@ -1359,7 +1371,9 @@ impl Volume {
         if self.closed.swap(true, Ordering::AcqRel) {
             return Ok(());
         }
-        drop(self.journal_watch.lock().take());
+        // Stopped first: an abort now would keep the final checkpoint from
+        // writing home what only the journal holds. Checked once more below.
+        let watch = self.journal_watch.lock().take().map(|w| w.file);
         if self.engine.read_only {
             return Ok(());
         }
@@ -1384,7 +1398,17 @@ impl Volume {
             join(t);
         }
         flushed?;
-        self.engine.mark_clean()
+        let res = self.engine.mark_clean();
+        if let Some((file, path, region_end)) = watch.as_deref() {
+            if let Some(why) = journal_file_problem(file, path, *region_end) {
+                // Everything acknowledged is home (the final checkpoint ran);
+                // the operator must still hear that the journal is gone.
+                tracing::error!(
+                    "{why} (noticed at close: everything acknowledged was written home first)"
+                );
+            }
+        }
+        res
     }
 }
 

@@ -26,7 +26,7 @@ fn closed_volume(dir: &Path) -> (PathBuf, PathBuf) {
 
 /// FUA writes until one fails; the failure must be the abort. A bound on
 /// how long the volume may go on acknowledging, not a timing assertion:
-/// the watch runs every second.
+/// the watch runs every 250 ms.
 fn abort_reason(v: &Volume) -> String {
     let deadline = Instant::now() + Duration::from_secs(60);
     let buf = vec![0x5au8; 4096];
