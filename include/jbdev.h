@@ -10,6 +10,10 @@
  *    -EUCLEAN for "not a jbdev volume / corrupt", ...) on failure. After
  *    the journal aborts, writes fail with -EIO, or with -ENOSPC when what
  *    aborted it was a full backing store (free space, then reopen).
+ *    A write, zeroing, trim, flush or transaction commit that fails other
+ *    than by refusing its arguments may or may not have happened: its data
+ *    may be visible at once and durable after a reopen (a transaction
+ *    still all or nothing). Read it back to know.
  *    jbdev_last_error() returns the calling thread's message of its latest
  *    failed call; messages of other threads are never visible.
  *  - A NULL pointer argument is an error (-EINVAL; -EBADF for a NULL handle),
@@ -306,8 +310,12 @@ int jbdev_read(const struct jbdev_volume *vol, void *buf, size_t len, uint64_t o
 // a larger one is accepted but is not atomic: it goes straight to its home
 // location, so a crash before it returns (or, without FUA, before the next
 // flush) can leave any mix of its old and new sectors, as on a plain disk.
-// Returns 0 or a negative errno (-EROFS, -ENOSPC past the end, -EINVAL,
-// -EBADF, -EIO).
+// Returns 0 or a negative errno: -EROFS, -EINVAL, -EBADF, -ENOSPC (the
+// range reaches past the end, or the backing store is full: the journal
+// then aborts; free space, then reopen), -EIO. An error other than a
+// refused argument (-EINVAL, -EBADF, -EROFS, -ENOSPC past the end) means
+// the write may or may not have happened: its data may already be visible,
+// and durable after a reopen; read it back to know.
 //
 // # Safety
 // `buf` is NULL (then `len` must be 0) or readable for `len` bytes and not
@@ -318,7 +326,9 @@ int jbdev_write(const struct jbdev_volume *vol,
                 uint64_t offset,
                 uint32_t flags);
 
-// Makes every write that returned before this call durable.
+// Makes every write that returned before this call durable. On an error
+// (-EIO, -ENOSPC when the backing store is full) none of them is known to
+// be durable, though any of them may be.
 int jbdev_flush(const struct jbdev_volume *vol);
 
 // Deallocates `[offset, offset + len)`; it then reads as zeroes.
@@ -360,9 +370,13 @@ int jbdev_txn_write_zeroes(struct jbdev_txn *txn, uint64_t offset, uint64_t len)
 
 // Applies every extent of the transaction atomically (all or nothing, also
 // across a crash); with `JBDEV_WRITE_FUA`, durably before returning. The
-// transaction handle ends with this call whatever it returns; if it returns
-// an error nothing was applied. -EINVAL for unknown flags (the transaction
-// is then left open), -EBADF if the volume was closed.
+// transaction handle ends with this call whatever it returns. -EINVAL for
+// unknown flags (the transaction is then left open), -EBADF if the volume
+// was closed, -EROFS for a read-only volume: then nothing was applied.
+// Any other error (-EIO, -ENOSPC when the backing store is full) means the
+// commit may or may not have happened: all of the transaction or none of
+// it may be visible at once and be found after a reopen (never a part of
+// it); read it back to know.
 int jbdev_txn_commit(struct jbdev_txn *txn, uint32_t flags);
 
 // Discards the transaction; nothing of it is applied. The handle ends.

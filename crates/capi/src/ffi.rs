@@ -524,8 +524,12 @@ pub unsafe extern "C" fn jbdev_read(
 /// a larger one is accepted but is not atomic: it goes straight to its home
 /// location, so a crash before it returns (or, without FUA, before the next
 /// flush) can leave any mix of its old and new sectors, as on a plain disk.
-/// Returns 0 or a negative errno (-EROFS, -ENOSPC past the end, -EINVAL,
-/// -EBADF, -EIO).
+/// Returns 0 or a negative errno: -EROFS, -EINVAL, -EBADF, -ENOSPC (the
+/// range reaches past the end, or the backing store is full: the journal
+/// then aborts; free space, then reopen), -EIO. An error other than a
+/// refused argument (-EINVAL, -EBADF, -EROFS, -ENOSPC past the end) means
+/// the write may or may not have happened: its data may already be visible,
+/// and durable after a reopen; read it back to know.
 ///
 /// # Safety
 /// `buf` is NULL (then `len` must be 0) or readable for `len` bytes and not
@@ -550,7 +554,9 @@ pub unsafe extern "C" fn jbdev_write(
     })
 }
 
-/// Makes every write that returned before this call durable.
+/// Makes every write that returned before this call durable. On an error
+/// (-EIO, -ENOSPC when the backing store is full) none of them is known to
+/// be durable, though any of them may be.
 #[no_mangle]
 pub extern "C" fn jbdev_flush(vol: *const jbdev_volume) -> c_int {
     ffi_call(|| {
@@ -679,9 +685,13 @@ pub extern "C" fn jbdev_txn_write_zeroes(txn: *mut jbdev_txn, offset: u64, len: 
 
 /// Applies every extent of the transaction atomically (all or nothing, also
 /// across a crash); with `JBDEV_WRITE_FUA`, durably before returning. The
-/// transaction handle ends with this call whatever it returns; if it returns
-/// an error nothing was applied. -EINVAL for unknown flags (the transaction
-/// is then left open), -EBADF if the volume was closed.
+/// transaction handle ends with this call whatever it returns. -EINVAL for
+/// unknown flags (the transaction is then left open), -EBADF if the volume
+/// was closed, -EROFS for a read-only volume: then nothing was applied.
+/// Any other error (-EIO, -ENOSPC when the backing store is full) means the
+/// commit may or may not have happened: all of the transaction or none of
+/// it may be visible at once and be found after a reopen (never a part of
+/// it); read it back to know.
 #[no_mangle]
 pub extern "C" fn jbdev_txn_commit(txn: *mut jbdev_txn, flags: u32) -> c_int {
     ffi_call(|| {

@@ -33,3 +33,37 @@ fn checked_in_header_is_up_to_date() {
         String::from_utf8_lossy(&generated)
     );
 }
+
+/// The comment block cbindgen puts above `decl` in the checked-in header.
+fn doc_of(header: &str, decl: &str) -> String {
+    let at = header
+        .find(decl)
+        .unwrap_or_else(|| panic!("{decl} not in the header"));
+    header[..at]
+        .lines()
+        .rev()
+        .skip(1) // the part of the declaration's line before `decl`
+        .take_while(|l| l.starts_with("//"))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// A failed commit or write may or may not have happened (ARCHITECTURE
+/// 25): the header used to promise that a failed `jbdev_txn_commit` applied
+/// nothing, when its data could be visible at once and applied after a
+/// reopen (/work/s18/fail/txn_error_applied.sh), and listed -ENOSPC for
+/// writes only "past the end", not for a full backing store.
+#[test]
+fn the_header_promises_nothing_about_a_failed_write() {
+    let crate_dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let header = std::fs::read_to_string(crate_dir.join("../../include/jbdev.h")).unwrap();
+    let commit = doc_of(&header, "jbdev_txn_commit(");
+    assert!(
+        !commit.contains("an error nothing was applied")
+            && commit.contains("may or may not have happened"),
+        "{commit}"
+    );
+    let write = doc_of(&header, "jbdev_write(");
+    assert!(write.contains("backing store is full"), "{write}");
+    assert!(header.contains("may or may not have happened: its data"));
+}

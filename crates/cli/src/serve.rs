@@ -1,7 +1,7 @@
 //! `jbdev serve`: export volumes over NBD.
 //!
-//! `jbdev serve PATH [--listen ADDR:PORT] [--socket UNIX_PATH]
-//! [--export NAME=PATH[,description=TEXT]]... [--read-only] [-s]`. Without
+//! `jbdev serve PATH [--journal JPATH] [--listen ADDR:PORT] [--socket UNIX_PATH]
+//! [--export NAME=PATH[,journal=JPATH][,description=TEXT]]... [--read-only] [-s]`. Without
 //! `--listen` or `--socket` it listens on 127.0.0.1:10809; when started by
 //! systemd-style socket activation (`LISTEN_FDS`) it serves the inherited
 //! sockets instead (and exits with its parent); `-s` serves one client on
@@ -30,6 +30,11 @@ pub struct ServeArgs {
     /// Without it, a client asking for the default export gets the first
     /// --export, as with nbdkit's default export.
     pub path: Option<PathBuf>,
+    /// External journal file or device of PATH (default: the path recorded
+    /// at format time), as for info, check and dump. For an --export, add
+    /// `,journal=JPATH` after its PATH.
+    #[arg(long, value_name = "JPATH", requires = "path")]
+    pub journal: Option<PathBuf>,
     /// TCP address to listen on (default 127.0.0.1:10809; other addresses
     /// must be asked for explicitly).
     #[arg(long, value_name = "ADDR:PORT")]
@@ -37,9 +42,10 @@ pub struct ServeArgs {
     /// Unix socket to listen on (created; removed on exit).
     #[arg(long, value_name = "UNIX_PATH")]
     pub socket: Option<PathBuf>,
-    /// Additional named export (repeatable); the description, if given, is
-    /// what clients listing exports see.
-    #[arg(long, value_name = "NAME=PATH[,description=TEXT]")]
+    /// Additional named export (repeatable); `journal=JPATH` names its
+    /// external journal (default: the path recorded at format time); the
+    /// description, if given, is what clients listing exports see.
+    #[arg(long, value_name = "NAME=PATH[,journal=JPATH][,description=TEXT]")]
     pub export: Vec<String>,
     /// Description of the default export shown to clients (none by default;
     /// the server never shows file paths).
@@ -241,6 +247,7 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
         named.push(ExportSpec {
             name: String::new(),
             path: p.clone(),
+            journal: a.journal.clone(),
             description: a.description.clone().unwrap_or_default(),
         });
     }
@@ -274,6 +281,7 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
     for ExportSpec {
         name,
         path,
+        journal,
         description,
     } in &named
     {
@@ -286,6 +294,10 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
         let vol = match by_path.get(&key) {
             Some(v) => v.clone(),
             None => {
+                let opts = OpenOptions {
+                    journal_path: journal.clone(),
+                    ..opts.clone()
+                };
                 let v = Arc::new(Volume::open(path, &opts).map_err(|e| {
                     let hint = open_hint(&e, path, a.read_only);
                     anyhow::Error::new(e)
@@ -400,11 +412,14 @@ fn reexec_with_malloc_tuning() {
 struct ExportSpec {
     name: String,
     path: PathBuf,
+    /// `journal=JPATH`: the external journal (`--journal` of the default
+    /// export).
+    journal: Option<PathBuf>,
     description: String,
 }
 
-/// `NAME=PATH[,description=TEXT]`. The description runs to the end of the
-/// argument, so it may itself contain commas.
+/// `NAME=PATH[,journal=JPATH][,description=TEXT]`. The description runs to
+/// the end of the argument, so it may itself contain commas.
 fn parse_export(spec: &str) -> anyhow::Result<ExportSpec> {
     let Some((name, rest)) = spec.split_once('=') else {
         bail!("--export wants NAME=PATH[,description=TEXT], got {spec:?}");
@@ -416,12 +431,18 @@ fn parse_export(spec: &str) -> anyhow::Result<ExportSpec> {
         Some((p, d)) => (p, d.to_string()),
         None => (rest, String::new()),
     };
+    let (path, journal) = match path.split_once(",journal=") {
+        Some((_, "")) => bail!("--export {spec:?}: the journal path is empty"),
+        Some((p, j)) => (p, Some(PathBuf::from(j))),
+        None => (path, None),
+    };
     if path.is_empty() {
         bail!("--export {spec:?}: the path is empty");
     }
     Ok(ExportSpec {
         name: name.to_string(),
         path: PathBuf::from(path),
+        journal,
         description,
     })
 }
@@ -582,6 +603,23 @@ mod tests {
         assert_eq!(open_hint(&erofs, p, true), "");
         let missing = jbdev_volume::VolumeError::NotAVolume("v.img is too small".into());
         assert!(open_hint(&missing, p, false).contains("jbdev format"));
+    }
+
+    #[test]
+    fn an_export_may_name_its_journal() {
+        let e = parse_export("a=/v.img,journal=/j.jnl,description=x, y").unwrap();
+        assert_eq!(e.path, Path::new("/v.img"));
+        assert_eq!(e.journal.as_deref(), Some(Path::new("/j.jnl")));
+        assert_eq!(e.description, "x, y");
+        let e = parse_export("a=/v.img,journal=/j.jnl").unwrap();
+        assert_eq!(
+            (e.path.as_path(), e.journal.as_deref()),
+            (Path::new("/v.img"), Some(Path::new("/j.jnl")))
+        );
+        let e = parse_export("a=/v.img").unwrap();
+        assert_eq!((e.journal, e.description.as_str()), (None, ""));
+        assert!(parse_export("a=/v.img,journal=").is_err());
+        assert!(parse_export("a=,journal=/j.jnl").is_err());
     }
 
     #[test]

@@ -202,6 +202,30 @@ fn a_relative_journal_path_is_recorded_absolute() {
         moved.to_str().unwrap(),
     ]);
     assert!(o.status.success(), "{}", text(&o));
+    // `serve` takes --journal too (and `journal=` in --export): the hint
+    // above used to name an option serve did not have. With stdin closed
+    // the one stdio client goes away at once; what matters is that the
+    // volume opened.
+    let (i, m) = (img.to_str().unwrap(), moved.to_str().unwrap());
+    let o = jbdev(&["serve", "-s", i]);
+    assert_clean_error(&o, "serve with the journal moved");
+    assert!(text(&o).contains("give --journal PATH"), "{}", text(&o));
+    let export = format!("e={i},journal={m}");
+    for args in [
+        vec!["serve", "-s", i, "--journal", m],
+        vec!["serve", "-s", "--export", &export],
+    ] {
+        let o = jbdev(&args);
+        let t = text(&o);
+        assert!(
+            !t.contains("cannot open volume") && !t.contains("unexpected argument"),
+            "{args:?}: {t}"
+        );
+        assert!(!t.contains("panicked"), "{args:?}: {t}");
+    }
+    // The servers closed the volume and its moved journal cleanly.
+    let o = jbdev(&["check", i, "--journal", m]);
+    assert!(o.status.success(), "{}", text(&o));
 }
 
 #[test]

@@ -27,6 +27,11 @@ pub struct DeviceFile {
     /// [`OpenOptions::read_cache`]): reads go through it, and so do
     /// `write_cached` writes when the device is writable.
     pub cached: Option<File>,
+    /// For a loop block device: a descriptor of its backing file (or block
+    /// device) holding the lock a direct open of that file would take, so
+    /// the same storage cannot be opened twice under two names (see
+    /// [`lock_loop_backing`]). Released when the device is dropped.
+    pub alias_lock: Option<File>,
 }
 
 impl DeviceFile {
@@ -90,6 +95,11 @@ pub fn open_file(path: &Path, opts: &OpenOptions) -> Result<DeviceFile> {
             return Err(DeviceError::Busy(held_exclusively(&what)))
         }
         Err(e) => return Err(DeviceError::io("open", what, e)),
+    };
+    let alias_lock = if opts.exclusive && is_block_device {
+        lock_loop_backing(&file, &what, opts.read_only)?
+    } else {
+        None
     };
     if opts.exclusive && !is_block_device {
         let op = if opts.read_only {
@@ -158,7 +168,156 @@ pub fn open_file(path: &Path, opts: &OpenOptions) -> Result<DeviceFile> {
         direct,
         read_only: opts.read_only,
         cached,
+        alias_lock,
     })
+}
+
+/// `LOOP_GET_STATUS64` (`0x4C05`).
+const LOOP_GET_STATUS64: libc::c_ulong = 0x4C05;
+
+/// `struct loop_info64` of `<linux/loop.h>`.
+#[repr(C)]
+struct LoopInfo64 {
+    lo_device: u64,
+    lo_inode: u64,
+    lo_rdevice: u64,
+    lo_offset: u64,
+    lo_sizelimit: u64,
+    lo_number: u32,
+    lo_encrypt_type: u32,
+    lo_encrypt_key_size: u32,
+    lo_flags: u32,
+    lo_file_name: [u8; 64],
+    lo_crypt_name: [u8; 64],
+    lo_encrypt_key: [u8; 32],
+    lo_init: [u64; 2],
+}
+
+/// The kernel's `new_decode_dev` (how `lo_device` is encoded) as
+/// (major, minor).
+fn kernel_decode_dev(dev: u64) -> (u64, u64) {
+    ((dev & 0xfff00) >> 8, (dev & 0xff) | ((dev >> 12) & 0xfff00))
+}
+
+/// The storage behind the loop block device open as `file`: the device and
+/// inode of its backing file, and the path the kernel recorded for it.
+/// `None` if `file` is not a (bound) loop device. A loop *partition*
+/// (`/dev/loop3p1`) is resolved through its parent device in sysfs.
+fn loop_backing(file: &File) -> Option<((u64, u64), u64, PathBuf)> {
+    use std::os::unix::fs::MetadataExt;
+    let rdev = file.metadata().ok()?.rdev();
+    let sys = PathBuf::from(format!(
+        "/sys/dev/block/{}:{}",
+        crate::open::dev_major(rdev),
+        crate::open::dev_minor(rdev)
+    ));
+    let loop_dir = if sys.join("loop").is_dir() {
+        sys.join("loop")
+    } else if sys.join("partition").exists() && sys.join("../loop").is_dir() {
+        sys.join("../loop")
+    } else {
+        return None;
+    };
+    let recorded = std::fs::read_to_string(loop_dir.join("backing_file")).ok()?;
+    let recorded = PathBuf::from(recorded.trim_end_matches('\n'));
+    if loop_dir == sys.join("loop") {
+        // The identity from the kernel itself: the path may be stale.
+        // SAFETY: loop_info64 is plain old data; all-zero is valid.
+        let mut info: LoopInfo64 = unsafe { std::mem::zeroed() };
+        // SAFETY: LOOP_GET_STATUS64 fills the struct we pass a pointer to.
+        let r = unsafe {
+            libc::ioctl(
+                file.as_raw_fd(),
+                LOOP_GET_STATUS64 as _,
+                &mut info as *mut LoopInfo64,
+            )
+        };
+        if r == 0 {
+            return Some((kernel_decode_dev(info.lo_device), info.lo_inode, recorded));
+        }
+    }
+    // A partition, or the ioctl refused: identify by what the path names now.
+    let md = std::fs::metadata(&recorded).ok()?;
+    Some((
+        (
+            crate::open::dev_major(md.dev()),
+            crate::open::dev_minor(md.dev()),
+        ),
+        md.ino(),
+        recorded,
+    ))
+}
+
+/// If `file` is a loop block device, takes on its backing storage the lock
+/// an open of the backing file's own path would take (`flock`, shared for a
+/// read-only open, exclusive otherwise; `O_EXCL` if the backing is itself a
+/// block device) and returns the descriptor holding it. Without this a
+/// volume could be opened through `/dev/loopN` and through its backing file
+/// (or a second loop device over it) at once: two writers of one journal.
+/// The backing file is identified by device and inode (`LOOP_GET_STATUS64`);
+/// if the recorded path no longer names it (moved, deleted) it cannot be
+/// locked, and we refuse only if `/proc/locks` shows a live holder.
+fn lock_loop_backing(file: &File, what: &str, read_only: bool) -> Result<Option<File>> {
+    use std::os::unix::fs::MetadataExt;
+    let Some(((major, minor), ino, path)) = loop_backing(file) else {
+        return Ok(None);
+    };
+    let alias = || format!("{what} is backed by {}, which", path.display());
+    let md = std::fs::metadata(&path).ok();
+    let same = md.as_ref().is_some_and(|m| {
+        crate::open::dev_major(m.dev()) == major
+            && crate::open::dev_minor(m.dev()) == minor
+            && m.ino() == ino
+    });
+    if !same {
+        if crate::open::flock_holders_of(major, minor, ino)
+            .is_some_and(|h| h.iter().any(|&pid| crate::open::pid_alive(pid)))
+        {
+            return Err(DeviceError::Busy(alias()));
+        }
+        tracing::warn!(
+            "{what}: its backing file {} is no longer at that path (moved or deleted), so it cannot be locked against a second opener",
+            path.display()
+        );
+        return Ok(None);
+    }
+    let is_blk = md.is_some_and(|m| m.file_type().is_block_device());
+    let mut o = FsOpenOptions::new();
+    o.read(true);
+    if is_blk {
+        o.custom_flags(libc::O_EXCL);
+    }
+    let backing = match o.open(&path) {
+        Ok(f) => f,
+        Err(e) if e.raw_os_error() == Some(libc::EBUSY) => return Err(DeviceError::Busy(alias())),
+        Err(e) => return Err(DeviceError::io("open (loop backing file)", alias(), e)),
+    };
+    // The file we opened must still be the loop's (a rename in between).
+    let now = backing
+        .metadata()
+        .map_err(|e| DeviceError::io("stat", path.display().to_string(), e))?;
+    if now.ino() != ino {
+        return Err(DeviceError::Invalid(format!(
+            "{what}: its backing file {} changed while it was being locked; try again",
+            path.display()
+        )));
+    }
+    if !is_blk {
+        let op = if read_only {
+            libc::LOCK_SH
+        } else {
+            libc::LOCK_EX
+        };
+        // SAFETY: flock on a valid, owned descriptor.
+        if unsafe { libc::flock(backing.as_raw_fd(), op | libc::LOCK_NB) } != 0 {
+            let e = io::Error::last_os_error();
+            if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
+                return Err(DeviceError::Busy(alias()));
+            }
+            return Err(DeviceError::io("flock", alias(), e));
+        }
+    }
+    Ok(Some(backing))
 }
 
 /// `_IOC_NONE` and `_IOC_READ` in place: 1 and 2 at bit 29 on the

@@ -80,6 +80,11 @@ pub struct OpenedDevice {
     pub is_block_device: bool,
     /// True if O_DIRECT is in effect.
     pub direct: bool,
+    /// For a regular file: a duplicate of the device's descriptor, for
+    /// `fstat` checks while it is open (the volume notices an external
+    /// journal file deleted or truncated under it). `None` for block devices
+    /// and RBD targets.
+    pub watch: Option<std::fs::File>,
 }
 
 /// True if `path` names an RBD target (`rbd:POOL/IMAGE...`) rather than a
@@ -111,6 +116,15 @@ pub fn open_device(path: &Path, opts: &OpenOptions) -> Result<OpenedDevice> {
         },
     };
     let (is_block_device, direct) = (file.is_block_device, file.direct);
+    let watch = if is_block_device {
+        None
+    } else {
+        Some(
+            file.file
+                .try_clone()
+                .map_err(|e| DeviceError::io("dup", path.display().to_string(), e))?,
+        )
+    };
     let device: Arc<dyn BlockDevice> = if use_uring {
         Arc::new(crate::uring::UringDevice::new(file))
     } else {
@@ -121,6 +135,7 @@ pub fn open_device(path: &Path, opts: &OpenOptions) -> Result<OpenedDevice> {
         path: path.to_path_buf(),
         is_block_device,
         direct,
+        watch,
     })
 }
 
@@ -143,6 +158,7 @@ fn open_rbd(path: &Path, opts: &OpenOptions) -> Result<OpenedDevice> {
         path: path.to_path_buf(),
         is_block_device: false,
         direct: true,
+        watch: None,
     })
 }
 
@@ -212,20 +228,21 @@ fn flock_holders(path: &Path) -> Option<Vec<i64>> {
     if !md.is_file() {
         return None;
     }
+    flock_holders_of(dev_major(md.dev()), dev_minor(md.dev()), md.ino())
+}
+
+/// Pids holding flock locks on the inode `ino` of device `major:minor`
+/// (see [`flock_holders`]).
+pub(crate) fn flock_holders_of(major: u64, minor: u64, ino: u64) -> Option<Vec<i64>> {
     let locks = std::fs::read_to_string("/proc/locks").ok()?;
-    Some(parse_proc_locks(
-        &locks,
-        dev_major(md.dev()),
-        dev_minor(md.dev()),
-        md.ino(),
-    ))
+    Some(parse_proc_locks(&locks, major, minor, ino))
 }
 
 /// The glibc/Linux encoding of `dev_t`.
-fn dev_major(dev: u64) -> u64 {
+pub(crate) fn dev_major(dev: u64) -> u64 {
     ((dev >> 32) & 0xffff_f000) | ((dev >> 8) & 0xfff)
 }
-fn dev_minor(dev: u64) -> u64 {
+pub(crate) fn dev_minor(dev: u64) -> u64 {
     ((dev >> 12) & 0xffff_ff00) | (dev & 0xff)
 }
 
@@ -258,7 +275,7 @@ fn parse_proc_locks(text: &str, major: u64, minor: u64, ino: u64) -> Vec<i64> {
 
 /// True unless `pid` is known to have exited (absent, a zombie, or dead).
 /// Pid 0 is what /proc/locks shows once the holder's pid is gone.
-fn pid_alive(pid: i64) -> bool {
+pub(crate) fn pid_alive(pid: i64) -> bool {
     if pid == 0 {
         return false;
     }

@@ -230,12 +230,75 @@ impl<B: Backend + ?Sized> Backend for Arc<B> {
 pub struct VolumeBackend {
     volume: Arc<jbdev_volume::Volume>,
     read_only: bool,
+    read_errors: RateLimit,
+}
+
+/// Read errors are logged at most once per this interval, each warning
+/// saying how many were not logged since the last one.
+pub const READ_ERROR_LOG_INTERVAL: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// At most one event per interval passes; the others are counted.
+struct RateLimit {
+    interval: std::time::Duration,
+    /// When the last event passed, and the events held back since.
+    state: parking_lot::Mutex<(Option<std::time::Instant>, u64)>,
+}
+
+impl RateLimit {
+    fn new(interval: std::time::Duration) -> Self {
+        Self {
+            interval,
+            state: parking_lot::Mutex::new((None, 0)),
+        }
+    }
+
+    /// `Some(events held back since the last one that passed)` if an event
+    /// at `now` passes.
+    fn pass(&self, now: std::time::Instant) -> Option<u64> {
+        let mut st = self.state.lock();
+        match st.0 {
+            Some(last) if now.saturating_duration_since(last) < self.interval => {
+                st.1 += 1;
+                None
+            }
+            _ => {
+                let held = st.1;
+                *st = (Some(now), 0);
+                Some(held)
+            }
+        }
+    }
 }
 
 impl VolumeBackend {
     /// A backend serving `volume`.
     pub fn new(volume: Arc<jbdev_volume::Volume>, read_only: bool) -> Self {
-        Self { volume, read_only }
+        Self {
+            volume,
+            read_only,
+            read_errors: RateLimit::new(READ_ERROR_LOG_INTERVAL),
+        }
+    }
+
+    /// The NBD error for a failed read, logged (rate-limited: a failing disk
+    /// under a busy client would flood the log). Clients only see `EIO`
+    /// or `EPERM`; the log keeps the device's errno.
+    fn read_error(&self, e: jbdev_volume::VolumeError, offset: u64, len: usize) -> BackendError {
+        if let Some(held) = self.read_errors.pass(std::time::Instant::now()) {
+            let more = if held > 0 {
+                format!(
+                    " ({held} more read error(s) in the last {} s not logged)",
+                    READ_ERROR_LOG_INTERVAL.as_secs()
+                )
+            } else {
+                String::new()
+            };
+            tracing::warn!(
+                "read of {len} bytes at offset {offset} failed (errno {}): {e}{more}",
+                e.errno()
+            );
+        }
+        map_volume_error(e)
     }
 
     pub fn volume(&self) -> &Arc<jbdev_volume::Volume> {
@@ -290,6 +353,13 @@ pub fn map_volume_error(e: jbdev_volume::VolumeError) -> BackendError {
     let errno = match &e {
         V::OutOfRange { .. } | V::TooLarge { .. } => proto::ENOSPC,
         V::ReadOnly => proto::EPERM,
+        // The store refuses writes (a file system remounted read-only, a
+        // write-protected device, permissions): NBD_EPERM, the protocol's
+        // "operation not permitted", not a generic EIO.
+        V::Device(d) if jbdev_volume::is_not_writable(d.errno()) => proto::EPERM,
+        V::Aborted { cause_errno, .. } if jbdev_volume::is_not_writable(*cause_errno) => {
+            proto::EPERM
+        }
         V::InvalidArgument(_) => proto::EINVAL,
         V::Closed => proto::ESHUTDOWN,
         // The backing store is full (this request's own write, or the one
@@ -313,7 +383,10 @@ impl Backend for VolumeBackend {
         self.read_only
     }
     fn read_at(&self, buf: &mut [u8], offset: u64) -> BackendResult<()> {
-        self.volume.read_at(buf, offset).map_err(map_volume_error)
+        let len = buf.len();
+        self.volume
+            .read_at(buf, offset)
+            .map_err(|e| self.read_error(e, offset, len))
     }
     fn write_at(&self, buf: &[u8], offset: u64, fua: bool) -> BackendResult<()> {
         let vol = &self.volume;
@@ -370,9 +443,10 @@ impl Backend for VolumeBackend {
         self.finish_attempt(attempt, done)
     }
     fn try_read_at(&self, buf: &mut [u8], offset: u64) -> Option<BackendResult<()>> {
+        let len = buf.len();
         self.volume
             .try_read_at(buf, offset)
-            .map(|r| r.map_err(map_volume_error))
+            .map(|r| r.map_err(|e| self.read_error(e, offset, len)))
     }
     fn trim(&self, offset: u64, length: u64, fua: bool) -> BackendResult<()> {
         let vol = &self.volume;
@@ -551,6 +625,41 @@ impl Backend for MemBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_store_refusing_writes_is_eperm_not_eio() {
+        use jbdev_volume::VolumeError as V;
+        let dev = |errno| {
+            V::Device(jbdev_device::DeviceError::Io {
+                op: "write",
+                what: "v.img".into(),
+                error: std::io::Error::from_raw_os_error(errno),
+            })
+        };
+        // EPERM, EROFS, EACCES (Linux numbers; this crate has no libc).
+        for errno in [1, 30, 13] {
+            assert_eq!(map_volume_error(dev(errno)).errno, proto::EPERM, "{errno}");
+            let aborted = V::Aborted {
+                reason: "write failed".into(),
+                cause_errno: errno,
+            };
+            assert_eq!(map_volume_error(aborted).errno, proto::EPERM, "{errno}");
+        }
+        assert_eq!(map_volume_error(dev(5)).errno, proto::EIO);
+        assert_eq!(map_volume_error(dev(28)).errno, proto::ENOSPC);
+        assert_eq!(map_volume_error(V::ReadOnly).errno, proto::EPERM);
+    }
+
+    #[test]
+    fn read_errors_are_logged_at_most_once_per_interval() {
+        let t0 = std::time::Instant::now();
+        let r = RateLimit::new(std::time::Duration::from_secs(10));
+        assert_eq!(r.pass(t0), Some(0));
+        assert_eq!(r.pass(t0 + std::time::Duration::from_secs(1)), None);
+        assert_eq!(r.pass(t0 + std::time::Duration::from_secs(9)), None);
+        assert_eq!(r.pass(t0 + std::time::Duration::from_secs(10)), Some(2));
+        assert_eq!(r.pass(t0 + std::time::Duration::from_secs(11)), None);
+    }
 
     #[test]
     fn mem_backend_tracks_allocation() {

@@ -132,6 +132,8 @@ pub struct RecoveryReport {
 pub struct Volume {
     engine: Arc<Engine>,
     threads: Mutex<Vec<JoinHandle<()>>>,
+    /// Dropped at shutdown to stop the external journal's watch thread.
+    journal_watch: Mutex<Option<JournalWatch>>,
     closed: AtomicBool,
     superblock: VolumeSuperblock,
     recovery: RecoveryReport,
@@ -310,6 +312,17 @@ pub(crate) fn open_external_journal(
     given: Option<&Path>,
     dopts: &jbdev_device::OpenOptions,
 ) -> Result<(PathBuf, Arc<dyn BlockDevice>)> {
+    open_external_journal_watched(home, path_hint, given, dopts).map(|(p, d, _)| (p, d))
+}
+
+/// [`open_external_journal`], also returning the descriptor to watch for a
+/// regular file (see [`journal_file_problem`]).
+fn open_external_journal_watched(
+    home: &Path,
+    path_hint: &Path,
+    given: Option<&Path>,
+    dopts: &jbdev_device::OpenOptions,
+) -> Result<(PathBuf, Arc<dyn BlockDevice>, Option<std::fs::File>)> {
     let (jp, recorded) = match given {
         Some(p) => (p.to_path_buf(), false),
         None if !path_hint.as_os_str().is_empty() => (path_hint.to_path_buf(), true),
@@ -321,7 +334,7 @@ pub(crate) fn open_external_journal(
     };
     refuse_same_target(home, &jp)?;
     match open_device(&jp, dopts) {
-        Ok(o) => Ok((jp, o.device)),
+        Ok(o) => Ok((jp, o.device, o.watch)),
         Err(jbdev_device::DeviceError::Io { op, what, error }) if recorded => {
             Err(jbdev_device::DeviceError::Io {
                 op,
@@ -335,6 +348,59 @@ pub(crate) fn open_external_journal(
         }
         Err(e) => Err(e.into()),
     }
+}
+
+/// The external journal file a read-write volume watches, and the sender
+/// whose drop stops the watch thread (never sent on: dropping it is the
+/// signal).
+struct JournalWatch {
+    _stop: std::sync::mpsc::Sender<()>,
+    file: Arc<(std::fs::File, PathBuf, u64)>,
+}
+
+/// How often an open volume checks that its external journal file is still
+/// there (one `fstat`; see [`journal_file_problem`]).
+pub(crate) const JOURNAL_WATCH_INTERVAL: std::time::Duration =
+    std::time::Duration::from_millis(250);
+
+/// What is wrong with the external journal file open as `file` (at `path`)
+/// whose journal region ends at byte `region_end`, or `None` while nothing
+/// is: deleted (no links left: the next open cannot find it, and whatever
+/// only it holds is gone when the volume closes) or truncated below the
+/// region's end (the log and its superblock are gone already, writes to it
+/// only extend a sparse file). Either way acknowledging more writes would
+/// promise a durability the journal can no longer give, so the volume is
+/// aborted: nothing is acknowledged after the abort.
+pub(crate) fn journal_file_problem(
+    file: &std::fs::File,
+    path: &Path,
+    region_end: u64,
+) -> Option<String> {
+    use std::os::unix::fs::MetadataExt;
+    let md = match file.metadata() {
+        Ok(md) => md,
+        Err(e) => {
+            tracing::warn!("cannot fstat the external journal {}: {e}", path.display());
+            return None;
+        }
+    };
+    if md.nlink() == 0 {
+        return Some(format!(
+            "the external journal file {} was deleted while open: writes are refused from now \
+             on; the volume cannot be reopened without its journal (give --journal PATH to a \
+             copy, or restore the file)",
+            path.display()
+        ));
+    }
+    if md.len() < region_end {
+        return Some(format!(
+            "the external journal file {} was truncated while open: it holds {} bytes, the \
+             journal needs {region_end}; writes are refused from now on",
+            path.display(),
+            md.len()
+        ));
+    }
+    None
 }
 
 /// Fails when `journal` names the volume's own file or device (`home`):
@@ -557,14 +623,64 @@ impl Volume {
         }
         let dev = open_device(path, &dopts)?.device;
         let sb = read_volume_superblock(dev.as_ref(), &path.display().to_string())?;
-        let jdev = match &sb.journal {
-            JournalLocation::Internal { .. } => None,
-            JournalLocation::External { path_hint, .. } => {
+        let (jdev, watch) = match &sb.journal {
+            JournalLocation::Internal { .. } => (None, None),
+            JournalLocation::External {
+                path_hint,
+                len_bytes,
+                ..
+            } => {
                 let given = opts.journal_path.as_deref();
-                Some(open_external_journal(path, path_hint, given, &dopts)?.1)
+                let (jp, jdev, file) =
+                    open_external_journal_watched(path, path_hint, given, &dopts)?;
+                (Some(jdev), file.map(|f| (jp, f, *len_bytes)))
             }
         };
-        Self::open_device(dev, jdev, opts)
+        let vol = Self::open_device(dev, jdev, opts)?;
+        if let Some((jp, file, region_end)) = watch {
+            if !opts.read_only {
+                vol.watch_journal_file(file, jp, region_end)?;
+            }
+        }
+        Ok(vol)
+    }
+
+    /// Starts the thread that checks the external journal file every
+    /// [`JOURNAL_WATCH_INTERVAL`] and aborts the volume if it was deleted or
+    /// truncated while open (see [`journal_file_problem`]).
+    fn watch_journal_file(
+        &self,
+        file: std::fs::File,
+        path: PathBuf,
+        region_end: u64,
+    ) -> Result<()> {
+        let (stop, stopped) = std::sync::mpsc::channel::<()>();
+        let file = Arc::new((file, path, region_end));
+        let watched = file.clone();
+        let engine = Arc::downgrade(&self.engine);
+        let t = std::thread::Builder::new()
+            .name("jbdev-journal-watch".into())
+            .spawn(move || {
+                // Ends when the volume shuts down (the sender is dropped).
+                while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) =
+                    stopped.recv_timeout(JOURNAL_WATCH_INTERVAL)
+                {
+                    let (file, path, region_end) = &*watched;
+                    let Some(why) = journal_file_problem(file, path, *region_end) else {
+                        continue;
+                    };
+                    if let Some(e) = engine.upgrade() {
+                        e.abort(why, libc::EIO);
+                    }
+                    return;
+                }
+            })
+            .map_err(|e| {
+                VolumeError::InvalidArgument(format!("cannot start the journal watch thread: {e}"))
+            })?;
+        *self.journal_watch.lock() = Some(JournalWatch { _stop: stop, file });
+        self.threads.lock().push(t);
+        Ok(())
     }
 
     /// Formats a volume on already-open devices (`journal` is the external
@@ -851,6 +967,7 @@ impl Volume {
         Ok(Volume {
             engine,
             threads: Mutex::new(threads),
+            journal_watch: Mutex::new(None),
             closed: AtomicBool::new(false),
             superblock: sb,
             recovery,
@@ -1432,6 +1549,9 @@ impl Volume {
         if self.closed.swap(true, Ordering::AcqRel) {
             return Ok(());
         }
+        // Stopped first: an abort now would keep the final checkpoint from
+        // writing home what only the journal holds. Checked once more below.
+        let watch = self.journal_watch.lock().take().map(|w| w.file);
         if self.engine.read_only {
             return Ok(());
         }
@@ -1456,7 +1576,17 @@ impl Volume {
             join(t);
         }
         flushed?;
-        self.engine.mark_clean()
+        let res = self.engine.mark_clean();
+        if let Some((file, path, region_end)) = watch.as_deref() {
+            if let Some(why) = journal_file_problem(file, path, *region_end) {
+                // Everything acknowledged is home (the final checkpoint ran);
+                // the operator must still hear that the journal is gone.
+                tracing::error!(
+                    "{why} (noticed at close: everything acknowledged was written home first)"
+                );
+            }
+        }
+        res
     }
 }
 

@@ -15,7 +15,7 @@ use rand::{Rng, SeedableRng};
 /// A loop device over a sparse file in /dev/shm, detached and removed on drop.
 pub struct LoopDevice {
     pub path: PathBuf,
-    backing: PathBuf,
+    pub backing: PathBuf,
 }
 
 impl LoopDevice {
@@ -74,6 +74,45 @@ impl LoopDevice {
         };
         let path = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim().to_string());
         Some(Self { path, backing })
+    }
+}
+
+/// A second loop device over an existing file (detached on drop; the file
+/// stays).
+pub struct LoopAlias {
+    pub path: PathBuf,
+}
+
+impl LoopAlias {
+    /// Attaches another loop device over `backing`; `None` (printed) if
+    /// losetup refuses.
+    pub fn new(backing: &Path) -> Option<Self> {
+        match Command::new("losetup")
+            .args(["-f", "--show"])
+            .arg(backing)
+            .output()
+        {
+            Ok(o) if o.status.success() => Some(Self {
+                path: PathBuf::from(String::from_utf8_lossy(&o.stdout).trim().to_string()),
+            }),
+            Ok(o) => {
+                println!(
+                    "SKIP: losetup failed: {}",
+                    String::from_utf8_lossy(&o.stderr).trim()
+                );
+                None
+            }
+            Err(e) => {
+                println!("SKIP: cannot run losetup: {e}");
+                None
+            }
+        }
+    }
+}
+
+impl Drop for LoopAlias {
+    fn drop(&mut self) {
+        let _ = Command::new("losetup").arg("-d").arg(&self.path).output();
     }
 }
 
