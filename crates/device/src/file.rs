@@ -30,7 +30,7 @@ pub struct DeviceFile {
     /// For a loop block device: a descriptor of its backing file (or block
     /// device) holding the lock a direct open of that file would take, so
     /// the same storage cannot be opened twice under two names (see
-    /// [`lock_loop_backing`]). Released when the device is dropped.
+    /// `open::lock_loop_backing`). Released when the device is dropped.
     pub alias_lock: Option<File>,
 }
 
