@@ -80,11 +80,34 @@ pub struct OpenedDevice {
     pub is_block_device: bool,
     /// True if O_DIRECT is in effect.
     pub direct: bool,
-    /// For a regular file: a duplicate of the device's descriptor, for
-    /// `fstat` checks while it is open (the volume notices an external
+    /// For a regular file: a descriptor of the same file (`O_PATH`, not a
+    /// duplicate: see `watch_descriptor`), for `fstat` checks while it is
+    /// open (the volume notices an external
     /// journal file deleted or truncated under it). `None` for block devices
     /// and RBD targets.
     pub watch: Option<std::fs::File>,
+}
+
+/// A descriptor of the file `locked` is open on, for `fstat` only: opened
+/// anew by path (`O_PATH`), never a `dup` of `locked` — a duplicate shares
+/// its open file description and so its flock, and would keep the volume
+/// "open" after the device is dropped. The new descriptor must name the same
+/// inode (the path could have been replaced in between).
+fn watch_descriptor(path: &Path, locked: &std::fs::File) -> Result<std::fs::File> {
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+    let err = |e| DeviceError::io("open (watch)", path.display().to_string(), e);
+    let w = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_PATH | libc::O_CLOEXEC)
+        .open(path)
+        .map_err(err)?;
+    let (a, b) = (w.metadata().map_err(err)?, locked.metadata().map_err(err)?);
+    if (a.dev(), a.ino()) != (b.dev(), b.ino()) {
+        return Err(err(std::io::Error::other(
+            "the path was replaced while it was being opened",
+        )));
+    }
+    Ok(w)
 }
 
 /// True if `path` names an RBD target (`rbd:POOL/IMAGE...`) rather than a
@@ -119,11 +142,7 @@ pub fn open_device(path: &Path, opts: &OpenOptions) -> Result<OpenedDevice> {
     let watch = if is_block_device {
         None
     } else {
-        Some(
-            file.file
-                .try_clone()
-                .map_err(|e| DeviceError::io("dup", path.display().to_string(), e))?,
-        )
+        Some(watch_descriptor(path, &file.file)?)
     };
     let device: Arc<dyn BlockDevice> = if use_uring {
         Arc::new(crate::uring::UringDevice::new(file))
