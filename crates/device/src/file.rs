@@ -102,24 +102,12 @@ pub fn open_file(path: &Path, opts: &OpenOptions) -> Result<DeviceFile> {
         None
     };
     if opts.exclusive && !is_block_device {
-        let op = if opts.read_only {
-            libc::LOCK_SH
-        } else {
-            libc::LOCK_EX
-        };
         // flock locks belong to the open file description, so a second open
         // in this same process conflicts too, like one in another process.
         // The lock goes away when `file` is closed.
-        // SAFETY: flock on a valid, owned descriptor.
-        if unsafe { libc::flock(file.as_raw_fd(), op | libc::LOCK_NB) } != 0 {
-            let e = io::Error::last_os_error();
-            if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
-                return Err(DeviceError::Busy(format!(
-                    "{what} (locked by another jbdev process or handle)"
-                )));
-            }
-            return Err(DeviceError::io("flock", what, e));
-        }
+        flock_nb(&file, opts.read_only, || {
+            format!("{what} (locked by another jbdev process or handle)")
+        })?;
     }
     let (mut size_bytes, logical_block_size) = if is_block_device {
         (
@@ -303,21 +291,29 @@ fn lock_loop_backing(file: &File, what: &str, read_only: bool) -> Result<Option<
         )));
     }
     if !is_blk {
-        let op = if read_only {
-            libc::LOCK_SH
-        } else {
-            libc::LOCK_EX
-        };
-        // SAFETY: flock on a valid, owned descriptor.
-        if unsafe { libc::flock(backing.as_raw_fd(), op | libc::LOCK_NB) } != 0 {
-            let e = io::Error::last_os_error();
-            if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
-                return Err(DeviceError::Busy(alias()));
-            }
-            return Err(DeviceError::io("flock", alias(), e));
-        }
+        flock_nb(&backing, read_only, alias)?;
     }
     Ok(Some(backing))
+}
+
+/// Takes the lock a jbdev open takes on a file, without waiting: shared
+/// for a read-only open, exclusive otherwise. `held` names what is locked,
+/// for the `Busy` error when another open holds it.
+fn flock_nb(file: &File, read_only: bool, held: impl Fn() -> String) -> Result<()> {
+    let op = if read_only {
+        libc::LOCK_SH
+    } else {
+        libc::LOCK_EX
+    };
+    // SAFETY: flock on a valid, owned descriptor.
+    if unsafe { libc::flock(file.as_raw_fd(), op | libc::LOCK_NB) } != 0 {
+        let e = io::Error::last_os_error();
+        if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
+            return Err(DeviceError::Busy(held()));
+        }
+        return Err(DeviceError::io("flock", held(), e));
+    }
+    Ok(())
 }
 
 /// `_IOC_NONE` and `_IOC_READ` in place: 1 and 2 at bit 29 on the

@@ -21,19 +21,26 @@ fn allocated(path: &std::path::Path) -> u64 {
     std::fs::metadata(path).unwrap().blocks() * 512
 }
 
-#[test]
-fn long_zero_runs_are_punched_at_checkpoint_and_short_ones_written() {
+/// A 16 MiB volume (8 MiB journal) on a sparse image file, with 2 MiB of
+/// data at 4 MiB taken home by a close: its directory, the image, the data
+/// and the bytes the image then has allocated.
+fn image_with_data() -> (tempfile::TempDir, std::path::PathBuf, Vec<u8>, u64) {
     let dir = tempfile::tempdir().unwrap();
     let img = dir.path().join("v.img");
     let mut f = FormatOptions::new(16 * MIB);
     f.journal_bytes = Some(8 * MIB);
-    let opts = quiet_open_options();
-    let v = Volume::create(&img, &f, &opts).unwrap();
-    // 2 MiB of data, home after the close.
+    let v = Volume::create(&img, &f, &quiet_open_options()).unwrap();
     let data: Vec<u8> = (0..2 * MIB).map(|i| (i % 251) as u8 | 1).collect();
     v.write_at(&data, 4 * MIB, WriteFlags::FUA).unwrap();
     v.close().unwrap();
     let with_data = allocated(&img);
+    (dir, img, data, with_data)
+}
+
+#[test]
+fn long_zero_runs_are_punched_at_checkpoint_and_short_ones_written() {
+    let (_dir, img, data, with_data) = image_with_data();
+    let opts = quiet_open_options();
 
     let v = Volume::open(&img, &opts).unwrap();
     // 1 MiB zeroed over the first half (journaled: below one
@@ -74,16 +81,8 @@ fn long_zero_runs_are_punched_at_checkpoint_and_short_ones_written() {
 /// later write into that range cannot meet a full file system.
 #[test]
 fn zeroes_from_a_plain_write_are_written_not_punched() {
-    let dir = tempfile::tempdir().unwrap();
-    let img = dir.path().join("v.img");
-    let mut f = FormatOptions::new(16 * MIB);
-    f.journal_bytes = Some(8 * MIB);
+    let (_dir, img, _, with_data) = image_with_data();
     let opts = quiet_open_options();
-    let v = Volume::create(&img, &f, &opts).unwrap();
-    let data: Vec<u8> = (0..2 * MIB).map(|i| (i % 251) as u8 | 1).collect();
-    v.write_at(&data, 4 * MIB, WriteFlags::FUA).unwrap();
-    v.close().unwrap();
-    let with_data = allocated(&img);
 
     let v = Volume::open(&img, &opts).unwrap();
     v.write_at(&vec![0u8; 2 * MIB as usize], 4 * MIB, WriteFlags::NONE)
