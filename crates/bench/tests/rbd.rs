@@ -5,27 +5,15 @@
 //! run creates is removed when it ends.
 #![cfg(feature = "rbd")]
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 mod common;
 
 use jbdev_bench::cli::BenchCommand;
-use jbdev_device::rbd::{image_exists, test_cluster, RbdTarget};
+use jbdev_device::rbd::{test_cluster, RbdTarget};
 use jbdev_volume::{FormatOptions, OpenOptions, Volume};
 
-fn cluster() -> Option<PathBuf> {
-    match test_cluster::ensure() {
-        Ok(conf) => Some(conf),
-        Err(why) => {
-            println!("SKIP: {why}");
-            None
-        }
-    }
-}
-
-fn exists(t: &str) -> bool {
-    image_exists(&RbdTarget::parse(t).unwrap()).unwrap()
-}
+use test_cluster::{exists, or_skip as cluster};
 
 /// `IMAGE` and its three siblings, as targets.
 fn all_images(conf: &Path, image: &str) -> Vec<String> {

@@ -1135,6 +1135,24 @@ pub mod test_cluster {
         Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/ceph-test-cluster.sh")
     }
 
+    /// [`ensure`] for a test: the conf, or None after printing why the
+    /// test skips.
+    pub fn or_skip() -> Option<PathBuf> {
+        match ensure() {
+            Ok(conf) => Some(conf),
+            Err(why) => {
+                println!("SKIP: {why}");
+                None
+            }
+        }
+    }
+
+    /// Whether the image a target string names exists (a test's check).
+    pub fn exists(target: &str) -> bool {
+        super::image_exists(&super::RbdTarget::parse(target).expect("an rbd: target"))
+            .expect("asking the cluster whether the image exists")
+    }
+
     /// Starts the cluster if it is not running and returns its ceph.conf, or
     /// `Err(reason)` when Ceph is not installed (the caller skips, printing
     /// the reason). A cluster that is installed but fails to start is an

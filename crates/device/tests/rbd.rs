@@ -31,15 +31,7 @@ fn open_read_only(target: &Path) -> Arc<dyn jbdev_device::BlockDevice> {
     open_device(target, &opts).unwrap().device
 }
 
-fn cluster() -> Option<std::path::PathBuf> {
-    match test_cluster::ensure() {
-        Ok(conf) => Some(conf),
-        Err(why) => {
-            println!("SKIP: {why}");
-            None
-        }
-    }
-}
+use test_cluster::or_skip as cluster;
 
 fn create_opts() -> OpenOptions {
     OpenOptions {

@@ -230,45 +230,12 @@ impl<B: Backend + ?Sized> Backend for Arc<B> {
 pub struct VolumeBackend {
     volume: Arc<jbdev_volume::Volume>,
     read_only: bool,
-    read_errors: RateLimit,
+    read_errors: jbdev_volume::ratelimit::RateLimit,
 }
 
 /// Read errors are logged at most once per this interval, each warning
 /// saying how many were not logged since the last one.
 pub const READ_ERROR_LOG_INTERVAL: std::time::Duration = std::time::Duration::from_secs(10);
-
-/// At most one event per interval passes; the others are counted.
-struct RateLimit {
-    interval: std::time::Duration,
-    /// When the last event passed, and the events held back since.
-    state: parking_lot::Mutex<(Option<std::time::Instant>, u64)>,
-}
-
-impl RateLimit {
-    fn new(interval: std::time::Duration) -> Self {
-        Self {
-            interval,
-            state: parking_lot::Mutex::new((None, 0)),
-        }
-    }
-
-    /// `Some(events held back since the last one that passed)` if an event
-    /// at `now` passes.
-    fn pass(&self, now: std::time::Instant) -> Option<u64> {
-        let mut st = self.state.lock();
-        match st.0 {
-            Some(last) if now.saturating_duration_since(last) < self.interval => {
-                st.1 += 1;
-                None
-            }
-            _ => {
-                let held = st.1;
-                *st = (Some(now), 0);
-                Some(held)
-            }
-        }
-    }
-}
 
 impl VolumeBackend {
     /// A backend serving `volume`.
@@ -276,7 +243,7 @@ impl VolumeBackend {
         Self {
             volume,
             read_only,
-            read_errors: RateLimit::new(READ_ERROR_LOG_INTERVAL),
+            read_errors: jbdev_volume::ratelimit::RateLimit::new(READ_ERROR_LOG_INTERVAL),
         }
     }
 
@@ -285,14 +252,7 @@ impl VolumeBackend {
     /// or `EPERM`; the log keeps the device's errno.
     fn read_error(&self, e: jbdev_volume::VolumeError, offset: u64, len: usize) -> BackendError {
         if let Some(held) = self.read_errors.pass(std::time::Instant::now()) {
-            let more = if held > 0 {
-                format!(
-                    " ({held} more read error(s) in the last {} s not logged)",
-                    READ_ERROR_LOG_INTERVAL.as_secs()
-                )
-            } else {
-                String::new()
-            };
+            let more = self.read_errors.held_note(held, "read error(s)");
             tracing::warn!(
                 "read of {len} bytes at offset {offset} failed (errno {}): {e}{more}",
                 e.errno()
@@ -648,17 +608,6 @@ mod tests {
         assert_eq!(map_volume_error(dev(5)).errno, proto::EIO);
         assert_eq!(map_volume_error(dev(28)).errno, proto::ENOSPC);
         assert_eq!(map_volume_error(V::ReadOnly).errno, proto::EPERM);
-    }
-
-    #[test]
-    fn read_errors_are_logged_at_most_once_per_interval() {
-        let t0 = std::time::Instant::now();
-        let r = RateLimit::new(std::time::Duration::from_secs(10));
-        assert_eq!(r.pass(t0), Some(0));
-        assert_eq!(r.pass(t0 + std::time::Duration::from_secs(1)), None);
-        assert_eq!(r.pass(t0 + std::time::Duration::from_secs(9)), None);
-        assert_eq!(r.pass(t0 + std::time::Duration::from_secs(10)), Some(2));
-        assert_eq!(r.pass(t0 + std::time::Duration::from_secs(11)), None);
     }
 
     #[test]

@@ -21,6 +21,7 @@ pub mod inspect;
 mod lockorder;
 mod options;
 mod overlay;
+pub mod ratelimit;
 pub mod superblock;
 mod volume;
 

@@ -4,25 +4,11 @@
 //! a read-only open of a volume another client is writing is refused.
 #![cfg(feature = "rbd")]
 
-use std::path::PathBuf;
-
-use jbdev_device::rbd::{image_exists, test_cluster, RbdTarget};
+use jbdev_device::rbd::test_cluster;
 use jbdev_device::DeviceError;
 use jbdev_volume::{FormatOptions, JournalPlacement, OpenOptions, Volume, VolumeError, WriteFlags};
 
-fn cluster() -> Option<PathBuf> {
-    match test_cluster::ensure() {
-        Ok(conf) => Some(conf),
-        Err(why) => {
-            println!("SKIP: {why}");
-            None
-        }
-    }
-}
-
-fn exists(t: &str) -> bool {
-    image_exists(&RbdTarget::parse(t).unwrap()).unwrap()
-}
+use test_cluster::{exists, or_skip as cluster};
 
 fn small(journal: JournalPlacement) -> FormatOptions {
     let mut f = FormatOptions::new(16 << 20);

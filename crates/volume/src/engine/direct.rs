@@ -5,7 +5,7 @@ use crate::CallerBuf;
 
 /// Least time between two log lines about direct writes that found the
 /// backing store full.
-const STORE_FULL_LOG_EVERY: Duration = Duration::from_secs(10);
+pub(super) const STORE_FULL_LOG_EVERY: Duration = Duration::from_secs(10);
 
 /// What a direct write must make durable before it returns.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -288,16 +288,9 @@ impl Engine {
     /// Logs a direct write's [`VolumeError::StoreFull`], at most once per
     /// [`STORE_FULL_LOG_EVERY`] (a bulk copy meets it on every request).
     fn log_store_full(&self, e: &VolumeError) {
-        let now = self.micros_since_born();
-        let last = self.store_full_logged_us.load(Ordering::Relaxed);
-        let due = last == 0 || now.saturating_sub(last) >= STORE_FULL_LOG_EVERY.as_micros() as u64;
-        if due
-            && self
-                .store_full_logged_us
-                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
-                .is_ok()
-        {
-            tracing::error!("a write failed: {e}");
+        if let Some(held) = self.store_full_log.pass(Instant::now()) {
+            let more = self.store_full_log.held_note(held, "such write(s)");
+            tracing::error!("a write failed: {e}{more}");
         }
     }
 

@@ -364,10 +364,9 @@ pub struct Engine {
     stripes: Box<[CachePadded<Mutex<Stripe>>]>,
     /// Ids of pending direct writes in the overlay.
     pending_id: AtomicU64,
-    /// When a direct write last logged that the store is full
-    /// ([`Engine::micros_since_born`]; 0: never): at most one line per
-    /// [`STORE_FULL_LOG_EVERY`].
-    store_full_logged_us: AtomicU64,
+    /// Direct writes that found the store full: at most one log line per
+    /// `direct::STORE_FULL_LOG_EVERY`.
+    store_full_log: crate::ratelimit::RateLimit,
     sync: StateSync,
     hints: Hints,
     abort: AbortFlag,
@@ -576,7 +575,7 @@ impl Engine {
             pool: BufPool::new(bs, 64 << 20),
             stripes,
             pending_id: AtomicU64::new(1),
-            store_full_logged_us: AtomicU64::new(0),
+            store_full_log: crate::ratelimit::RateLimit::new(direct::STORE_FULL_LOG_EVERY),
             sync: StateSync {
                 st: Mutex::new(st),
                 kick: Condvar::new(),
