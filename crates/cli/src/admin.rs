@@ -1055,10 +1055,39 @@ pub enum JournalCommand {
         #[arg(long)]
         all: bool,
     },
+    /// Write a new, empty journal for a volume whose journal is lost (an
+    /// external journal file deleted, its device dead) or damaged beyond
+    /// replay, so the volume opens again. Its content is then what its home
+    /// area holds: every acknowledged write if the journal failed under a
+    /// running volume and the log said "salvage complete"; otherwise what
+    /// only the old journal held is gone. A missing external journal file
+    /// is created (at --journal, or the path recorded at format time; an
+    /// open needs --journal PATH if it differs). Refused while the volume
+    /// is open, and, without --force, when the journal could still be
+    /// replayed by opening the volume, is damaged in the middle, belongs to
+    /// another volume or is something else.
+    Reset {
+        /// Volume image or device.
+        path: PathBuf,
+        /// External journal file or device (created if missing).
+        #[arg(long)]
+        journal: Option<PathBuf>,
+        /// Overwrite a journal that holds transactions, is damaged, belongs
+        /// to another volume or is not a journal.
+        #[arg(short, long)]
+        force: bool,
+    },
 }
 
 pub fn journal(c: JournalCommand) -> anyhow::Result<()> {
-    let JournalCommand::Dump { path, journal, all } = c;
+    let (path, journal, all) = match c {
+        JournalCommand::Dump { path, journal, all } => (path, journal, all),
+        JournalCommand::Reset {
+            path,
+            journal,
+            force,
+        } => return journal_reset(&path, journal.as_deref(), force),
+    };
     let ins = jbdev_volume::inspect::inspect_unshared(&path, journal.as_deref())
         .map_err(|e| not_a_volume_hint(&path, e))?;
     refuse_unused_journal(&ins.superblock, journal.as_deref())?;
@@ -1126,6 +1155,24 @@ pub fn journal(c: JournalCommand) -> anyhow::Result<()> {
     if foreign {
         anyhow::bail!("the journal belongs to another volume (see the warning above)");
     }
+    Ok(())
+}
+
+fn journal_reset(
+    path: &std::path::Path,
+    journal: Option<&std::path::Path>,
+    force: bool,
+) -> anyhow::Result<()> {
+    let r = jbdev_volume::reset_journal(path, journal, force)
+        .map_err(|e| not_a_volume_hint(path, e))?;
+    outln!(
+        "{}: new empty journal ({}{}); it held: {}",
+        path.display(),
+        r.location,
+        if r.created { ", created" } else { "" },
+        r.previous
+    )?;
+    outln!("the volume's content is what its home area holds; `jbdev check` it, then open it")?;
     Ok(())
 }
 

@@ -893,6 +893,20 @@ impl Collector_ {
         )?;
         family(
             enc,
+            "jbdev_salvaged_blocks",
+            "Blocks of committed transactions written home from memory after the journal failed (its device, or its file deleted or truncated).",
+            MetricType::Counter,
+            &counter(|s| s.salvaged_blocks),
+        )?;
+        family(
+            enc,
+            "jbdev_salvage_complete",
+            "1 once a salvage after a journal failure has written every committed block home and flushed it: every acknowledged write is then durable on the home device.",
+            MetricType::Gauge,
+            &gauge(|s| f64::from(u8::from(s.salvage_complete))),
+        )?;
+        family(
+            enc,
             "jbdev_checkpoint_lag_blocks",
             "Journal blocks waiting for checkpoint.",
             MetricType::Gauge,

@@ -1228,3 +1228,37 @@ fn info_and_dump_compare_the_journal_with_the_volume() {
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
     assert!(text(&o).contains("s_maxlen"), "{}", text(&o));
 }
+
+/// `jbdev journal reset`: a volume whose external journal file is gone
+/// opens again (check ok) with a new, empty journal at the recorded path;
+/// a clean journal, and --journal for an internal one, are refused.
+#[test]
+fn journal_reset_replaces_a_lost_external_journal() {
+    let dir = tempfile::tempdir().unwrap();
+    let img = dir.path().join("v.img");
+    let jnl = dir.path().join("j.jnl");
+    let (i, j) = (img.to_str().unwrap(), jnl.to_str().unwrap());
+    format_16m(i, &["--journal", j]);
+    // Intact and clean: nothing to reset.
+    let o = jbdev(&["journal", "reset", i]);
+    assert_clean_error(&o, "reset of a clean journal");
+    assert!(text(&o).contains("clean and intact"), "{}", text(&o));
+    std::fs::remove_file(&jnl).unwrap();
+    assert_clean_error(&jbdev(&["check", i]), "check without its journal");
+    let o = jbdev(&["journal", "reset", i]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(
+        text(&o).contains("created") && text(&o).contains("missing"),
+        "{}",
+        text(&o)
+    );
+    assert_eq!(std::fs::metadata(&jnl).unwrap().len(), 1 << 20);
+    let o = jbdev(&["check", i]);
+    assert!(o.status.success(), "{}", text(&o));
+    // An internal journal takes no --journal.
+    let img2 = dir.path().join("w.img");
+    format_16m(img2.to_str().unwrap(), &[]);
+    let o = jbdev(&["journal", "reset", img2.to_str().unwrap(), "--journal", j]);
+    assert_clean_error(&o, "--journal for an internal journal");
+    assert!(text(&o).contains("internal"), "{}", text(&o));
+}

@@ -22,6 +22,7 @@ mod lockorder;
 mod options;
 mod overlay;
 pub mod ratelimit;
+pub mod reset;
 pub mod superblock;
 mod volume;
 
@@ -33,6 +34,7 @@ pub use options::{
     MAX_WAIT,
 };
 pub use overlay::CallerBuf;
+pub use reset::{reset_journal, reset_journal_device, JournalReset};
 pub use volume::{
     check_replay_plan, default_journal_bytes, file_format_would_create, format_layout, Extent,
     ExtentState, FormatLayout, RecoveryReport, Stats, TouchedBlocks, Transaction, Volume,

@@ -108,6 +108,12 @@ pub struct Stats {
     /// while holding writers of their range back.
     pub read_retries: u64,
     pub locked_reads: u64,
+    /// Blocks written home from memory after the journal failed (its
+    /// device, or its file deleted or truncated), and whether that salvage
+    /// finished: every write acknowledged before the failure is then on
+    /// the home device and durable.
+    pub salvaged_blocks: u64,
+    pub salvage_complete: bool,
     /// Journaled-write buffers freshly allocated from the heap / reused
     /// from the buffer pool, and the bytes the pool keeps for reuse now.
     pub write_buffers_allocated: u64,
@@ -406,7 +412,7 @@ pub(crate) fn journal_file_problem(
 /// Fails when `journal` names the volume's own file or device (`home`):
 /// an external journal there would overlap the volume (and its lock would
 /// report the volume as "already open" by ourselves).
-fn refuse_same_target(home: &Path, journal: &Path) -> Result<()> {
+pub(crate) fn refuse_same_target(home: &Path, journal: &Path) -> Result<()> {
     use std::os::unix::fs::{FileTypeExt, MetadataExt};
     let same = if jbdev_device::is_rbd_target(home) || jbdev_device::is_rbd_target(journal) {
         same_rbd_image(home, journal)
@@ -479,7 +485,7 @@ pub(crate) fn refuse_held_rbd(p: &Path) -> Result<()> {
 }
 
 /// Removes what a failed create made: a file, or an RBD image.
-fn remove_created(p: &Path) {
+pub(crate) fn remove_created(p: &Path) {
     #[cfg(feature = "rbd")]
     if jbdev_device::is_rbd_target(p) {
         if let Some(t) = p
@@ -553,6 +559,42 @@ pub fn file_format_would_create(p: &Path) -> Option<PathBuf> {
         }
     }
     None
+}
+
+/// Writes an empty journal of `journal_bytes` at `joff` of `jdev`, for a
+/// volume whose journal uuid is `uuid`, and flushes it: zeroes over the
+/// whole log (not a hole punch: a dump of a fresh journal shows nothing
+/// stale, and on a file every journal block is allocated now, so a commit
+/// is a pure overwrite and its FUA write costs no file system metadata
+/// update), then a clean superblock.
+pub(crate) fn write_empty_journal(
+    jdev: &Arc<dyn BlockDevice>,
+    joff: u64,
+    journal_bytes: u64,
+    bs: u32,
+    uuid: [u8; 16],
+) -> Result<()> {
+    let jblocks = (journal_bytes / u64::from(bs)) as u32;
+    let region = JournalRegion::new(
+        jdev.clone(),
+        Arc::new(FlushCoalescer::new()),
+        joff,
+        bs,
+        jblocks,
+    )?;
+    let zeros = AlignedBuf::zeroed(1 << 20);
+    let mut done = 0u64;
+    while done < journal_bytes {
+        let n = (journal_bytes - done).min(zeros.len() as u64) as usize;
+        jdev.write_at(&zeros[..n], joff + done, IoPriority::Urgent)?;
+        done += n as u64;
+    }
+    let mut jsb = JournalSuperblock::new(bs, jblocks, uuid);
+    jsb.users = vec![uuid];
+    jsb.max_transaction = (jblocks / 4).max(3);
+    region.write_superblock_full(&jsb)?;
+    jdev.flush()?;
+    Ok(())
 }
 
 impl Volume {
@@ -670,7 +712,7 @@ impl Volume {
                         continue;
                     };
                     if let Some(e) = engine.upgrade() {
-                        e.abort(why, libc::EIO);
+                        e.abort_journal(why, libc::EIO);
                     }
                     return;
                 }
@@ -738,30 +780,7 @@ impl Volume {
                 ))
             }
         };
-        let jblocks = (journal_bytes / bs) as u32;
-        let region = JournalRegion::new(
-            jdev.clone(),
-            Arc::new(FlushCoalescer::new()),
-            joff,
-            bs as u32,
-            jblocks,
-        )?;
-        // Write zeroes over the whole log (not a hole punch): a dump of a
-        // fresh journal shows nothing stale, and on a file every journal
-        // block is allocated now, so a commit is a pure overwrite and its
-        // FUA write costs no filesystem metadata update.
-        let zeros = AlignedBuf::zeroed(1 << 20);
-        let mut done = 0u64;
-        while done < journal_bytes {
-            let n = (journal_bytes - done).min(zeros.len() as u64) as usize;
-            jdev.write_at(&zeros[..n], joff + done, IoPriority::Urgent)?;
-            done += n as u64;
-        }
-        let mut jsb = JournalSuperblock::new(bs as u32, jblocks, uuid);
-        jsb.users = vec![uuid];
-        jsb.max_transaction = (jblocks / 4).max(3);
-        region.write_superblock_full(&jsb)?;
-        jdev.flush()?;
+        write_empty_journal(&jdev, joff, journal_bytes, bs as u32, uuid)?;
         // IMPORTANT: the volume superblock goes last, so an interrupted
         // format never looks like a volume.
         let vsb = VolumeSuperblock {
@@ -1532,6 +1551,8 @@ impl Volume {
             bulk_read_yields: s.bulk_read_yields,
             read_retries: s.read_retries,
             locked_reads: s.locked_reads,
+            salvaged_blocks: s.salvaged_blocks,
+            salvage_complete: s.salvage_complete,
             write_buffers_allocated: pool.allocated,
             write_buffers_reused: pool.reused,
             write_buffer_pool_bytes: pool.kept_bytes,

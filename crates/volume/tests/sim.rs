@@ -808,6 +808,9 @@ struct Counts {
     unreadable_points: u64,
     refused_opens: u64,
     crashed_mid_run: u64,
+    /// Seeds whose journal failed and whose salvage completed: checked with
+    /// the journal replaced by an empty one ([`verify_salvage`]).
+    salvages: u64,
     faults_fired: HashMap<&'static str, u64>,
 }
 
@@ -904,6 +907,26 @@ fn verify_image(
     Ok(())
 }
 
+/// A salvage that completed (the journal failed, the home did not) put
+/// every acknowledged write home: the home's durable image, with the
+/// journal replaced by an empty one (`reset_journal_device`), must hold
+/// everything a crash image must.
+fn verify_salvage(p: &Params, base: &Base, rec: &Record, img: Images) -> Result<(), String> {
+    let (home, j, _) = devices(&img, p.faults.sector());
+    jbdev_volume::reset_journal_device(
+        home.clone(),
+        j.clone().map(|j| j as Arc<dyn BlockDevice>),
+        true,
+    )
+    .map_err(|e| format!("journal reset after a salvage: {e}"))?;
+    let vol = open(&home, &j, &verify_open_options())
+        .map_err(|e| format!("open after a salvage and a journal reset: {e}"))?;
+    let got = read_all(&vol).map_err(|e| format!("read after a salvage failed: {e}"))?;
+    drop(vol);
+    check_recovered(base, rec, &got, Expect::Everything)
+        .map_err(|e| format!("the home after a complete salvage, without the journal: {e}"))
+}
+
 // ---------------------------------------------------------------- one seed
 
 fn run_seed(p: &Params, counts: &mut Counts) -> Result<(), String> {
@@ -964,6 +987,12 @@ fn run_seed(p: &Params, counts: &mut Counts) -> Result<(), String> {
     if power.is_powered_off() {
         counts.crashed_mid_run += 1;
     }
+    // Every client is done and the volume takes no more writes after an
+    // abort: the home's durable image is final once a salvage completed.
+    let salvaged = vol.stats().salvage_complete.then(|| Images {
+        home: home.durable_image(),
+        journal: jdev.as_ref().map(|j| vec![0u8; j.durable_image().len()]),
+    });
     power.cut_power();
     drop(vol);
     let mut rec = rec.into_inner();
@@ -972,6 +1001,10 @@ fn run_seed(p: &Params, counts: &mut Counts) -> Result<(), String> {
         return Err(rec.errors.join("\n"));
     }
     check_shared_reads(&rec)?;
+    if let Some(img) = salvaged {
+        counts.salvages += 1;
+        verify_salvage(p, &base, &rec, img)?;
+    }
     let odds = match rng.gen_range(0..4) {
         0 => CrashOdds::LOSE_ALL,
         1 => CrashOdds::KEEP_ALL,
@@ -1045,6 +1078,7 @@ fn simulation() {
                         t.unreadable_points += c.unreadable_points;
                         t.refused_opens += c.refused_opens;
                         t.crashed_mid_run += c.crashed_mid_run;
+                        t.salvages += c.salvages;
                         for (k, v) in c.faults_fired {
                             *t.faults_fired.entry(k).or_default() += v;
                         }
@@ -1069,7 +1103,8 @@ fn simulation() {
     println!(
         "simulation: {} seeds, {} crash points verified ({} after a crash during recovery, \
          {} with bit rot, {} with an unreadable journal sector, {} refused read-write opens), \
-         {} seeds crashed mid-run, faults fired {:?}, in {:.1?}",
+         {} seeds crashed mid-run, {} complete salvages checked without their journal, \
+         faults fired {:?}, in {:.1?}",
         t.seeds,
         t.crash_points,
         t.recovery_crash_points,
@@ -1077,6 +1112,7 @@ fn simulation() {
         t.unreadable_points,
         t.refused_opens,
         t.crashed_mid_run,
+        t.salvages,
         t.faults_fired,
         started.elapsed()
     );

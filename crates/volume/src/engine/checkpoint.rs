@@ -74,6 +74,14 @@ impl Engine {
 
     pub fn checkpoint_thread(self: &Arc<Self>) {
         let mut queue = HomeQueue::NotYet;
+        self.checkpoint_rounds(&mut queue);
+        if self.salvage_due() {
+            self.salvage(&mut queue);
+        }
+    }
+
+    /// Checkpoint rounds until shutdown or an abort.
+    fn checkpoint_rounds<'a>(&'a self, queue: &mut HomeQueue<'a>) {
         loop {
             let urgent;
             let round_blocks;
@@ -146,29 +154,36 @@ impl Engine {
             // thread silently, which would leave writers waiting for log
             // space for ever.
             let res = contain_panic("checkpoint", || {
-                self.checkpoint(&batch, &later, urgent, &mut queue)
+                self.checkpoint(&batch, &later, urgent, queue)
             });
-            match res {
-                Ok(()) => self.home_has_room(),
-                // A full store is not an abort: the journal keeps the batch
-                // and the checkpoint tries again (ARCHITECTURE, failure
-                // semantics).
-                Err(e) if is_no_space(e.errno()) && self.ack().is_ok() => {
-                    {
-                        let mut q = self.log.committed.lock();
-                        for t in batch.into_iter().rev() {
-                            q.push_front(t);
-                        }
-                    }
-                    if !self.home_is_full(&e) {
-                        return;
-                    }
-                }
-                Err(e) => {
-                    self.abort(format!("checkpoint failed: {e}"), e.errno());
-                    return;
+            let Err(e) = res else {
+                self.home_has_room();
+                continue;
+            };
+            // The batch goes back to the front of the queue: the journal
+            // still holds it (the tail did not move), and so does a salvage.
+            {
+                let mut q = self.log.committed.lock();
+                for t in batch.into_iter().rev() {
+                    q.push_front(t);
                 }
             }
+            // A full store is not an abort: the checkpoint tries again
+            // (ARCHITECTURE, failure semantics).
+            if is_no_space(e.errno()) && self.ack().is_ok() {
+                if !self.home_is_full(&e) {
+                    return;
+                }
+                continue;
+            }
+            if matches!(e, VolumeError::Internal(_)) {
+                // A panic (a bug): the salvage would run the same code.
+                self.note_home_failed();
+            }
+            if self.ack().is_ok() {
+                self.abort(format!("checkpoint failed: {e}"), e.errno());
+            }
+            return;
         }
     }
 
@@ -324,8 +339,8 @@ impl Engine {
                 // failure is seen (a streamed chunk aborted already). Not
                 // for a full store: the journal keeps the batch, and the
                 // caller puts it back and tries again later.
-                if self.ack().is_ok() && !is_no_space(e.errno()) {
-                    self.abort(format!("checkpoint write failed: {e}"), e.errno());
+                if !is_no_space(e.errno()) {
+                    self.home_write_failed(format!("checkpoint write failed: {e}"), e.errno());
                 }
                 return Err(e);
             }
@@ -336,7 +351,14 @@ impl Engine {
                 std::thread::yield_now();
             }
         }
-        self.home.flusher.flush(self.home.dev.as_ref())?;
+        self.home
+            .flusher
+            .flush(self.home.dev.as_ref())
+            .inspect_err(|e| {
+                if !is_no_space(e.errno()) {
+                    self.note_home_failed();
+                }
+            })?;
         // Advance the tail: to the oldest transaction still in the log, or
         // to the head when the log is empty.
         let last = batch.last().expect("non-empty batch");
@@ -361,8 +383,12 @@ impl Engine {
             jsb.sequence = tail_seq;
             // IMPORTANT: the new tail must be durable before the space it
             // frees is reused, or recovery would start in overwritten log.
-            self.log.region.update_superblock(&jsb)?;
-            self.log.region.flush()?;
+            let journal_failed = |_: &_| self.abort.journal_failed.store(true, Ordering::Release);
+            self.log
+                .region
+                .update_superblock(&jsb)
+                .inspect_err(journal_failed)?;
+            self.log.region.flush().inspect_err(journal_failed)?;
         }
         let freed: u64 = batch.iter().map(|t| t.log_blocks).sum();
         {
@@ -392,6 +418,83 @@ impl Engine {
         Ok(())
     }
 
+    /// The journal failed (its device, or its file deleted or truncated)
+    /// and the home device has not: writes the newest committed copy of
+    /// every block the journal holds home, from the buffers the overlay
+    /// keeps in memory, and flushes the home device. Every write
+    /// acknowledged before the failure is then durable at home, whatever
+    /// becomes of the journal (a dead device, a deleted file gone at exit).
+    ///
+    /// Safe because it writes only published transactions (acknowledged or
+    /// about to be: durable in the journal), newest version per block, and
+    /// validates each chunk under the home lock exclusively like a
+    /// checkpoint, skipping copies a completed direct write superseded. A
+    /// direct write that failed noted the home's failure before it released
+    /// that lock, and the salvage stops at the next chunk: the copies it
+    /// cancelled are then only in the journal, which is left as it is. The
+    /// journal's tail is not moved and nothing is forgotten: the next open
+    /// replays whatever the journal still holds, the same data again.
+    pub(super) fn salvage<'a>(&'a self, queue: &mut HomeQueue<'a>) {
+        let all: Vec<(Lba, u64, BlockRef)> = {
+            let q = self.log.committed.lock();
+            let mut newest: BTreeMap<Lba, (u64, BlockRef)> = BTreeMap::new();
+            for t in q.iter() {
+                for (b, v, r) in &t.blocks {
+                    newest.insert(*b, (*v, r.clone()));
+                }
+            }
+            newest.into_iter().map(|(b, (v, r))| (b, v, r)).collect()
+        };
+        tracing::warn!(
+            "the journal failed: writing the {} block(s) of its committed transactions home from memory",
+            all.len()
+        );
+        let stopped = |why: String| {
+            tracing::error!(
+                "salvage stopped: {why}; writes acknowledged before the journal failed may \
+                 exist only in the journal, which the next open replays if it can be read"
+            );
+        };
+        for chunk in all.chunks(CHECKPOINT_CHUNK_BLOCKS) {
+            let _home = self.home.lock.write();
+            if self.abort.home_failed.load(Ordering::Acquire) {
+                return stopped("a write or flush of the home device failed".into());
+            }
+            let todo: Vec<&(Lba, u64, BlockRef)> = chunk
+                .iter()
+                .filter(|(b, v, _)| {
+                    let sh = self.overlay.lock_block(*b);
+                    sh.map.get(b).is_some_and(|e| *v >= e.cancel_below)
+                })
+                .collect();
+            let runs = runs(&todo, self.bs);
+            let res = match queue {
+                HomeQueue::Ready(q) => {
+                    self.write_streamed(q.as_mut(), &todo, &runs, IoPriority::Urgent)
+                }
+                _ => self.write_batched(&todo, &runs, IoPriority::Urgent),
+            };
+            if let Err(e) = res {
+                self.note_home_failed();
+                return stopped(format!("a home write failed: {e}"));
+            }
+            self.stats.lock().salvaged_blocks += todo.len() as u64;
+        }
+        if let Err(e) = self.home.flusher.flush(self.home.dev.as_ref()) {
+            self.note_home_failed();
+            return stopped(format!("the flush of the home device failed: {e}"));
+        }
+        let written = {
+            let mut s = self.stats.lock();
+            s.salvage_complete = true;
+            s.salvaged_blocks
+        };
+        tracing::warn!(
+            "salvage complete: {written} block(s) written home and flushed; every write \
+             acknowledged before the journal failed is durable on the home device"
+        );
+    }
+
     /// Writes a chunk's runs through the queue, keeping it full: a run is
     /// pushed as soon as a completion makes room. Returns once every write
     /// pushed has been reaped; the first failed write aborts the volume,
@@ -418,7 +521,10 @@ impl Engine {
                 };
                 if let Err(r) = q.push(req.with_priority(prio), tag as u64) {
                     if !is_no_space(r.error.errno()) {
-                        self.abort(format!("checkpoint write refused: {r}"), r.error.errno());
+                        self.home_write_failed(
+                            format!("checkpoint write refused: {r}"),
+                            r.error.errno(),
+                        );
                     }
                     failed = Some(r.error);
                 }
@@ -436,7 +542,10 @@ impl Engine {
                         // failure is seen), then reap what is in flight;
                         // a full store only stops this attempt.
                         if !is_no_space(e.errno()) {
-                            self.abort(format!("checkpoint write failed: {e}"), e.errno());
+                            self.home_write_failed(
+                                format!("checkpoint write failed: {e}"),
+                                e.errno(),
+                            );
                         }
                         failed = Some(e);
                     }

@@ -174,7 +174,7 @@ impl Engine {
         let written = self.home.written_gen.load(Ordering::Acquire);
         if written > self.home.flushed_gen.load(Ordering::Acquire) {
             if let Err(e) = self.home.flusher.flush(self.home.dev.as_ref()) {
-                self.abort(format!("flush of the home device failed: {e}"), e.errno());
+                self.home_write_failed(format!("flush of the home device failed: {e}"), e.errno());
                 return Err(e.into());
             }
             self.home.flushed_gen.fetch_max(written, Ordering::AcqRel);
@@ -409,6 +409,11 @@ impl Engine {
                         Outcome::Written(txn)
                     }
                     Err(e) => {
+                        // The journal's failure (a failed home flush before
+                        // revokes was noted as the home's, and vetoes the
+                        // salvage): what was committed before it is written
+                        // home from memory (`Engine::salvage`).
+                        self.abort.journal_failed.store(true, Ordering::Release);
                         // IMPORTANT: recorded under the same lock hold that
                         // ends the commit, before anything could publish past it.
                         self.record_abort(
@@ -556,7 +561,10 @@ impl Engine {
         if !revoke_list.is_empty() {
             // IMPORTANT: revokes protect data that direct writes put home;
             // that data must be durable before a revoke can be.
-            self.home.flusher.flush(self.home.dev.as_ref())?;
+            self.home
+                .flusher
+                .flush(self.home.dev.as_ref())
+                .inspect_err(|_| self.note_home_failed())?;
         }
         if layout.overlap > 0 {
             // IMPORTANT: written while older commits are still on the device

@@ -202,7 +202,7 @@ impl Engine {
             // the first had raised it from.)
             let store_full = !in_log && is_no_space(e.errno());
             if !store_full {
-                self.abort(
+                self.home_write_failed(
                     format!("direct write to the home location failed: {e}"),
                     e.errno(),
                 );

@@ -312,6 +312,11 @@ pub struct StatsInner {
     /// reads that finished under the shard locks (`Engine::read_blocks`).
     pub read_retries: u64,
     pub locked_reads: u64,
+    /// Blocks of committed transactions written home after the journal
+    /// failed ([`Engine::salvage`]), and whether that salvage finished
+    /// (every committed block home and flushed).
+    pub salvaged_blocks: u64,
+    pub salvage_complete: bool,
 }
 
 /// Receives the outcome of a request that did not wait for durability
@@ -461,6 +466,14 @@ struct AbortFlag {
     /// `OnceLock`, not a field of `JState`, so that a writer can report it
     /// while holding a stripe or shard lock.
     reason: OnceLock<(String, i32)>,
+    /// The journal failed (its device, or its file deleted or truncated)
+    /// while the home device, as far as anything has shown, works: the
+    /// checkpoint thread then salvages every committed transaction home
+    /// from memory before it exits ([`Engine::salvage`]).
+    journal_failed: AtomicBool,
+    /// A home write or flush failed (or the checkpoint panicked): nothing
+    /// is salvaged, the journal keeps what it holds.
+    home_failed: AtomicBool,
 }
 
 /// Most journal credits a journaled request of `n` blocks can pay: the
@@ -593,6 +606,8 @@ impl Engine {
             abort: AbortFlag {
                 raised: AtomicBool::new(false),
                 reason: OnceLock::new(),
+                journal_failed: AtomicBool::new(false),
+                home_failed: AtomicBool::new(false),
             },
             #[cfg(test)]
             panic_next_commit: AtomicBool::new(false),
@@ -617,6 +632,8 @@ impl Engine {
                 bulk_read_yields: 0,
                 read_retries: 0,
                 locked_reads: 0,
+                salvaged_blocks: 0,
+                salvage_complete: false,
             }),
         }
     }
@@ -712,6 +729,42 @@ impl Engine {
         let mut st = self.state();
         self.record_abort(&mut st, why, cause_errno);
         drop(self.run_due(st));
+    }
+
+    /// [`Engine::abort`] for a failure of the journal, not of the home
+    /// device: what was committed is written home from memory before the
+    /// checkpoint thread exits ([`Engine::salvage`]).
+    pub fn abort_journal(&self, why: String, cause_errno: i32) {
+        self.abort.journal_failed.store(true, Ordering::Release);
+        self.abort(why, cause_errno);
+    }
+
+    /// Records that a home write or flush failed: no salvage after that.
+    /// IMPORTANT: called before the abort it causes is recorded, and by a
+    /// direct write while it still holds the home lock, so a salvage chunk
+    /// (which holds that lock exclusively) never skips copies a failed
+    /// direct write cancelled.
+    fn note_home_failed(&self) {
+        self.abort.home_failed.store(true, Ordering::Release);
+    }
+
+    /// A home write or flush failed: no salvage, and the volume aborts
+    /// (once: a salvage's own failure after an abort is only logged).
+    fn home_write_failed(&self, why: String, cause_errno: i32) {
+        self.note_home_failed();
+        if self.abort.raised.load(Ordering::Acquire) {
+            tracing::error!("{why}");
+        } else {
+            self.abort(why, cause_errno);
+        }
+    }
+
+    /// Whether the checkpoint thread should salvage committed transactions
+    /// home: the journal failed and the home device has not.
+    fn salvage_due(&self) -> bool {
+        self.abort.raised.load(Ordering::Acquire)
+            && self.abort.journal_failed.load(Ordering::Acquire)
+            && !self.abort.home_failed.load(Ordering::Acquire)
     }
 
     /// [`Engine::abort`] for a caller that holds the state lock: records

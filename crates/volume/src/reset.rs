@@ -1,0 +1,232 @@
+//! A new, empty journal for a volume whose journal is lost or damaged
+//! beyond replay (`jbdev journal reset`).
+//!
+//! The volume's content becomes what its home area holds. That is every
+//! acknowledged write when the journal failed under a running volume and
+//! its salvage completed (`Stats::salvage_complete`, logged "salvage
+//! complete"); otherwise what only the old journal held is gone with it.
+//! A journal that an open can still replay is refused: opening the volume
+//! is the way to use it. A damaged one, another volume's, or anything else
+//! found where the journal should be is only overwritten with `force`.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use jbdev_device::{open_device, BlockDevice, FlushCoalescer};
+use jbdev_journal::recovery::{self, ScanEnd};
+use jbdev_journal::JournalRegion;
+
+use crate::superblock::JournalLocation;
+use crate::volume::{
+    file_format_would_create, read_volume_superblock, refuse_same_target, remove_created,
+    write_empty_journal,
+};
+use crate::{Result, VolumeError};
+
+/// What [`reset_journal`] did.
+#[derive(Clone, Debug)]
+pub struct JournalReset {
+    /// Where the new journal is: the external journal's path, or
+    /// "internal".
+    pub location: String,
+    /// The external journal file did not exist and was created.
+    pub created: bool,
+    /// What was there before, in words ("missing", "clean", "damaged: …").
+    pub previous: String,
+}
+
+/// Writes a new, empty journal for the volume at `path` (its external
+/// journal at `journal`, or at the path recorded at format time; a missing
+/// file is created). Takes the volume's lock like an open: refused while
+/// the volume is open anywhere.
+pub fn reset_journal(path: &Path, journal: Option<&Path>, force: bool) -> Result<JournalReset> {
+    let dopts = jbdev_device::OpenOptions::default();
+    let dev = open_device(path, &dopts)?.device;
+    let sb = read_volume_superblock(dev.as_ref(), &path.display().to_string())?;
+    let JournalLocation::External {
+        path_hint,
+        len_bytes,
+        ..
+    } = &sb.journal
+    else {
+        if let Some(j) = journal {
+            return Err(VolumeError::InvalidArgument(format!(
+                "--journal {} given, but this volume's journal is internal: leave it out",
+                j.display()
+            )));
+        }
+        return reset_journal_device(dev, None, force);
+    };
+    let jp: PathBuf = match journal {
+        Some(p) => p.to_path_buf(),
+        None if !path_hint.as_os_str().is_empty() => path_hint.clone(),
+        None => {
+            return Err(VolumeError::InvalidArgument(
+                "this volume has an external journal and no recorded path: give --journal PATH"
+                    .into(),
+            ))
+        }
+    };
+    refuse_same_target(path, &jp)?;
+    let created = file_format_would_create(&jp);
+    let res = (|| {
+        let jdev = open_device(
+            &jp,
+            &jbdev_device::OpenOptions {
+                create_size: Some(*len_bytes),
+                ..Default::default()
+            },
+        )?
+        .device;
+        let mut r = reset_journal_device(dev, Some(jdev), force)?;
+        r.location = jp.display().to_string();
+        r.created = created.is_some();
+        if r.created {
+            r.previous = "missing".into();
+        }
+        Ok(r)
+    })();
+    if res.is_err() {
+        if let Some(p) = &created {
+            remove_created(p);
+        }
+    }
+    res
+}
+
+/// [`reset_journal`] on already-open devices (`journal`: the external
+/// journal's device).
+pub fn reset_journal_device(
+    dev: Arc<dyn BlockDevice>,
+    journal: Option<Arc<dyn BlockDevice>>,
+    force: bool,
+) -> Result<JournalReset> {
+    let sb = read_volume_superblock(dev.as_ref(), "the volume device")?;
+    let bs = sb.block_size;
+    let (jdev, joff, jlen, location) = match (&sb.journal, journal) {
+        (
+            JournalLocation::Internal {
+                offset_bytes,
+                len_bytes,
+            },
+            _,
+        ) => (
+            dev.clone(),
+            *offset_bytes,
+            *len_bytes,
+            "internal".to_string(),
+        ),
+        (JournalLocation::External { len_bytes, .. }, Some(j)) => {
+            if j.size_bytes() < *len_bytes {
+                return Err(VolumeError::InvalidArgument(format!(
+                    "the journal device holds {} bytes but this volume's journal needs {len_bytes}",
+                    j.size_bytes()
+                )));
+            }
+            (j, 0, *len_bytes, "external".to_string())
+        }
+        (JournalLocation::External { .. }, None) => {
+            return Err(VolumeError::InvalidArgument(
+                "this volume has an external journal: give its device".into(),
+            ))
+        }
+    };
+    let uuid = sb.journal_uuid();
+    let previous = describe_old_journal(&jdev, joff, jlen, bs, uuid)?;
+    if let Old::Refused(why) = &previous {
+        if !force {
+            return Err(VolumeError::InvalidArgument(why.clone()));
+        }
+    }
+    write_empty_journal(&jdev, joff, jlen, bs, uuid)?;
+    Ok(JournalReset {
+        location,
+        created: false,
+        previous: match previous {
+            Old::Refused(why) => why,
+            Old::Replaceable(what) => what,
+        },
+    })
+}
+
+/// What the journal area holds now.
+enum Old {
+    /// Nothing an open could use: replaced without `force`.
+    Replaceable(String),
+    /// Something a reset would destroy: only with `force` (the reason).
+    Refused(String),
+}
+
+fn describe_old_journal(
+    jdev: &Arc<dyn BlockDevice>,
+    joff: u64,
+    jlen: u64,
+    bs: u32,
+    uuid: [u8; 16],
+) -> Result<Old> {
+    let region = JournalRegion::new(
+        jdev.clone(),
+        Arc::new(FlushCoalescer::new()),
+        joff,
+        bs,
+        (jlen / u64::from(bs)) as u32,
+    )?;
+    let scan = match recovery::scan(&region, &mut |_| {}) {
+        Ok(scan) => scan,
+        Err(jbdev_journal::JournalError::Device(e)) => {
+            return Ok(Old::Replaceable(format!("unreadable ({e})")))
+        }
+        Err(e) => {
+            return Ok(if region_is_zero(jdev, joff, jlen)? {
+                Old::Replaceable("empty (all zero)".into())
+            } else {
+                Old::Refused(format!(
+                    "the journal area holds no usable journal ({e}) but is not empty either: \
+                     check it is the right one; --force overwrites it"
+                ))
+            })
+        }
+    };
+    if scan.superblock.uuid != uuid {
+        return Ok(Old::Refused(
+            "this journal belongs to another volume (its uuid differs): the wrong --journal? \
+             --force overwrites it"
+                .into(),
+        ));
+    }
+    Ok(match scan.end {
+        ScanEnd::CleanJournal => Old::Refused(
+            "the journal is clean and intact: there is nothing to reset (open the volume); \
+             --force writes a new one anyway"
+                .into(),
+        ),
+        ScanEnd::CorruptMiddle {
+            sequence, reason, ..
+        } => Old::Refused(format!(
+            "the journal is damaged in the middle (transaction {sequence}: {reason}); committed \
+             transactions after the damage would be lost with it. Rescue data first with a \
+             read-only open (`jbdev serve --read-only`); --force discards the journal"
+        )),
+        _ => Old::Refused(format!(
+            "the journal holds {} committed transaction(s) that opening the volume replays: \
+             open it instead (`jbdev check` shows them); --force discards them",
+            scan.txns.len()
+        )),
+    })
+}
+
+/// Whether the journal area reads as all zeroes (a journal file created but
+/// never written, a zeroed device).
+fn region_is_zero(jdev: &Arc<dyn BlockDevice>, joff: u64, jlen: u64) -> Result<bool> {
+    let mut buf = jbdev_device::AlignedBuf::zeroed(1 << 20);
+    let mut at = 0u64;
+    while at < jlen {
+        let n = (jlen - at).min(buf.len() as u64) as usize;
+        jdev.read_at(&mut buf[..n], joff + at)?;
+        if buf[..n].iter().any(|&b| b != 0) {
+            return Ok(false);
+        }
+        at += n as u64;
+    }
+    Ok(true)
+}
