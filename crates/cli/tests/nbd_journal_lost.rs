@@ -1,0 +1,82 @@
+//! The real `jbdev serve` with an external journal file that is deleted
+//! under it, with the real `nbdcopy`: what was acknowledged is salvaged
+//! home before the server stops taking writes, `jbdev journal reset` gives
+//! the volume a new journal, and a restarted server serves every byte.
+//! Before session 19 the journaled writes went with the deleted file and
+//! the volume could not be opened again at all.
+
+mod nbd_common;
+
+use std::time::{Duration, Instant};
+
+use nbd_common::*;
+
+#[test]
+fn a_deleted_external_journal_loses_nothing_and_the_volume_serves_again_after_a_reset() {
+    if !have_tool("nbdcopy", "a_deleted_external_journal_loses_nothing") {
+        return;
+    }
+    let dir = TempDir::new("journal-lost");
+    let (img, jnl) = (dir.path("v.img"), dir.path("j.jnl"));
+    let (img_s, jnl_s) = (img.to_str().unwrap(), jnl.to_str().unwrap());
+    run_ok(
+        JBDEV,
+        &[
+            "format",
+            img_s,
+            "--size",
+            "32M",
+            "--journal",
+            jnl_s,
+            "--journal-size",
+            "32M",
+        ],
+        120,
+    );
+    let src = dir.path("src.raw");
+    std::fs::write(&src, pattern(19, 8 << 20)).unwrap();
+    let srv = ServerProc::start(&[img_s], None);
+    let uri = srv.tcp_uri();
+    // 64 KiB requests are journaled (below --direct-write-threshold), and
+    // --flush makes them durable: acknowledged, and in the journal only
+    // (a 32 MiB journal is far from its checkpoint threshold).
+    run_ok(
+        "nbdcopy",
+        &[
+            "--flush",
+            "--request-size=65536",
+            src.to_str().unwrap(),
+            &uri,
+        ],
+        120,
+    );
+    std::fs::remove_file(&jnl).unwrap();
+    // The journal watch notices within 250 ms; the salvage then runs.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !srv.log_text().contains("salvage complete") {
+        assert!(
+            Instant::now() < deadline,
+            "no salvage a minute after the journal was deleted:\n{}",
+            srv.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let log = srv.log_text();
+    assert!(!srv.stop(), "the stop reports the abort");
+    assert!(log.contains("was deleted"), "{log}");
+    // Without its journal the volume does not open; a reset fixes that.
+    let o = run_tool(JBDEV, &["check", img_s], 60);
+    assert!(!o.status.success(), "check without the journal");
+    let out = run_ok(JBDEV, &["journal", "reset", img_s], 60);
+    assert!(out.contains("created"), "{out}");
+    run_ok(JBDEV, &["check", img_s], 60);
+    let srv = ServerProc::start(&[img_s], None);
+    let back = dir.path("back.raw");
+    run_ok("nbdcopy", &[&srv.tcp_uri(), back.to_str().unwrap()], 120);
+    assert!(srv.stop());
+    let got = std::fs::read(&back).unwrap();
+    assert!(
+        got[..8 << 20] == pattern(19, 8 << 20)[..],
+        "the copy is not what was acknowledged"
+    );
+}
