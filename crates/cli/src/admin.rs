@@ -573,6 +573,7 @@ pub fn info(a: InfoArgs) -> anyhow::Result<()> {
     let expect_uuid = sb.journal_uuid();
     let foreign = jsb.ok().filter(|j| j.uuid != expect_uuid);
     let geometry = jsb.ok().and_then(|j| journal_geometry_mismatch(sb, j));
+    let stale = jsb.ok().and_then(|j| jbdev_volume::stale_journal(sb, j));
     // Image files only: how much of the file is allocated, and whether its
     // file system could run out before the holes are filled.
     let space = if home_kind == "local" {
@@ -596,7 +597,10 @@ pub fn info(a: InfoArgs) -> anyhow::Result<()> {
                 "error": jsb.err(),
                 "belongs_to_volume": jsb.ok().map(|j| j.uuid == expect_uuid),
                 "geometry_error": geometry,
+                "session": jsb.map(|j| j.session).ok(),
+                "stale": stale,
             },
+            "journal_session": sb.journal_session,
             "created_unix_secs": sb.created_unix_secs,
             "feature_compat": sb.feature_compat,
             "feature_incompat": sb.feature_incompat,
@@ -685,6 +689,9 @@ pub fn info(a: InfoArgs) -> anyhow::Result<()> {
     }
     if let Some(g) = &geometry {
         outln!("warning         CORRUPT: {g}: every open refuses this volume")?;
+    }
+    if let Some(why) = &stale {
+        outln!("warning         {why}")?;
     }
     if let Some(j) = foreign {
         outln!(
@@ -964,6 +971,11 @@ pub fn check(a: CheckArgs) -> anyhow::Result<()> {
             uuid_str(&jsb.uuid),
             uuid_str(&ins.superblock.journal_uuid())
         );
+    }
+    if let Some(why) = jbdev_volume::stale_journal(&ins.superblock, &jsb) {
+        // Not damage: the wrong copy of the journal (exit 1, like another
+        // volume's journal above).
+        anyhow::bail!("{why}; every open refuses it");
     }
     outln!(
         "journal superblock: ok ({} blocks, next transaction {})",

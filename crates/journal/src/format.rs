@@ -127,6 +127,9 @@ mod sb {
     /// jbdev: commits that may be in flight at once in the live log
     /// (`s_padding[0]`; jbd2 tools ignore it). 0 means 1.
     pub const PIPELINE_DEPTH: usize = 0x5C;
+    /// jbdev: the session stamp of the last read-write open
+    /// (`s_padding[1]`; jbd2 tools ignore it). 0: none.
+    pub const SESSION: usize = 0x60;
     pub const CHECKSUM: usize = 0xFC;
     pub const USERS: usize = 0x100;
     pub const END: usize = 0x400;
@@ -451,6 +454,12 @@ pub struct JournalSuperblock {
     /// tail from damage in the middle: transaction S + depth is only
     /// written once S is durable.
     pub pipeline_depth: u32,
+    /// jbdev: the session of the last read-write open of the volume, also
+    /// stamped into its volume superblock (after this one). A log that
+    /// needs replay but carries an older session than the volume's is a
+    /// journal restored from a backup. 0: none (a journal written before
+    /// session stamps, or by a jbdev without them).
+    pub session: u32,
 }
 
 impl JournalSuperblock {
@@ -476,6 +485,7 @@ impl JournalSuperblock {
             max_trans_data: 0,
             users: vec![uuid],
             pipeline_depth: 1,
+            session: 0,
         }
     }
 
@@ -539,6 +549,7 @@ impl JournalSuperblock {
         put_be32(block, sb::MAX_TRANSACTION, self.max_transaction);
         put_be32(block, sb::MAX_TRANS_DATA, self.max_trans_data);
         put_be32(block, sb::PIPELINE_DEPTH, self.pipeline_depth.max(1));
+        put_be32(block, sb::SESSION, self.session);
         block[sb::CHECKSUM_TYPE] = CHECKSUM_TYPE_CRC32C;
         for (i, user) in self.users.iter().enumerate() {
             let off = sb::USERS + i * UUID_LEN;
@@ -670,6 +681,7 @@ impl JournalSuperblock {
             max_trans_data: get_be32(block, sb::MAX_TRANS_DATA),
             users,
             pipeline_depth: get_be32(block, sb::PIPELINE_DEPTH).max(1),
+            session: get_be32(block, sb::SESSION),
         })
     }
 }
@@ -1097,8 +1109,10 @@ mod tests {
         let mut sbk = JournalSuperblock::new(4096, 1000, UUID);
         sbk.start = 7;
         sbk.sequence = 0x0102_0304;
+        sbk.session = 0x0a0b_0c0d;
         let mut block = vec![0xffu8; 4096];
         sbk.encode(&mut block);
+        assert_eq!(&block[0x60..0x64], &[0x0a, 0x0b, 0x0c, 0x0d]);
         assert_eq!(&block[0..4], &[0xc0, 0x3b, 0x39, 0x98]);
         assert_eq!(get_be32(&block, 4), BLOCKTYPE_SUPERBLOCK_V2);
         assert_eq!(&block[0x0c..0x10], &4096u32.to_be_bytes());

@@ -81,7 +81,7 @@ fn superblock() -> impl Strategy<Value = JournalSuperblock> {
         any::<[u8; 16]>(),
         any::<u32>(),
         any::<i32>(),
-        any::<(u32, u32)>(),
+        any::<(u32, u32, u32)>(),
         prop::collection::vec(any::<[u8; 16]>(), 0..=MAX_USERS),
         any::<(u32, u32, bool)>(),
     )
@@ -92,7 +92,7 @@ fn superblock() -> impl Strategy<Value = JournalSuperblock> {
                 uuid,
                 sequence,
                 errno,
-                (max_transaction, max_trans_data),
+                (max_transaction, max_trans_data, session),
                 users,
                 (first_pick, start_pick, clean),
             )| {
@@ -107,6 +107,7 @@ fn superblock() -> impl Strategy<Value = JournalSuperblock> {
                 sb.errno = errno;
                 sb.max_transaction = max_transaction;
                 sb.max_trans_data = max_trans_data;
+                sb.session = session;
                 sb.nr_users = users.len() as u32;
                 sb.users = users;
                 sb

@@ -16,7 +16,7 @@ use jbdev_device::{open_device, BlockDevice, FlushCoalescer};
 use jbdev_journal::recovery::{self, ScanEnd};
 use jbdev_journal::JournalRegion;
 
-use crate::superblock::JournalLocation;
+use crate::superblock::{JournalLocation, VolumeSuperblock};
 use crate::volume::{
     file_format_would_create, read_volume_superblock, refuse_same_target, remove_created,
     write_empty_journal,
@@ -132,13 +132,13 @@ pub fn reset_journal_device(
         }
     };
     let uuid = sb.journal_uuid();
-    let previous = describe_old_journal(&jdev, joff, jlen, bs, uuid)?;
+    let previous = describe_old_journal(&jdev, joff, jlen, &sb)?;
     if let Old::Refused(why) = &previous {
         if !force {
             return Err(VolumeError::InvalidArgument(why.clone()));
         }
     }
-    write_empty_journal(&jdev, joff, jlen, bs, uuid)?;
+    write_empty_journal(&jdev, joff, jlen, bs, uuid, sb.journal_session)?;
     Ok(JournalReset {
         location,
         created: false,
@@ -161,9 +161,9 @@ fn describe_old_journal(
     jdev: &Arc<dyn BlockDevice>,
     joff: u64,
     jlen: u64,
-    bs: u32,
-    uuid: [u8; 16],
+    sb: &VolumeSuperblock,
 ) -> Result<Old> {
+    let (bs, uuid) = (sb.block_size, sb.journal_uuid());
     let region = JournalRegion::new(
         jdev.clone(),
         Arc::new(FlushCoalescer::new()),
@@ -187,6 +187,11 @@ fn describe_old_journal(
             })
         }
     };
+    if let Some(why) = crate::volume::stale_journal(sb, &scan.superblock) {
+        // Its transactions are older than the volume: nothing in it is
+        // wanted, and opening refuses it.
+        return Ok(Old::Replaceable(why));
+    }
     if scan.superblock.uuid != uuid {
         return Ok(Old::Refused(
             "this journal belongs to another volume (its uuid differs): the wrong --journal? \

@@ -56,8 +56,11 @@ mod off {
     pub const JOURNAL_UUID: usize = 88;
     pub const PATH_HINT_LEN: usize = 104;
     pub const PATH_HINT: usize = 108;
+    /// The journal session stamp (`VolumeSuperblock::journal_session`):
+    /// the first 4 bytes of what was reserved before session 19.
+    pub const JOURNAL_SESSION: usize = PATH_HINT + super::MAX_PATH_HINT_LEN + 1;
     /// Reserved, zero when written, ignored when read.
-    pub const RESERVED: usize = PATH_HINT + super::MAX_PATH_HINT_LEN + 1;
+    pub const RESERVED: usize = JOURNAL_SESSION + 4;
     pub const CHECKSUM: usize = 508;
 }
 
@@ -66,7 +69,7 @@ const _: () = {
     assert!(off::UUID + 16 == off::SIZE_BYTES);
     assert!(off::JOURNAL_UUID + 16 == off::PATH_HINT_LEN);
     assert!(off::PATH_HINT == off::PATH_HINT_LEN + 4);
-    assert!(off::RESERVED == 364);
+    assert!(off::JOURNAL_SESSION == 364);
     assert!(off::RESERVED <= off::CHECKSUM);
     assert!(off::CHECKSUM + 4 == VolumeSuperblock::ENCODED_LEN);
     // The superblock fits in one sector and so in block 0 of any volume.
@@ -121,6 +124,13 @@ pub struct VolumeSuperblock {
     pub feature_ro_compat: u32,
     /// Format time, seconds since the Unix epoch.
     pub created_unix_secs: u64,
+    /// The journal session of the last read-write open (each one takes the
+    /// next number and writes it into the journal's superblock first, then
+    /// here): a journal whose log still needs replay but carries an older
+    /// session than this was restored from a backup, and replaying it
+    /// would bring back old data. 0: never opened by a jbdev that stamps
+    /// (the check is skipped).
+    pub journal_session: u32,
 }
 
 /// What is wrong with a volume superblock.
@@ -230,6 +240,7 @@ impl VolumeSuperblock {
         put_u64(b, off::SIZE_BYTES, self.size_bytes);
         put_u64(b, off::DATA_OFFSET_BYTES, self.data_offset_bytes);
         put_u64(b, off::CREATED_UNIX_SECS, self.created_unix_secs);
+        put_u32(b, off::JOURNAL_SESSION, self.journal_session);
         put_u32(b, off::FEATURE_COMPAT, self.feature_compat);
         put_u32(b, off::FEATURE_INCOMPAT, self.feature_incompat);
         put_u32(b, off::FEATURE_RO_COMPAT, self.feature_ro_compat);
@@ -323,6 +334,7 @@ impl VolumeSuperblock {
             feature_incompat,
             feature_ro_compat: get_u32(b, off::FEATURE_RO_COMPAT),
             created_unix_secs: get_u64(b, off::CREATED_UNIX_SECS),
+            journal_session: get_u32(b, off::JOURNAL_SESSION),
         };
         sb.validate()?;
         Ok(sb)
@@ -419,6 +431,7 @@ mod tests {
             feature_incompat: 0,
             feature_ro_compat: 0,
             created_unix_secs: 1_763_000_000,
+            journal_session: 0,
         }
     }
 
@@ -587,7 +600,7 @@ mod tests {
             9u32..=16,
             any::<[u8; 16]>(),
             (1u64..1 << 30, 1u64..1 << 20, any::<bool>()),
-            any::<(u32, u32, u64)>(),
+            any::<(u32, u32, u64, u32)>(),
             prop::option::of(("[a-zA-Z0-9/._ é-]{0,80}", any::<[u8; 16]>())),
         )
             .prop_map(
@@ -595,7 +608,7 @@ mod tests {
                     shift,
                     uuid,
                     (data_blocks, journal_blocks, data_first),
-                    (compat, ro, created),
+                    (compat, ro, created, session),
                     ext,
                 )| {
                     let bs = 1u64 << shift;
@@ -633,6 +646,7 @@ mod tests {
                         feature_incompat: 0,
                         feature_ro_compat: ro,
                         created_unix_secs: created,
+                        journal_session: session,
                     }
                 },
             )

@@ -561,6 +561,34 @@ pub fn file_format_would_create(p: &Path) -> Option<PathBuf> {
     None
 }
 
+/// Writes the volume superblock into block 0 (zero-padded to a whole
+/// block: nothing else lives in block 0) and flushes it. The 512 bytes it
+/// uses are one sector, written atomically.
+fn write_volume_superblock(dev: &dyn BlockDevice, vsb: &VolumeSuperblock) -> Result<()> {
+    let mut buf = AlignedBuf::zeroed(vsb.block_size as usize);
+    vsb.encode(&mut buf);
+    dev.write_at(&buf, 0, IoPriority::Urgent)?;
+    dev.flush()?;
+    Ok(())
+}
+
+/// Why a journal must not be replayed over its volume: its log needs
+/// replay, but it carries an older session stamp than the volume's last
+/// read-write open (a journal restored from a backup, or copied from an
+/// older snapshot: replaying it would bring back old data over newer).
+/// `None` when either stamp is 0 (written by a jbdev without stamps).
+pub fn stale_journal(sb: &VolumeSuperblock, jsb: &JournalSuperblock) -> Option<String> {
+    let (vs, js) = (sb.journal_session, jsb.session);
+    (!jsb.is_clean() && vs != 0 && js != 0 && js < vs).then(|| {
+        format!(
+            "the journal is stale: its log needs replay but was written by session {js}, and \
+             the volume has been opened read-write since (session {vs}). It is an old copy \
+             (restored from a backup?): replaying it would bring back old data over newer. \
+             Give --journal the current journal, or discard this one with `jbdev journal reset`"
+        )
+    })
+}
+
 /// Writes an empty journal of `journal_bytes` at `joff` of `jdev`, for a
 /// volume whose journal uuid is `uuid`, and flushes it: zeroes over the
 /// whole log (not a hole punch: a dump of a fresh journal shows nothing
@@ -573,6 +601,7 @@ pub(crate) fn write_empty_journal(
     journal_bytes: u64,
     bs: u32,
     uuid: [u8; 16],
+    session: u32,
 ) -> Result<()> {
     let jblocks = (journal_bytes / u64::from(bs)) as u32;
     let region = JournalRegion::new(
@@ -592,6 +621,7 @@ pub(crate) fn write_empty_journal(
     let mut jsb = JournalSuperblock::new(bs, jblocks, uuid);
     jsb.users = vec![uuid];
     jsb.max_transaction = (jblocks / 4).max(3);
+    jsb.session = session;
     region.write_superblock_full(&jsb)?;
     jdev.flush()?;
     Ok(())
@@ -780,7 +810,7 @@ impl Volume {
                 ))
             }
         };
-        write_empty_journal(&jdev, joff, journal_bytes, bs as u32, uuid)?;
+        write_empty_journal(&jdev, joff, journal_bytes, bs as u32, uuid, 0)?;
         // IMPORTANT: the volume superblock goes last, so an interrupted
         // format never looks like a volume.
         let vsb = VolumeSuperblock {
@@ -793,12 +823,9 @@ impl Volume {
             feature_incompat: 0,
             feature_ro_compat: 0,
             created_unix_secs: now_unix_secs(),
+            journal_session: 0,
         };
-        let mut buf = AlignedBuf::zeroed(bs as usize);
-        vsb.encode(&mut buf);
-        dev.write_at(&buf, 0, IoPriority::Urgent)?;
-        dev.flush()?;
-        Ok(())
+        write_volume_superblock(dev.as_ref(), &vsb)
     }
 
     /// Opens a volume on already-open devices, running recovery if needed.
@@ -808,7 +835,7 @@ impl Volume {
         opts: &OpenOptions,
     ) -> Result<Volume> {
         opts.validate()?;
-        let sb = read_volume_superblock(dev.as_ref(), "the volume device")?;
+        let mut sb = read_volume_superblock(dev.as_ref(), "the volume device")?;
         refuse_unknown_ro_compat(&sb, opts.read_only)?;
         let bs = sb.block_size;
         let home_flusher = Arc::new(FlushCoalescer::new());
@@ -835,6 +862,9 @@ impl Volume {
             return Err(VolumeError::CorruptJournal(
                 "the journal belongs to another volume (its uuid differs from the volume's)".into(),
             ));
+        }
+        if let Some(why) = stale_journal(&sb, &scan.superblock) {
+            return Err(VolumeError::CorruptJournal(why));
         }
         let was_clean = scan.end == ScanEnd::CleanJournal;
         let end = describe_end(&scan.end);
@@ -932,9 +962,16 @@ impl Volume {
             // recovery judges a torn tail by the depth of the session that
             // wrote the log.
             jsb.pipeline_depth = opts.pipeline_depth.clamp(1, recovery::MAX_PIPELINE_DEPTH);
+            // This session's stamp: into the journal first, then the
+            // volume. A crash between them leaves the journal one ahead,
+            // which is not stale (`stale_journal`).
+            let session = sb.journal_session.max(jsb.session).wrapping_add(1).max(1);
+            jsb.session = session;
             engine.log.region.update_superblock(&jsb)?;
             engine.log.region.flush()?;
             *engine.log.jsb.get_mut() = jsb;
+            sb.journal_session = session;
+            write_volume_superblock(dev.as_ref(), &sb)?;
         }
         if !was_clean {
             tracing::info!(
@@ -1808,6 +1845,29 @@ impl Transaction<'_> {
 mod tests {
     use super::*;
     use jbdev_device::mem::MemDevice;
+
+    /// Stale only when the log needs replay, both stamps are set, and the
+    /// journal's is older; a journal one ahead (a crash between the two
+    /// stamp writes of an open) is not.
+    #[test]
+    fn a_journal_is_stale_only_with_a_log_to_replay_and_an_older_stamp() {
+        let (_, v) = mem_volume(1 << 20, 256 << 10);
+        let mut sb = v.superblock().clone();
+        let mut jsb = JournalSuperblock::new(4096, 64, sb.journal_uuid());
+        let mut stale = |vs, js, dirty| {
+            sb.journal_session = vs;
+            jsb.session = js;
+            jsb.start = if dirty { 1 } else { 0 };
+            stale_journal(&sb, &jsb).is_some()
+        };
+        assert!(stale(5, 4, true));
+        assert!(!stale(5, 4, false), "clean: nothing to replay");
+        assert!(!stale(5, 5, true));
+        assert!(!stale(5, 6, true), "an open interrupted between its stamps");
+        assert!(!stale(0, 3, true), "a volume never stamped");
+        assert!(!stale(5, 0, true), "a journal written without stamps");
+        drop(v);
+    }
 
     fn mem_volume(size: u64, journal: u64) -> (Arc<MemDevice>, Volume) {
         let dev = Arc::new(MemDevice::new(size + journal + 4096, 512));
