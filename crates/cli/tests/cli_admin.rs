@@ -1228,3 +1228,40 @@ fn info_and_dump_compare_the_journal_with_the_volume() {
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
     assert!(text(&o).contains("s_maxlen"), "{}", text(&o));
 }
+
+/// `jbdev bench` with stdout gone stops at its first line instead of
+/// running on with nowhere to print: into a closed pipe (`| head -1`) it
+/// ends quietly with the shell's SIGPIPE status, into a full device with a
+/// `jbdev: error:` line; never a panic. Its first line (the machine) comes
+/// before any backing is set up, so the nonexistent `--device` is never
+/// reached: a bench that ignored the failed write would fail on it instead.
+#[test]
+fn bench_with_stdout_gone_stops_at_its_first_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("no-such-dir/dev");
+    let bench = || {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_jbdev"));
+        c.args(["bench", "sync-writers", "--quick", "--no-plots"])
+            .args(["--no-progress", "--device", missing.to_str().unwrap()]);
+        c
+    };
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let o = bench().stdout(writer).output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!err.contains("panicked"), "{err}");
+    assert_eq!(o.status.code(), Some(141), "closed pipe: {err}");
+    assert!(err.trim().is_empty(), "closed pipe: {err}");
+
+    let full = std::fs::OpenOptions::new()
+        .write(true)
+        .open("/dev/full")
+        .unwrap();
+    let o = bench().stdout(full).output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "/dev/full: {err}");
+    assert_eq!(
+        err.trim(),
+        "jbdev: error: writing to stdout: No space left on device (os error 28)"
+    );
+}
