@@ -1265,3 +1265,51 @@ fn bench_with_stdout_gone_stops_at_its_first_line() {
         "jbdev: error: writing to stdout: No space left on device (os error 28)"
     );
 }
+
+/// `check` (and `info`) on a volume whose external journal file was
+/// truncated say what happened and what to do, and the steps they give
+/// work: `truncate -s` back to the journal's length, then `check` passes
+/// and the volume opens. (Before the fix: "CORRUPT: corrupt journal:
+/// journal log is inconsistent: journal region ends at byte 1048576 but
+/// the device has 524288 bytes", no advice.)
+#[test]
+fn check_says_what_to_do_about_a_truncated_external_journal() {
+    let dir = tempfile::tempdir().unwrap();
+    let (img, jnl) = (dir.path().join("v.img"), dir.path().join("j.jnl"));
+    let (p, j) = (img.to_str().unwrap(), jnl.to_str().unwrap());
+    format_16m(p, &["--journal", j]);
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&jnl)
+        .unwrap()
+        .set_len(512 << 10)
+        .unwrap();
+    let truncate = format!("`truncate -s 1048576 {j}`");
+    let check = format!("`jbdev check {p} --journal {j}`");
+    let o = jbdev(&["check", p]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        out.starts_with(&format!(
+            "CORRUPT: the external journal file {j} holds 524288 bytes, less than the \
+             journal's 1048576: it was truncated"
+        )) && out.contains(&truncate)
+            && out.contains(&check),
+        "{out}"
+    );
+    let o = jbdev(&["info", p]);
+    assert!(text(&o).contains(&truncate), "{}", text(&o));
+    // The steps, as given.
+    let args: Vec<&str> = truncate.trim_matches('`').split(' ').collect();
+    let ok = Command::new(args[0]).args(&args[1..]).status().unwrap();
+    assert!(ok.success());
+    let args: Vec<&str> = check.trim_matches('`').split(' ').collect();
+    assert_eq!(args[0], "jbdev");
+    let o = jbdev(&args[1..]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(text(&o).contains("check: ok"), "{}", text(&o));
+    jbdev_volume::Volume::open(&img, &jbdev_volume::OpenOptions::default())
+        .unwrap()
+        .close()
+        .unwrap();
+}
