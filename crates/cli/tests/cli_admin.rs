@@ -412,18 +412,23 @@ fn format_refuses_to_destroy_a_volume_or_data_without_force() {
     assert!(jbdev(&["check", p]).status.success());
 }
 
+/// Truncates (or extends) the existing file `p` to `len` bytes.
+fn set_len(p: &Path, len: u64) {
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(p)
+        .unwrap()
+        .set_len(len)
+        .unwrap();
+}
+
 #[test]
 fn check_and_info_refuse_a_truncated_image() {
     let dir = tempfile::tempdir().unwrap();
     let img = dir.path().join("v.img");
     let p = img.to_str().unwrap();
     format_16m(p, &[]);
-    std::fs::OpenOptions::new()
-        .write(true)
-        .open(&img)
-        .unwrap()
-        .set_len(8 << 20)
-        .unwrap();
+    set_len(&img, 8 << 20);
     let o = jbdev(&["check", p]);
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
     assert!(text(&o).contains("holds 8388608 bytes"), "{}", text(&o));
@@ -1278,12 +1283,7 @@ fn check_says_what_to_do_about_a_truncated_external_journal() {
     let (img, jnl) = (dir.path().join("v.img"), dir.path().join("j.jnl"));
     let (p, j) = (img.to_str().unwrap(), jnl.to_str().unwrap());
     format_16m(p, &["--journal", j]);
-    std::fs::OpenOptions::new()
-        .write(true)
-        .open(&jnl)
-        .unwrap()
-        .set_len(512 << 10)
-        .unwrap();
+    set_len(&jnl, 512 << 10);
     let truncate = format!("`truncate -s 1048576 {j}`");
     let check = format!("`jbdev check {p} --journal {j}`");
     let o = jbdev(&["check", p]);
