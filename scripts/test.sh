@@ -72,6 +72,7 @@ if [ "$RBD" = 1 ]; then
     cargo test --no-fail-fast --features rbd -p jbdev-volume --test model rbd
     cargo test --no-fail-fast --features rbd -p jbdev-volume --test rbd_open
     cargo test --no-fail-fast --features rbd -p jbdev-bench --test rbd
+    cargo test --no-fail-fast --features rbd -p jbdev-bench --lib rbd
     cargo test --no-fail-fast --features rbd -p jbdev --test nbd_crash --test nbd_interop --test cli_admin rbd
     scripts/ceph-test-cluster.sh stop "$JBDEV_CEPH_DIR"
     rm -f "$JBDEV_CEPH_DIR.lock"

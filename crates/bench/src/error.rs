@@ -36,6 +36,10 @@ pub enum BenchError {
     /// Writing the JSON report failed.
     #[error("json report: {0}")]
     Json(#[from] serde_json::Error),
+    /// Writing the tables to stdout failed (a closed pipe, a full disk):
+    /// the run stops there.
+    #[error(transparent)]
+    Stdout(#[from] jbdev_device::stdout::StdoutError),
     /// SIGINT or SIGTERM arrived; everything was torn down.
     #[error("interrupted; loop devices and mounts were torn down")]
     Interrupted,

@@ -12,6 +12,12 @@
 #![deny(unsafe_code)]
 // Parses tool output and /proc: never panic on what it reads.
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::indexing_slicing))]
+// Output goes through `outln!`/`out!` (jbdev_device::stdout), which return
+// an error when stdout is gone: `println!` would panic on a closed pipe.
+#![deny(clippy::print_stdout)]
+
+#[macro_use]
+extern crate jbdev_device;
 
 pub mod backing;
 pub mod cleanup;
@@ -354,15 +360,14 @@ pub fn run_plans(
         scenarios: Vec::new(),
         verdicts: Vec::new(),
     };
-    let _ = writeln!(
-        out,
+    outln!(to out,
         "jbdev bench: {} cpus ({}), kernel {}, {} s per run{}",
         report.machine.cpus,
         report.machine.cpu_model,
         report.machine.kernel,
         cfg.duration.as_secs_f64(),
         if cfg.quick { ", quick" } else { "" }
-    );
+    )?;
     let mut failures = Vec::new();
     'backings: for kind in &kinds {
         let b = match Backing::setup(kind, &bcfg) {
@@ -378,13 +383,12 @@ pub fn run_plans(
             let first_round = report.scenarios.len();
             for round in 1..=common.rounds {
                 if common.rounds > 1 {
-                    let _ = writeln!(
-                        out,
+                    outln!(to out,
                         "\n--- {} on {}: round {round} of {}",
                         plan.name(),
                         kind.name(),
                         common.rounds
-                    );
+                    )?;
                 }
                 let progress = if progress_visible {
                     Progress::new(plan.planned(cfg.duration), true)
@@ -401,7 +405,7 @@ pub fn run_plans(
                 progress.finish();
                 match res {
                     Ok(mut rep) => {
-                        finish_scenario(&mut rep, plan, &b, common, out);
+                        finish_scenario(&mut rep, plan, &b, common, out)?;
                         report.scenarios.push(rep);
                     }
                     Err(BenchError::Interrupted) => {
@@ -410,7 +414,7 @@ pub fn run_plans(
                     }
                     Err(e) => {
                         let msg = format!("{} on {}: {e}", plan.name(), kind.name());
-                        let _ = writeln!(out, "\n=== {msg}");
+                        outln!(to out, "\n=== {msg}")?;
                         failures.push(msg);
                     }
                 }
@@ -422,15 +426,14 @@ pub fn run_plans(
             if common.rounds > 1 && !rounds_done.is_empty() {
                 let verdicts = report::median_verdicts(rounds_done);
                 if !verdicts.is_empty() {
-                    let _ = writeln!(
-                        out,
+                    outln!(to out,
                         "\n=== {} on {}: targets by the median of {} rounds",
                         plan.name(),
                         kind.name(),
                         rounds_done.len()
-                    );
+                    )?;
                     for v in &verdicts {
-                        let _ = writeln!(out, "{}", report::render_target(v));
+                        outln!(to out, "{}", report::render_target(v))?;
                     }
                 }
                 report.verdicts.extend(verdicts);
@@ -448,16 +451,16 @@ pub fn run_plans(
         } else {
             String::new()
         };
-        let _ = writeln!(out, "\ntargets: {met} of {} met{by}", all_targets.len());
+        outln!(to out, "\ntargets: {met} of {} met{by}", all_targets.len())?;
     }
     if let Some(path) = &common.json {
         let f = std::fs::File::create(path)
             .map_err(error::io_err(format!("create {}", path.display())))?;
         serde_json::to_writer_pretty(std::io::BufWriter::new(f), &report)?;
-        let _ = writeln!(out, "json: {}", path.display());
+        outln!(to out, "json: {}", path.display())?;
     }
     if !common.no_plots && !report.scenarios.is_empty() {
-        let _ = writeln!(out, "plots: {}", common.plot_dir.display());
+        outln!(to out, "plots: {}", common.plot_dir.display())?;
     }
     if !failures.is_empty() {
         return Err(BenchError::Setup(format!(
@@ -477,7 +480,7 @@ fn finish_scenario(
     b: &Backing,
     common: &CommonArgs,
     out: &mut dyn Write,
-) {
+) -> Result<()> {
     if rep.runs.iter().any(|r| r.cpu_us_per_op.is_some()) {
         rep.notes.push(report::CPU_NOTE.into());
     }
@@ -495,17 +498,17 @@ fn finish_scenario(
             Err(e) => rep.notes.push(format!("plots failed: {e}")),
         }
     }
-    let _ = write!(
-        out,
+    out!(to out,
         "{}",
         report::render_scenario(rep, plan.name() == "mixed-iops")
-    );
+    )?;
     if plan.name() == "fsync-batch" {
-        let _ = write!(out, "{}", report::render_matrix(rep));
+        out!(to out, "{}", report::render_matrix(rep))?;
     }
     if plan.name() == "large-writes" {
-        let _ = write!(out, "{}", large::render(rep));
+        out!(to out, "{}", large::render(rep))?;
     }
+    Ok(())
 }
 
 /// Throughput and latency-CDF plots of one scenario.

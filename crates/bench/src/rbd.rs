@@ -20,6 +20,7 @@
 //! created and removed when the run ends — success, error or signal; images
 //! that existed before are left in place.
 
+use std::io::Write;
 use std::sync::Arc;
 
 use jbdev_device::rbd::{image_exists, RbdTarget};
@@ -113,8 +114,9 @@ pub fn preflight(images: &[String], force: bool) -> Result<Vec<bool>> {
     Ok(missing)
 }
 
-/// Runs the comparison; prints a markdown table to stdout and returns the runs.
-pub fn sync_writers(target: &str, a: &SyncWritersArgs) -> Result<Vec<RbdRun>> {
+/// Runs the comparison; prints a markdown table to `out` (stdout in `jbdev
+/// bench`) and returns the runs.
+pub fn sync_writers(target: &str, a: &SyncWritersArgs, out: &mut dyn Write) -> Result<Vec<RbdRun>> {
     crate::cleanup::install_signal_handler();
     let t = RbdTarget::parse(target).map_err(BenchError::InvalidArgument)?;
     let block = usize::try_from(a.block_size)
@@ -223,7 +225,7 @@ pub fn sync_writers(target: &str, a: &SyncWritersArgs) -> Result<Vec<RbdRun>> {
             runs.push(RbdRun::from_load(what, threads, &r));
         }
     }
-    print_table(target, &runs, duration.as_secs_f64(), block);
+    print_table(out, target, &runs, duration.as_secs_f64(), block)?;
     Ok(runs)
 }
 
@@ -231,55 +233,84 @@ fn find<'a>(runs: &'a [RbdRun], what: &str, threads: usize) -> Option<&'a RbdRun
     runs.iter().find(|r| r.what == what && r.threads == threads)
 }
 
-fn print_table(target: &str, runs: &[RbdRun], secs: f64, block: usize) {
-    println!("sync-writers on {target}: {block}-byte synchronous writes, {secs:.1} s per run\n");
-    println!("| threads | path | ops/s | p50 µs | p99 µs | vs librbd |");
-    println!("|---:|---|---:|---:|---:|---:|");
+fn print_table(
+    out: &mut dyn Write,
+    target: &str,
+    runs: &[RbdRun],
+    secs: f64,
+    block: usize,
+) -> Result<()> {
+    outln!(to out, "sync-writers on {target}: {block}-byte synchronous writes, {secs:.1} s per run\n")?;
+    outln!(to out, "| threads | path | ops/s | p50 µs | p99 µs | vs librbd |")?;
+    outln!(to out, "|---:|---|---:|---:|---:|---:|")?;
     for r in runs {
         let ratio = find(runs, PLAIN, r.threads)
             .map(|p| format!("{:.2}x", r.ops_per_s / p.ops_per_s.max(1e-9)))
             .unwrap_or_default();
-        println!(
+        outln!(
+            to out,
             "| {} | {} | {:.0} | {:.0} | {:.0} | {} |",
-            r.threads, r.what, r.ops_per_s, r.p50_us, r.p99_us, ratio
-        );
+            r.threads,
+            r.what,
+            r.ops_per_s,
+            r.p50_us,
+            r.p99_us,
+            ratio
+        )?;
     }
-    println!();
-    let target_line = |name: &str, got: Option<f64>, want: &str, ok: fn(f64) -> bool| match got {
-        Some(g) => println!(
-            "target {name}: {g:.2} ({want}) {}",
-            if ok(g) { "MET" } else { "MISSED" }
-        ),
-        None => println!("target {name}: not measured (needs threads 1 and 32)"),
-    };
+    outln!(to out)?;
     let ratio = |what: &str, t: usize| {
         Some(find(runs, what, t)?.ops_per_s / find(runs, PLAIN, t)?.ops_per_s.max(1e-9))
     };
     target_line(
+        out,
         "32 threads, local journal vs librbd",
         ratio(JBDEV_LOCAL, 32),
         ">= 5x",
         |g| g >= 5.0,
-    );
+    )?;
     target_line(
+        out,
         "32 threads, journal on RBD vs librbd",
         ratio(JBDEV_RBD, 32),
         ">= 3x",
         |g| g >= 3.0,
-    );
+    )?;
     let p50 = find(runs, JBDEV_LOCAL, 1)
         .zip(find(runs, PLAIN, 1))
         .map(|(j, p)| j.p50_us / p.p50_us.max(1e-9));
     target_line(
+        out,
         "1 thread p50, local journal / librbd",
         p50,
         "<= 1.1x",
         |g| g <= 1.1,
-    );
-    println!(
+    )?;
+    outln!(
+        to out,
         "librbd persistent write-log cache (ssd mode): {}",
         pwl_note()
-    );
+    )?;
+    Ok(())
+}
+
+/// One target's verdict line of the table.
+fn target_line(
+    out: &mut dyn Write,
+    name: &str,
+    got: Option<f64>,
+    want: &str,
+    met: fn(f64) -> bool,
+) -> Result<()> {
+    match got {
+        Some(g) => outln!(
+            to out,
+            "target {name}: {g:.2} ({want}) {}",
+            if met(g) { "MET" } else { "MISSED" }
+        )?,
+        None => outln!(to out, "target {name}: not measured (needs threads 1 and 32)")?,
+    }
+    Ok(())
 }
 
 /// Whether the installed librbd offers the persistent write-log cache.
@@ -299,5 +330,59 @@ fn pwl_note() -> &'static str {
         "the pwl_cache plugin is installed but this benchmark does not drive it yet"
     } else {
         "not offered by the installed librbd (no pwl_cache plugin), not measured"
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn runs() -> Vec<RbdRun> {
+        [(PLAIN, 1000.0), (JBDEV_LOCAL, 6000.0), (JBDEV_RBD, 2000.0)]
+            .into_iter()
+            .map(|(what, ops_per_s)| RbdRun {
+                what,
+                threads: 32,
+                ops_per_s,
+                p50_us: 100.0,
+                p99_us: 200.0,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_table_and_its_verdicts() {
+        let mut v = Vec::new();
+        print_table(&mut v, "rbd:p/i", &runs(), 1.0, 4096).unwrap();
+        let t = String::from_utf8(v).unwrap();
+        assert!(
+            t.contains("| 32 | jbdev, local journal | 6000 | 100 | 200 | 6.00x |"),
+            "{t}"
+        );
+        assert!(
+            t.contains("target 32 threads, local journal vs librbd: 6.00 (>= 5x) MET"),
+            "{t}"
+        );
+        assert!(
+            t.contains("target 32 threads, journal on RBD vs librbd: 2.00 (>= 3x) MISSED"),
+            "{t}"
+        );
+        assert!(
+            t.contains("target 1 thread p50, local journal / librbd: not measured"),
+            "{t}"
+        );
+    }
+
+    /// `jbdev bench sync-writers --target ... | head -1`: the table into a
+    /// closed pipe is an error for `?` (the command exits 141), not the
+    /// panic of `println!`.
+    #[test]
+    fn the_table_into_a_closed_pipe_is_an_error() {
+        let (reader, mut w) = std::io::pipe().unwrap();
+        drop(reader);
+        match print_table(&mut w, "rbd:p/i", &runs(), 1.0, 4096) {
+            Err(BenchError::Stdout(e)) => assert!(e.is_broken_pipe(), "{e}"),
+            other => panic!("expected a stdout error, got {other:?}"),
+        }
     }
 }

@@ -47,7 +47,7 @@ fn bench(target: &str, dir: &Path, force: bool) -> Result<(), String> {
     let BenchCommand::SyncWriters(s) = common::parse_bench(&args).unwrap() else {
         unreachable!()
     };
-    jbdev_bench::rbd::sync_writers(target, &s)
+    jbdev_bench::rbd::sync_writers(target, &s, &mut std::io::sink())
         .map(drop)
         .map_err(|e| e.to_string())
 }

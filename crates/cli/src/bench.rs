@@ -8,6 +8,8 @@ pub struct BenchArgs {
     pub scenario: jbdev_bench::cli::BenchCommand,
 }
 
+use jbdev_bench::BenchError;
+
 /// Runs the chosen scenario(s); tables go to stdout, plots and JSON to the
 /// paths given.
 pub fn run(a: BenchArgs) -> anyhow::Result<()> {
@@ -16,7 +18,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
             return rbd_sync_writers(target, s);
         }
     }
-    let report = jbdev_bench::run(&a.scenario)?;
+    let report = jbdev_bench::run(&a.scenario).map_err(stdout_error)?;
     let missed = report.final_targets().iter().filter(|t| !t.met).count();
     if missed > 0 {
         // Informational: a missed target is a finding, not a failure of the tool.
@@ -27,11 +29,22 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
 
 #[cfg(feature = "rbd")]
 fn rbd_sync_writers(target: &str, s: &jbdev_bench::cli::SyncWritersArgs) -> anyhow::Result<()> {
-    jbdev_bench::rbd::sync_writers(target, s)?;
+    jbdev_bench::rbd::sync_writers(target, s, &mut std::io::stdout()).map_err(stdout_error)?;
     Ok(())
 }
 
 #[cfg(not(feature = "rbd"))]
 fn rbd_sync_writers(target: &str, _s: &jbdev_bench::cli::SyncWritersArgs) -> anyhow::Result<()> {
     anyhow::bail!("--target {target}: this jbdev was built without rbd support (rebuild with `--features rbd`)")
+}
+
+/// A bench error, with a failed write to stdout as the [`StdoutError`] that
+/// `main` looks for (a closed pipe ends the command quietly, exit 141).
+///
+/// [`StdoutError`]: jbdev_device::stdout::StdoutError
+fn stdout_error(e: BenchError) -> anyhow::Error {
+    match e {
+        BenchError::Stdout(s) => s.into(),
+        e => e.into(),
+    }
 }

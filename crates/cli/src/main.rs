@@ -2,42 +2,17 @@
 #![deny(unsafe_code)]
 // Parses HTTP and metrics text from sockets: never panic on what it reads.
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::indexing_slicing))]
+// Output goes through `outln!`/`out!`: `println!` panics on a closed pipe.
+#![deny(clippy::print_stdout)]
 
 use clap::{Parser, Subcommand};
 
-/// `println!` that returns a [`StdoutError`] instead of panicking when
-/// stdout cannot be written (`>/dev/full`, a closed pipe where SIGPIPE is
-/// ignored): use it with `?` for everything a command prints.
-macro_rules! outln {
-    ($($arg:tt)*) => {{
-        use std::io::Write as _;
-        writeln!(std::io::stdout().lock(), $($arg)*).map_err($crate::StdoutError)
-    }};
-}
+// `outln!`/`out!`: printing that returns an error instead of panicking
+// when stdout is gone (crates/device/src/stdout.rs; `jbdev bench` shares it).
+#[macro_use]
+extern crate jbdev_device;
 
-/// `print!` counterpart of [`outln!`].
-macro_rules! out {
-    ($($arg:tt)*) => {{
-        use std::io::Write as _;
-        let mut o = std::io::stdout().lock();
-        write!(o, $($arg)*).and_then(|()| o.flush()).map_err($crate::StdoutError)
-    }};
-}
-
-mod admin;
-
-/// Writing to stdout failed: `jbdev: error: writing to stdout: ...`, exit 1
-/// (a closed pipe ends the command quietly instead, see [`main`]).
-#[derive(Debug)]
-pub struct StdoutError(pub std::io::Error);
-
-impl std::fmt::Display for StdoutError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "writing to stdout: {}", self.0)
-    }
-}
-
-impl std::error::Error for StdoutError {}
+use jbdev_device::stdout::StdoutError;
 
 /// Exit status of a command-line usage error (sysexits.h `EX_USAGE`): apart
 /// from `check`'s 2 (corruption found) and the 1 of every other failure.
@@ -47,6 +22,7 @@ const EXIT_USAGE: i32 = 64;
 /// reports for a command killed by SIGPIPE (128 + 13).
 const EXIT_BROKEN_PIPE: i32 = 141;
 
+mod admin;
 mod bench;
 mod metrics;
 mod serve;
@@ -124,7 +100,7 @@ fn main() {
     };
     if let Err(e) = res {
         if e.downcast_ref::<StdoutError>()
-            .is_some_and(|s| s.0.kind() == std::io::ErrorKind::BrokenPipe)
+            .is_some_and(StdoutError::is_broken_pipe)
         {
             std::process::exit(EXIT_BROKEN_PIPE);
         }

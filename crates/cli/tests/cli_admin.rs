@@ -412,18 +412,23 @@ fn format_refuses_to_destroy_a_volume_or_data_without_force() {
     assert!(jbdev(&["check", p]).status.success());
 }
 
+/// Truncates (or extends) the existing file `p` to `len` bytes.
+fn set_len(p: &Path, len: u64) {
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(p)
+        .unwrap()
+        .set_len(len)
+        .unwrap();
+}
+
 #[test]
 fn check_and_info_refuse_a_truncated_image() {
     let dir = tempfile::tempdir().unwrap();
     let img = dir.path().join("v.img");
     let p = img.to_str().unwrap();
     format_16m(p, &[]);
-    std::fs::OpenOptions::new()
-        .write(true)
-        .open(&img)
-        .unwrap()
-        .set_len(8 << 20)
-        .unwrap();
+    set_len(&img, 8 << 20);
     let o = jbdev(&["check", p]);
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
     assert!(text(&o).contains("holds 8388608 bytes"), "{}", text(&o));
@@ -1261,4 +1266,84 @@ fn journal_reset_replaces_a_lost_external_journal() {
     let o = jbdev(&["journal", "reset", img2.to_str().unwrap(), "--journal", j]);
     assert_clean_error(&o, "--journal for an internal journal");
     assert!(text(&o).contains("internal"), "{}", text(&o));
+}
+
+/// `jbdev bench` with stdout gone stops at its first line instead of
+/// running on with nowhere to print: into a closed pipe (`| head -1`) it
+/// ends quietly with the shell's SIGPIPE status, into a full device with a
+/// `jbdev: error:` line; never a panic. Its first line (the machine) comes
+/// before any backing is set up, so the nonexistent `--device` is never
+/// reached: a bench that ignored the failed write would fail on it instead.
+#[test]
+fn bench_with_stdout_gone_stops_at_its_first_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("no-such-dir/dev");
+    let bench = || {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_jbdev"));
+        c.args(["bench", "sync-writers", "--quick", "--no-plots"])
+            .args(["--no-progress", "--device", missing.to_str().unwrap()]);
+        c
+    };
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let o = bench().stdout(writer).output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!err.contains("panicked"), "{err}");
+    assert_eq!(o.status.code(), Some(141), "closed pipe: {err}");
+    assert!(err.trim().is_empty(), "closed pipe: {err}");
+
+    let full = std::fs::OpenOptions::new()
+        .write(true)
+        .open("/dev/full")
+        .unwrap();
+    let o = bench().stdout(full).output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "/dev/full: {err}");
+    assert_eq!(
+        err.trim(),
+        "jbdev: error: writing to stdout: No space left on device (os error 28)"
+    );
+}
+
+/// `check` (and `info`) on a volume whose external journal file was
+/// truncated say what happened and what to do, and the steps they give
+/// work: `truncate -s` back to the journal's length, then `check` passes
+/// and the volume opens. (Before the fix: "CORRUPT: corrupt journal:
+/// journal log is inconsistent: journal region ends at byte 1048576 but
+/// the device has 524288 bytes", no advice.)
+#[test]
+fn check_says_what_to_do_about_a_truncated_external_journal() {
+    let dir = tempfile::tempdir().unwrap();
+    let (img, jnl) = (dir.path().join("v.img"), dir.path().join("j.jnl"));
+    let (p, j) = (img.to_str().unwrap(), jnl.to_str().unwrap());
+    format_16m(p, &["--journal", j]);
+    set_len(&jnl, 512 << 10);
+    let truncate = format!("`truncate -s 1048576 {j}`");
+    let check = format!("`jbdev check {p} --journal {j}`");
+    let o = jbdev(&["check", p]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        out.starts_with(&format!(
+            "CORRUPT: the external journal file {j} holds 524288 bytes, less than the \
+             journal's 1048576: it was truncated"
+        )) && out.contains(&truncate)
+            && out.contains(&check),
+        "{out}"
+    );
+    let o = jbdev(&["info", p]);
+    assert!(text(&o).contains(&truncate), "{}", text(&o));
+    // The steps, as given.
+    let args: Vec<&str> = truncate.trim_matches('`').split(' ').collect();
+    let ok = Command::new(args[0]).args(&args[1..]).status().unwrap();
+    assert!(ok.success());
+    let args: Vec<&str> = check.trim_matches('`').split(' ').collect();
+    assert_eq!(args[0], "jbdev");
+    let o = jbdev(&args[1..]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(text(&o).contains("check: ok"), "{}", text(&o));
+    jbdev_volume::Volume::open(&img, &jbdev_volume::OpenOptions::default())
+        .unwrap()
+        .close()
+        .unwrap();
 }

@@ -8,6 +8,7 @@ use std::io::{self, IoSlice, IoSliceMut};
 use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 use crate::{check_request, iov_len, iov_len_mut, AlignedBuf, DeviceError, OpenOptions, Result};
 
@@ -105,7 +106,7 @@ pub fn open_file(path: &Path, opts: &OpenOptions) -> Result<DeviceFile> {
         // flock locks belong to the open file description, so a second open
         // in this same process conflicts too, like one in another process.
         // The lock goes away when `file` is closed.
-        flock_nb(&file, opts.read_only, || {
+        flock_file(&file, path, opts.read_only, || {
             format!("{what} (locked by another jbdev process or handle)")
         })?;
     }
@@ -244,7 +245,9 @@ fn loop_backing(file: &File) -> Option<((u64, u64), u64, PathBuf)> {
 /// (or a second loop device over it) at once: two writers of one journal.
 /// The backing file is identified by device and inode (`LOOP_GET_STATUS64`);
 /// if the recorded path no longer names it (moved, deleted) it cannot be
-/// locked, and we refuse only if `/proc/locks` shows a live holder.
+/// locked, and we refuse only if `/proc/locks` shows a live holder. A lock
+/// whose holders have all exited is waited for, as for an open of the file
+/// ([`flock_file`]).
 fn lock_loop_backing(file: &File, what: &str, read_only: bool) -> Result<Option<File>> {
     use std::os::unix::fs::MetadataExt;
     let Some(((major, minor), ino, path)) = loop_backing(file) else {
@@ -291,29 +294,71 @@ fn lock_loop_backing(file: &File, what: &str, read_only: bool) -> Result<Option<
         )));
     }
     if !is_blk {
-        flock_nb(&backing, read_only, alias)?;
+        flock_file(&backing, &path, read_only, alias)?;
     }
     Ok(Some(backing))
 }
 
-/// Takes the lock a jbdev open takes on a file, without waiting: shared
+/// Takes the lock a jbdev open takes on `file` (opened at `path`): shared
 /// for a read-only open, exclusive otherwise. `held` names what is locked,
 /// for the `Busy` error when another open holds it.
-fn flock_nb(file: &File, read_only: bool, held: impl Fn() -> String) -> Result<()> {
+///
+/// A lock held by a live process fails at once. One whose every holder has
+/// exited (`/proc/locks`) is waited for, up to
+/// [`DEAD_HOLDER_WAIT`](crate::open::DEAD_HOLDER_WAIT), saying so. Why: a
+/// process killed with SIGKILL keeps its flock until the kernel has released
+/// every reference to its open file, and io_uring instances are torn down
+/// asynchronously after the process is gone, so for a moment the lock
+/// outlives its owner and a supervisor's immediate restart would fail with
+/// "already open". The same wait serves an open of the file and of a loop
+/// device over it (the lock on its backing file, [`lock_loop_backing`]).
+fn flock_file(file: &File, path: &Path, read_only: bool, held: impl Fn() -> String) -> Result<()> {
+    use std::os::unix::fs::MetadataExt;
     let op = if read_only {
         libc::LOCK_SH
     } else {
         libc::LOCK_EX
     };
-    // SAFETY: flock on a valid, owned descriptor.
-    if unsafe { libc::flock(file.as_raw_fd(), op | libc::LOCK_NB) } != 0 {
+    let mut deadline: Option<Instant> = None;
+    loop {
+        // SAFETY: flock on a valid, owned descriptor.
+        if unsafe { libc::flock(file.as_raw_fd(), op | libc::LOCK_NB) } == 0 {
+            return Ok(());
+        }
         let e = io::Error::last_os_error();
-        if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
+        if e.raw_os_error() != Some(libc::EWOULDBLOCK) {
+            return Err(DeviceError::io("flock", held(), e));
+        }
+        let holders = file.metadata().ok().and_then(|m| {
+            crate::open::flock_holders_of(
+                crate::open::dev_major(m.dev()),
+                crate::open::dev_minor(m.dev()),
+                m.ino(),
+            )
+        });
+        let Some(holders) = holders else {
+            return Err(DeviceError::Busy(held()));
+        };
+        if holders.iter().any(|&pid| crate::open::pid_alive(pid)) {
             return Err(DeviceError::Busy(held()));
         }
-        return Err(DeviceError::io("flock", held(), e));
+        // All holders have exited, or none is listed any more (the lock
+        // went away between our attempt and the look): retry.
+        let deadline = *deadline.get_or_insert_with(|| {
+            if !holders.is_empty() {
+                tracing::warn!(
+                    "{} is locked by a process that has exited; waiting up to {} s for the kernel to release the lock",
+                    path.display(),
+                    crate::open::DEAD_HOLDER_WAIT.as_secs()
+                );
+            }
+            Instant::now() + crate::open::DEAD_HOLDER_WAIT
+        });
+        if Instant::now() >= deadline {
+            return Err(DeviceError::Busy(held()));
+        }
+        std::thread::sleep(Duration::from_millis(50));
     }
-    Ok(())
 }
 
 /// `_IOC_NONE` and `_IOC_READ` in place: 1 and 2 at bit 29 on the

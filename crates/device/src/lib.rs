@@ -48,6 +48,7 @@ pub mod pread;
 pub mod queue;
 #[cfg(feature = "rbd")]
 pub mod rbd;
+pub mod stdout;
 pub mod uring;
 
 pub use aligned::AlignedBuf;

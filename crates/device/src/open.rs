@@ -2,7 +2,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::{BlockDevice, DeviceError, Result};
 
@@ -123,7 +123,7 @@ pub fn open_device(path: &Path, opts: &OpenOptions) -> Result<OpenedDevice> {
     if is_rbd_target(path) {
         return open_rbd(path, opts);
     }
-    let file = open_waiting_for_dead_holder(path, opts)?;
+    let file = crate::file::open_file(path, opts)?;
     let use_uring = match opts.backend {
         Backend::Pread => false,
         Backend::Uring => {
@@ -190,68 +190,13 @@ fn open_rbd(path: &Path, _opts: &OpenOptions) -> Result<OpenedDevice> {
     )))
 }
 
-/// Longest wait for a file lock whose every holder has exited.
+/// Longest wait for a file lock whose every holder has exited (see
+/// `file::flock_file`).
 pub const DEAD_HOLDER_WAIT: Duration = Duration::from_secs(10);
 
-/// Opens `path`; if its lock is held only by processes that have exited,
-/// waits up to [`DEAD_HOLDER_WAIT`] for it, saying so.
-///
-/// Why: a process killed with SIGKILL keeps its flock until the kernel has
-/// released every reference to its open file, and io_uring instances are
-/// torn down asynchronously after the process is gone, so for a moment the
-/// lock outlives its owner and a supervisor's immediate restart would fail
-/// with "already open". A lock held by a live process still fails at once;
-/// so does an `O_EXCL` block device (the kernel does not say who holds it).
-fn open_waiting_for_dead_holder(
-    path: &Path,
-    opts: &OpenOptions,
-) -> Result<crate::file::DeviceFile> {
-    let mut deadline: Option<Instant> = None;
-    loop {
-        match crate::file::open_file(path, opts) {
-            Err(DeviceError::Busy(what)) if opts.exclusive => {
-                let Some(holders) = flock_holders(path) else {
-                    return Err(DeviceError::Busy(what));
-                };
-                if holders.iter().any(|&pid| pid_alive(pid)) {
-                    return Err(DeviceError::Busy(what));
-                }
-                // All holders have exited, or none is listed any more (the
-                // lock went away between our attempt and the look): retry.
-                let deadline = *deadline.get_or_insert_with(|| {
-                    if !holders.is_empty() {
-                        tracing::warn!(
-                            "{} is locked by a process that has exited; waiting up to {} s for the kernel to release the lock",
-                            path.display(),
-                            DEAD_HOLDER_WAIT.as_secs()
-                        );
-                    }
-                    Instant::now() + DEAD_HOLDER_WAIT
-                });
-                if Instant::now() >= deadline {
-                    return Err(DeviceError::Busy(what));
-                }
-                std::thread::sleep(Duration::from_millis(50));
-            }
-            other => return other,
-        }
-    }
-}
-
-/// Pids holding flock locks on the file at `path`, from `/proc/locks`
-/// (0 for a holder whose pid no longer exists in our namespace). `None` if
-/// that cannot be told (no /proc, not a regular file).
-fn flock_holders(path: &Path) -> Option<Vec<i64>> {
-    use std::os::unix::fs::MetadataExt;
-    let md = std::fs::metadata(path).ok()?;
-    if !md.is_file() {
-        return None;
-    }
-    flock_holders_of(dev_major(md.dev()), dev_minor(md.dev()), md.ino())
-}
-
-/// Pids holding flock locks on the inode `ino` of device `major:minor`
-/// (see [`flock_holders`]).
+/// Pids holding flock locks on the inode `ino` of device `major:minor`,
+/// from `/proc/locks` (0 for a holder whose pid no longer exists in our
+/// namespace). `None` if there is no /proc to tell.
 pub(crate) fn flock_holders_of(major: u64, minor: u64, ino: u64) -> Option<Vec<i64>> {
     let locks = std::fs::read_to_string("/proc/locks").ok()?;
     Some(parse_proc_locks(&locks, major, minor, ino))
@@ -355,7 +300,13 @@ mod tests {
         };
         let _held = open_device(&p, &opts).unwrap();
         // Held by this (live) process: "already open", not a wait.
-        assert!(flock_holders(&p).is_some_and(|h| h.iter().any(|&pid| pid_alive(pid))));
+        use std::os::unix::fs::MetadataExt;
+        let md = std::fs::metadata(&p).unwrap();
+        let (major, minor) = (dev_major(md.dev()), dev_minor(md.dev()));
+        assert_eq!(
+            flock_holders_of(major, minor, md.ino()),
+            Some(vec![i64::from(std::process::id())])
+        );
         assert!(matches!(open_device(&p, &opts), Err(DeviceError::Busy(_))));
     }
 }

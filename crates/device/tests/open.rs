@@ -277,6 +277,69 @@ fn a_loop_device_and_its_backing_file_exclude_each_other() {
     drop(open_device(&file, &rw).unwrap());
 }
 
+/// A process holding `file`'s lock as a jbdev open would (`flock(1)`),
+/// whose lock outlives it once it is killed: the command it runs (which
+/// inherits the locked descriptor) goes on for `linger` seconds, as an
+/// io_uring torn down after a kill -9 keeps the open file for a moment.
+/// Returns once the lock is held; `None` (printed) without flock(1).
+fn lingering_holder(file: &std::path::Path, linger: u32) -> Option<std::process::Child> {
+    use std::io::BufRead;
+    use std::process::{Command, Stdio};
+    let mut child = match Command::new("flock")
+        .arg("--exclusive")
+        .arg(file)
+        .args(["sh", "-c", &format!("echo locked; exec sleep {linger}")])
+        .stdout(Stdio::piped())
+        .spawn()
+    {
+        Ok(c) => c,
+        Err(e) => {
+            println!("SKIP: cannot run flock(1) (util-linux): {e}");
+            return None;
+        }
+    };
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert_eq!(line, "locked\n", "flock(1) did not take the lock");
+    Some(child)
+}
+
+/// After `kill -9` of a process that held the image file, an open waits for
+/// the dead holder's lock whether it names the file or a loop device over
+/// it; a live holder is refused. Before the fix the open through the loop
+/// device failed at once with "/dev/loopN is backed by FILE, which is
+/// already open" (/work/s18/fail/loop_alias.sh), while the file's own path
+/// waited.
+#[test]
+fn a_dead_holders_lock_is_waited_for_through_a_loop_device_too() {
+    let Some(lo) = LoopDevice::new(4 << 20, 512) else {
+        return;
+    };
+    let rw = opts(Backend::Pread);
+    for target in [&lo.backing, &lo.path] {
+        let case = target.display();
+        // Lingers 3 s after the kill; an open waits up to DEAD_HOLDER_WAIT.
+        let Some(mut holder) = lingering_holder(&lo.backing, 3) else {
+            return;
+        };
+        match open_device(target, &rw) {
+            Err(DeviceError::Busy(_)) => {}
+            Err(e) => panic!("{case}, live holder: unexpected error {e}"),
+            Ok(_) => panic!("{case}: opened while a live process holds the file"),
+        }
+        holder.kill().unwrap(); // SIGKILL
+        holder.wait().unwrap();
+        let dev = open_device(target, &rw)
+            .unwrap_or_else(|e| panic!("{case}, after the holder was killed: {e}"));
+        dev.device
+            .write_at(&[5u8; 4096], 0, IoPriority::Urgent)
+            .unwrap();
+        drop(dev);
+    }
+}
+
 /// `try_read_cached` reads page-cache hits (through the buffered reader
 /// next to O_DIRECT, or the file itself without O_DIRECT) and never returns
 /// wrong bytes; with O_DIRECT and no read cache it never reads.

@@ -60,6 +60,13 @@ pub enum VolumeError {
         /// broken device.
         cause_errno: i32,
     },
+    /// The external journal file was deleted, or truncated below the
+    /// journal's end, while the volume was open (the journal watch saw it):
+    /// as after [`VolumeError::Aborted`] every later write fails, but a
+    /// reopen cannot simply replay the journal. The message says what
+    /// happened, what is lost and what the operator can do.
+    #[error("{0}")]
+    JournalFileLost(String),
     /// The backing store is full (`ENOSPC` or `EDQUOT` on a home write):
     /// the checkpoint cannot take journaled blocks home, and the journal
     /// has no room left for this write. Nothing acknowledged is lost and
@@ -101,7 +108,7 @@ impl VolumeError {
             Self::ReadOnly => libc::EROFS,
             Self::Aborted { cause_errno, .. } if is_no_space(*cause_errno) => libc::ENOSPC,
             Self::StoreFull { .. } => libc::ENOSPC,
-            Self::Aborted { .. } | Self::Internal(_) => libc::EIO,
+            Self::Aborted { .. } | Self::JournalFileLost(_) | Self::Internal(_) => libc::EIO,
             Self::Closed => libc::EBADF,
         }
     }

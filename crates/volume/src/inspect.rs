@@ -43,8 +43,13 @@ pub fn inspect(path: &Path, journal_path: Option<&Path>) -> Result<Inspection> {
             path_hint,
             ..
         } => {
-            let (jp, jdev) =
-                crate::volume::open_external_journal(path, path_hint, journal_path, &dopts)?;
+            let (jp, jdev) = crate::volume::open_external_journal(
+                path,
+                path_hint,
+                journal_path,
+                *len_bytes,
+                &dopts,
+            )?;
             (jdev, 0, *len_bytes, Some(jp))
         }
     };

@@ -14,7 +14,7 @@ use parking_lot::Mutex;
 use smallvec::SmallVec;
 
 use crate::bufpool::SharedBuf;
-use crate::engine::{Completion, DirectSync, Durability, Engine, Op};
+use crate::engine::{AbortCause, Completion, DirectSync, Durability, Engine, Op};
 use crate::overlay::{BlockRef, CallerBuf, DirectData, Overlay, Source, Version};
 use crate::superblock::{JournalLocation, VolumeSuperblock};
 use crate::{FormatOptions, JournalPlacement, OpenOptions, Result, VolumeError};
@@ -310,23 +310,27 @@ pub(crate) fn read_volume_superblock(
     Ok(sb)
 }
 
-/// Opens a volume's external journal: `given` (`--journal`) or else the
-/// path recorded at format time (`path_hint`). Returns the path used.
+/// Opens a volume's external journal, of `len_bytes`: `given` (`--journal`)
+/// or else the path recorded at format time (`path_hint`). Returns the path
+/// used. A journal file shorter than the journal (truncated) is refused
+/// with what is lost and what to do ([`VolumeError::Truncated`]).
 pub(crate) fn open_external_journal(
     home: &Path,
     path_hint: &Path,
     given: Option<&Path>,
+    len_bytes: u64,
     dopts: &jbdev_device::OpenOptions,
 ) -> Result<(PathBuf, Arc<dyn BlockDevice>)> {
-    open_external_journal_watched(home, path_hint, given, dopts).map(|(p, d, _)| (p, d))
+    open_external_journal_watched(home, path_hint, given, len_bytes, dopts).map(|(p, d, _)| (p, d))
 }
 
 /// [`open_external_journal`], also returning the descriptor to watch for a
-/// regular file (see [`journal_file_problem`]).
+/// regular file (see [`WatchedJournal`]).
 fn open_external_journal_watched(
     home: &Path,
     path_hint: &Path,
     given: Option<&Path>,
+    len_bytes: u64,
     dopts: &jbdev_device::OpenOptions,
 ) -> Result<(PathBuf, Arc<dyn BlockDevice>, Option<std::fs::File>)> {
     let (jp, recorded) = match given {
@@ -340,6 +344,21 @@ fn open_external_journal_watched(
     };
     refuse_same_target(home, &jp)?;
     match open_device(&jp, dopts) {
+        // `watch`: a regular file, which can have been truncated.
+        Ok(o) if o.watch.is_some() && o.device.size_bytes() < len_bytes => {
+            Err(VolumeError::Truncated(format!(
+                "the external journal file {} holds {} bytes, less than the journal's \
+                 {len_bytes}: it was truncated. If it was truncated under the running \
+                 volume and its log said \"salvage complete\", every acknowledged write is \
+                 on the volume: `jbdev journal reset --force {}` gives it a new journal. \
+                 Otherwise acknowledged writes that were only in the cut-off part (not yet \
+                 written home) are lost; to open the volume with what is left, {}",
+                jp.display(),
+                o.device.size_bytes(),
+                home.display(),
+                truncated_journal_advice(home, &jp, len_bytes)
+            )))
+        }
         Ok(o) => Ok((jp, o.device, o.watch)),
         Err(jbdev_device::DeviceError::Io { op, what, error }) if recorded => {
             Err(jbdev_device::DeviceError::Io {
@@ -361,52 +380,142 @@ fn open_external_journal_watched(
 /// signal).
 struct JournalWatch {
     _stop: std::sync::mpsc::Sender<()>,
-    file: Arc<(std::fs::File, PathBuf, u64)>,
+    watched: Arc<WatchedJournal>,
 }
 
 /// How often an open volume checks that its external journal file is still
-/// there (one `fstat`; see [`journal_file_problem`]).
+/// there (one `fstat`; see [`WatchedJournal::problem`]).
 pub(crate) const JOURNAL_WATCH_INTERVAL: std::time::Duration =
     std::time::Duration::from_millis(250);
 
-/// What is wrong with the external journal file open as `file` (at `path`)
-/// whose journal region ends at byte `region_end`, or `None` while nothing
-/// is: deleted (no links left: the next open cannot find it, and whatever
-/// only it holds is gone when the volume closes) or truncated below the
-/// region's end (the log and its superblock are gone already, writes to it
-/// only extend a sparse file). Either way acknowledging more writes would
-/// promise a durability the journal can no longer give, so the volume is
-/// aborted: nothing is acknowledged after the abort.
-pub(crate) fn journal_file_problem(
-    file: &std::fs::File,
-    path: &Path,
+/// An open volume's external journal file, watched while it is open.
+struct WatchedJournal {
+    /// A descriptor of the file (`O_PATH`, from `open_device`).
+    file: std::fs::File,
+    /// Its path, and the volume's (for the messages).
+    path: PathBuf,
+    home: PathBuf,
+    /// The byte where the journal region ends.
     region_end: u64,
-) -> Option<String> {
-    use std::os::unix::fs::MetadataExt;
-    let md = match file.metadata() {
-        Ok(md) => md,
-        Err(e) => {
-            tracing::warn!("cannot fstat the external journal {}: {e}", path.display());
-            return None;
+}
+
+/// What happened to a watched external journal file.
+enum JournalFileProblem {
+    /// No links left: the next open cannot find it, and whatever only it
+    /// holds is gone when the volume closes.
+    Deleted,
+    /// Truncated below the journal's end, to `len` bytes: the log beyond
+    /// the cut is gone already (its superblock too if the cut is inside
+    /// the first block), and writes there only extend a sparse file.
+    Truncated { len: u64 },
+}
+
+impl WatchedJournal {
+    /// What is wrong with the file now, or `None` while nothing is. Either
+    /// problem makes acknowledging more writes promise a durability the
+    /// journal can no longer give, so the volume aborts
+    /// ([`VolumeError::JournalFileLost`]): nothing is acknowledged after it.
+    fn problem(&self) -> Option<JournalFileProblem> {
+        use std::os::unix::fs::MetadataExt;
+        let md = match self.file.metadata() {
+            Ok(md) => md,
+            Err(e) => {
+                tracing::warn!(
+                    "cannot fstat the external journal {}: {e}",
+                    self.path.display()
+                );
+                return None;
+            }
+        };
+        if md.nlink() == 0 {
+            Some(JournalFileProblem::Deleted)
+        } else if md.len() < self.region_end {
+            Some(JournalFileProblem::Truncated { len: md.len() })
+        } else {
+            None
         }
-    };
-    if md.nlink() == 0 {
-        return Some(format!(
-            "the external journal file {} was deleted while open: writes are refused from now \
-             on; the volume cannot be reopened without its journal (give --journal PATH to a \
-             copy, or restore the file)",
-            path.display()
-        ));
     }
-    if md.len() < region_end {
-        return Some(format!(
-            "the external journal file {} was truncated while open: it holds {} bytes, the \
-             journal needs {region_end}; writes are refused from now on",
-            path.display(),
-            md.len()
-        ));
+
+    /// What happened, as the start of a message.
+    fn what(&self, p: &JournalFileProblem) -> String {
+        let j = self.path.display();
+        match p {
+            JournalFileProblem::Deleted => {
+                format!("the external journal file {j} was deleted while the volume was open")
+            }
+            JournalFileProblem::Truncated { len } => format!(
+                "the external journal file {j} was truncated while the volume was open: it \
+                 holds {len} bytes, below the journal's end at byte {}",
+                self.region_end
+            ),
+        }
     }
-    None
+
+    /// The abort's message: what happened, what is lost, and what the
+    /// operator can do so that the volume opens again. A deleted file is
+    /// still open here, so its content can be copied back through /proc
+    /// (the journal is written no more after the abort, so the copy is the
+    /// journal as the abort left it, and the next open replays it).
+    fn abort_message(&self, p: &JournalFileProblem) -> String {
+        let (j, what) = (self.path.display(), self.what(p));
+        match p {
+            JournalFileProblem::Deleted => {
+                use std::os::unix::io::AsRawFd;
+                let (pid, fd) = (std::process::id(), self.file.as_raw_fd());
+                format!(
+                    "{what}: writes are refused from now on. Acknowledged writes not yet \
+                     written home are now written there from memory: once the log says \
+                     \"salvage complete\", every one is on the volume, and after the volume is \
+                     closed `jbdev journal reset {h}` gives it a new journal. If the salvage \
+                     cannot finish, copy the journal back with `cp /proc/{pid}/fd/{fd} {j}` \
+                     (this process, pid {pid}, still holds it) before the volume is closed \
+                     (before `jbdev serve` stops), and the next open replays it",
+                    h = self.home.display()
+                )
+            }
+            JournalFileProblem::Truncated { .. } => format!(
+                "{what}: writes are refused from now on. Acknowledged writes not yet written \
+                 home are now written there from memory: once the log says \"salvage \
+                 complete\", every one is on the volume, and after the volume is closed \
+                 `jbdev journal reset --force {h}` gives it a new journal. If the salvage \
+                 cannot finish, writes only in the cut-off part are lost; to open the volume \
+                 again with what is left, {}",
+                truncated_journal_advice(&self.home, &self.path, self.region_end),
+                h = self.home.display()
+            ),
+        }
+    }
+
+    /// The message when the problem is first seen at close, after the
+    /// final checkpoint wrote everything acknowledged home.
+    fn close_message(&self, p: &JournalFileProblem) -> String {
+        let what = self.what(p);
+        let next = match p {
+            JournalFileProblem::Deleted => format!(
+                "`jbdev journal reset {}` gives the volume a new, empty journal",
+                self.home.display()
+            ),
+            JournalFileProblem::Truncated { .. } => format!(
+                "to open the volume again, {}",
+                truncated_journal_advice(&self.home, &self.path, self.region_end)
+            ),
+        };
+        format!("{what} (noticed at close: everything acknowledged was written home first); {next}")
+    }
+}
+
+/// What to do about the external journal file `journal` of the volume
+/// `home`, truncated below the journal's end at `region_end`, so that the
+/// volume opens again with what is left: the same steps from the journal
+/// watch and from the open that refuses the short file.
+fn truncated_journal_advice(home: &Path, journal: &Path, region_end: u64) -> String {
+    let (h, j) = (home.display(), journal.display());
+    format!(
+        "give the file back its length with `truncate -s {region_end} {j}` (the cut-off part \
+         reads as zeroes), then run \
+         `jbdev check {h} --journal {j}`: it says whether the journal's superblock survived \
+         and what recovery will replay"
+    )
 }
 
 /// Fails when `journal` names the volume's own file or device (`home`):
@@ -704,14 +813,22 @@ impl Volume {
             } => {
                 let given = opts.journal_path.as_deref();
                 let (jp, jdev, file) =
-                    open_external_journal_watched(path, path_hint, given, &dopts)?;
-                (Some(jdev), file.map(|f| (jp, f, *len_bytes)))
+                    open_external_journal_watched(path, path_hint, given, *len_bytes, &dopts)?;
+                (
+                    Some(jdev),
+                    file.map(|file| WatchedJournal {
+                        file,
+                        path: jp,
+                        home: path.to_path_buf(),
+                        region_end: *len_bytes,
+                    }),
+                )
             }
         };
         let vol = Self::open_device(dev, jdev, opts)?;
-        if let Some((jp, file, region_end)) = watch {
+        if let Some(watched) = watch {
             if !opts.read_only {
-                vol.watch_journal_file(file, jp, region_end)?;
+                vol.watch_journal_file(watched)?;
             }
         }
         Ok(vol)
@@ -719,16 +836,11 @@ impl Volume {
 
     /// Starts the thread that checks the external journal file every
     /// [`JOURNAL_WATCH_INTERVAL`] and aborts the volume if it was deleted or
-    /// truncated while open (see [`journal_file_problem`]).
-    fn watch_journal_file(
-        &self,
-        file: std::fs::File,
-        path: PathBuf,
-        region_end: u64,
-    ) -> Result<()> {
+    /// truncated while open (see [`WatchedJournal::problem`]).
+    fn watch_journal_file(&self, watched: WatchedJournal) -> Result<()> {
         let (stop, stopped) = std::sync::mpsc::channel::<()>();
-        let file = Arc::new((file, path, region_end));
-        let watched = file.clone();
+        let watched = Arc::new(watched);
+        let w = watched.clone();
         let engine = Arc::downgrade(&self.engine);
         let t = std::thread::Builder::new()
             .name("jbdev-journal-watch".into())
@@ -737,12 +849,11 @@ impl Volume {
                 while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) =
                     stopped.recv_timeout(JOURNAL_WATCH_INTERVAL)
                 {
-                    let (file, path, region_end) = &*watched;
-                    let Some(why) = journal_file_problem(file, path, *region_end) else {
+                    let Some(p) = w.problem() else {
                         continue;
                     };
                     if let Some(e) = engine.upgrade() {
-                        e.abort_journal(why, libc::EIO);
+                        e.abort_journal(AbortCause::JournalFileLost(w.abort_message(&p)));
                     }
                     return;
                 }
@@ -750,7 +861,10 @@ impl Volume {
             .map_err(|e| {
                 VolumeError::InvalidArgument(format!("cannot start the journal watch thread: {e}"))
             })?;
-        *self.journal_watch.lock() = Some(JournalWatch { _stop: stop, file });
+        *self.journal_watch.lock() = Some(JournalWatch {
+            _stop: stop,
+            watched,
+        });
         self.threads.lock().push(t);
         Ok(())
     }
@@ -1609,7 +1723,7 @@ impl Volume {
         }
         // Stopped first: an abort now would keep the final checkpoint from
         // writing home what only the journal holds. Checked once more below.
-        let watch = self.journal_watch.lock().take().map(|w| w.file);
+        let watch = self.journal_watch.lock().take().map(|w| w.watched);
         if self.engine.read_only {
             return Ok(());
         }
@@ -1635,13 +1749,11 @@ impl Volume {
         }
         flushed?;
         let res = self.engine.mark_clean();
-        if let Some((file, path, region_end)) = watch.as_deref() {
-            if let Some(why) = journal_file_problem(file, path, *region_end) {
+        if let Some(w) = watch.as_deref() {
+            if let Some(p) = w.problem() {
                 // Everything acknowledged is home (the final checkpoint ran);
                 // the operator must still hear that the journal is gone.
-                tracing::error!(
-                    "{why} (noticed at close: everything acknowledged was written home first)"
-                );
+                tracing::error!("{}", w.close_message(&p));
             }
         }
         res

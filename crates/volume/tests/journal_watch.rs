@@ -8,7 +8,7 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use jbdev_volume::{FormatOptions, JournalPlacement, OpenOptions, Volume, VolumeError, WriteFlags};
+use jbdev_volume::{FormatOptions, JournalPlacement, OpenOptions, Volume, WriteFlags};
 
 /// A volume with an external journal in `dir`, formatted and closed:
 /// (volume path, journal path).
@@ -24,21 +24,41 @@ fn closed_volume(dir: &Path) -> (PathBuf, PathBuf) {
     (home, jnl)
 }
 
-/// FUA writes until one fails; the failure must be the abort. A bound on
-/// how long the volume may go on acknowledging, not a timing assertion:
-/// the watch runs every 250 ms.
-fn abort_reason(v: &Volume) -> String {
+/// What [`abort_message`] saw.
+struct Aborted {
+    /// The failed write's error message.
+    why: String,
+    /// The value each block last acknowledged (0: none).
+    acked: Vec<u8>,
+    /// The block and value of the failed write, which may or may not have
+    /// reached the journal (nothing is acknowledged after an abort).
+    failed: (usize, u8),
+}
+
+/// FUA writes of block `i % 64` (value `i % 251 + 1`) until one fails. A
+/// bound on how long the volume may go on acknowledging, not a timing
+/// assertion: the watch runs every 250 ms.
+fn abort_message(v: &Volume) -> Aborted {
     let deadline = Instant::now() + Duration::from_secs(60);
-    let buf = vec![0x5au8; 4096];
+    let mut acked = vec![0u8; 64];
     let mut i = 0u64;
     loop {
-        match v.write_at(&buf, (i % 64) * 4096, WriteFlags::FUA) {
-            Ok(()) => assert!(
-                Instant::now() < deadline,
-                "FUA writes are still acknowledged a minute after the journal went"
-            ),
-            Err(VolumeError::Aborted { reason, .. }) => return reason,
-            Err(e) => panic!("unexpected error {e}"),
+        let value = (i % 251) as u8 + 1;
+        match v.write_at(&[value; 4096], (i % 64) * 4096, WriteFlags::FUA) {
+            Ok(()) => {
+                acked[(i % 64) as usize] = value;
+                assert!(
+                    Instant::now() < deadline,
+                    "FUA writes are still acknowledged a minute after the journal went"
+                );
+            }
+            Err(e) => {
+                return Aborted {
+                    why: e.to_string(),
+                    acked,
+                    failed: ((i % 64) as usize, value),
+                }
+            }
         }
         i += 1;
         std::thread::sleep(Duration::from_millis(20));
@@ -49,42 +69,135 @@ fn open(home: &Path) -> Volume {
     Volume::open(home, &OpenOptions::default()).unwrap()
 }
 
+/// The text between `start` (included) and the next backquote.
+fn quoted<'a>(msg: &'a str, start: &str) -> &'a str {
+    let from = msg
+        .find(start)
+        .unwrap_or_else(|| panic!("no `{start}...` in: {msg}"));
+    let rest = &msg[from..];
+    &rest[..rest
+        .find('`')
+        .unwrap_or_else(|| panic!("unclosed in: {msg}"))]
+}
+
+/// The abort says what happened (not "an I/O error"), and how to keep the
+/// acknowledged writes the deleted file holds: copy it back through /proc
+/// while the volume still has it open. Done as it says, the next open
+/// replays it and every acknowledged write is there. (Before the fix the
+/// error read "the journal was aborted after an I/O error (...); close and
+/// reopen the volume", and a reopen failed: the journal was gone.)
 #[test]
-fn a_deleted_external_journal_aborts_the_volume() {
+fn a_deleted_external_journal_aborts_the_volume_and_can_be_copied_back() {
     let dir = tempfile::tempdir().unwrap();
     let (home, jnl) = closed_volume(dir.path());
     let v = open(&home);
     v.write_at(&[1u8; 4096], 0, WriteFlags::FUA).unwrap();
     std::fs::remove_file(&jnl).unwrap();
-    let why = abort_reason(&v);
+    let Aborted { why, acked, failed } = abort_message(&v);
+    let j = jnl.display().to_string();
     assert!(
-        why.contains("was deleted while open") && why.contains("j.jnl"),
+        why.starts_with(&format!(
+            "the external journal file {j} was deleted while the volume was open: writes are \
+             refused from now on."
+        )),
         "{why}"
     );
-    // Every later write fails too, and so does close.
-    assert!(v.write_at(&[2u8; 4096], 0, WriteFlags::NONE).is_err());
-    assert!(v.close().is_err());
+    assert!(!why.contains("I/O error"), "{why}");
+    assert!(why.contains("before the volume is closed"), "{why}");
+    let cp = quoted(&why, "cp /proc/");
+    let args: Vec<&str> = cp.split(' ').collect();
+    let pid = std::process::id();
+    assert!(
+        args.len() == 3 && args[1].starts_with(&format!("/proc/{pid}/fd/")) && args[2] == j,
+        "{cp}"
+    );
+    // Every later write fails with the same message, and so does close.
+    let later = v.write_at(&[2u8; 4096], 0, WriteFlags::NONE).unwrap_err();
+    assert_eq!(later.to_string(), why);
+    let ok = std::process::Command::new(args[0])
+        .args(&args[1..])
+        .status()
+        .unwrap();
+    assert!(ok.success(), "{cp}");
+    assert_eq!(v.close().unwrap_err().to_string(), why);
+    let v = open(&home);
+    for (b, &want) in acked.iter().enumerate() {
+        let want = if b == 0 && want == 0 { 1 } else { want };
+        let mut back = vec![0u8; 4096];
+        v.read_at(&mut back, b as u64 * 4096).unwrap();
+        let ok = |x: u8| back.iter().all(|&y| y == x);
+        assert!(
+            ok(want) || (failed.0 == b && ok(failed.1)),
+            "block {b}: want {want} (acknowledged), got {}",
+            back[0]
+        );
+    }
+    v.close().unwrap();
 }
 
+/// The abort says what happened (not "an I/O error"): how far the file was
+/// cut, what is lost, and how to open the volume again; the open after it
+/// refuses the short file with the same advice, and the advice works.
+/// (Before the fix: "the journal was aborted after an I/O error (...);
+/// close and reopen the volume", and the reopen failed with "corrupt
+/// journal: journal log is inconsistent: journal region ends at byte
+/// 2097152 but the device has ... bytes", no advice.)
 #[test]
-fn a_truncated_external_journal_aborts_the_volume() {
+fn a_truncated_external_journal_aborts_the_volume_and_the_open_says_what_to_do() {
     let dir = tempfile::tempdir().unwrap();
     let (home, jnl) = closed_volume(dir.path());
     let v = open(&home);
     v.write_at(&[1u8; 4096], 0, WriteFlags::FUA).unwrap();
-    std::fs::OpenOptions::new()
-        .write(true)
-        .open(&jnl)
-        .unwrap()
-        .set_len(0)
-        .unwrap();
-    let why = abort_reason(&v);
+    // Half of the 2 MiB journal is left: its superblock survives.
+    let truncate = |len: u64| {
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&jnl)
+            .unwrap()
+            .set_len(len)
+            .unwrap()
+    };
+    truncate(1 << 20);
+    let why = abort_message(&v).why;
+    let (h, j) = (home.display(), jnl.display());
     assert!(
-        why.contains("was truncated while open") && why.contains("j.jnl"),
+        why.starts_with(&format!(
+            "the external journal file {j} was truncated while the volume was open: it holds "
+        )) && why.contains(" bytes, below the journal's end at byte 2097152: writes are refused"),
         "{why}"
     );
-    assert!(v.write_at(&[2u8; 4096], 0, WriteFlags::NONE).is_err());
-    drop(v);
+    assert!(!why.contains("I/O error"), "{why}");
+    let advice = format!(
+        "give the file back its length with `truncate -s 2097152 {j}` (the cut-off part reads \
+         as zeroes), then run `jbdev check {h} --journal {j}`"
+    );
+    assert!(
+        why.contains("salvage complete")
+            && why
+                .contains("If the salvage cannot finish, writes only in the cut-off part are lost")
+            && why.contains(&advice),
+        "{why}"
+    );
+    assert_eq!(v.close().unwrap_err().to_string(), why);
+    // The restart is refused, saying what happened and what to do.
+    let len = std::fs::metadata(&jnl).unwrap().len();
+    let err = Volume::open(&home, &OpenOptions::default())
+        .err()
+        .expect("opened over a truncated journal")
+        .to_string();
+    assert!(
+        err.starts_with(&format!(
+            "the external journal file {j} holds {len} bytes, less than the journal's 2097152: \
+             it was truncated."
+        )) && err.contains("jbdev journal reset --force")
+            && err.contains(&advice),
+        "{err}"
+    );
+    // As the advice says: back to its length, the volume opens.
+    truncate(2 << 20);
+    let v = open(&home);
+    v.write_at(&[3u8; 4096], 0, WriteFlags::FUA).unwrap();
+    v.close().unwrap();
 }
 
 /// A read-only open has nothing to protect and starts no watch; a

@@ -191,7 +191,7 @@ fn a_deleted_journal_file_loses_no_acknowledged_write() {
                 acked.retain(|(x, _)| *x != b);
                 acked.push((b, data));
             }
-            Err(VolumeError::Aborted { .. }) => break,
+            Err(VolumeError::JournalFileLost(_)) => break,
             Err(e) => panic!("unexpected error {e}"),
         }
         assert!(

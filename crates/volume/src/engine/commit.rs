@@ -418,8 +418,7 @@ impl Engine {
                         // ends the commit, before anything could publish past it.
                         self.record_abort(
                             &mut st,
-                            format!("journal commit failed: {e}"),
-                            e.errno(),
+                            AbortCause::Failed(format!("journal commit failed: {e}"), e.errno()),
                         );
                         Outcome::Failed
                     }

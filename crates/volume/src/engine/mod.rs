@@ -462,10 +462,9 @@ struct Hints {
 struct AbortFlag {
     /// Read on every write; written once, when the journal aborts.
     raised: AtomicBool,
-    /// Why the journal aborted, and the errno of that failure. A
-    /// `OnceLock`, not a field of `JState`, so that a writer can report it
-    /// while holding a stripe or shard lock.
-    reason: OnceLock<(String, i32)>,
+    /// Why the journal aborted. A `OnceLock`, not a field of `JState`, so
+    /// that a writer can report it while holding a stripe or shard lock.
+    reason: OnceLock<AbortCause>,
     /// The journal failed (its device, or its file deleted or truncated)
     /// while the home device, as far as anything has shown, works: the
     /// checkpoint thread then salvages every committed transaction home
@@ -474,6 +473,36 @@ struct AbortFlag {
     /// A home write or flush failed (or the checkpoint panicked): nothing
     /// is salvaged, the journal keeps what it holds.
     home_failed: AtomicBool,
+}
+
+/// Why the journal aborted: what every later request's error says.
+#[derive(Clone, Debug)]
+pub enum AbortCause {
+    /// A write, flush or engine thread failed: what failed, and the errno
+    /// of that failure (`EIO` if it had none). [`VolumeError::Aborted`].
+    Failed(String, i32),
+    /// The external journal file was deleted or truncated under the open
+    /// volume (the journal watch): what happened and what the operator can
+    /// do. [`VolumeError::JournalFileLost`].
+    JournalFileLost(String),
+}
+
+impl AbortCause {
+    fn text(&self) -> &str {
+        match self {
+            Self::Failed(why, _) | Self::JournalFileLost(why) => why,
+        }
+    }
+
+    fn into_error(self) -> VolumeError {
+        match self {
+            Self::Failed(reason, cause_errno) => VolumeError::Aborted {
+                reason,
+                cause_errno,
+            },
+            Self::JournalFileLost(why) => VolumeError::JournalFileLost(why),
+        }
+    }
 }
 
 /// Most journal credits a journaled request of `n` blocks can pay: the
@@ -700,16 +729,12 @@ impl Engine {
     /// is set before `JState::error` and the flag (`record_abort`), so a
     /// caller that saw either finds it.
     fn aborted_now(&self) -> VolumeError {
-        let (reason, cause_errno) = self
-            .abort
+        self.abort
             .reason
             .get()
             .cloned()
-            .unwrap_or_else(|| (String::new(), libc::EIO));
-        VolumeError::Aborted {
-            reason,
-            cause_errno,
-        }
+            .unwrap_or_else(|| AbortCause::Failed(String::new(), libc::EIO))
+            .into_error()
     }
 
     /// IMPORTANT: the last check before acknowledging anything. After an
@@ -726,17 +751,22 @@ impl Engine {
     /// Aborts the journal: every later write fails until the volume is reopened.
     /// `cause_errno` is the errno of the failure (`EIO` if it has none).
     pub fn abort(&self, why: String, cause_errno: i32) {
+        self.abort_with(AbortCause::Failed(why, cause_errno));
+    }
+
+    /// [`Engine::abort`] for any [`AbortCause`].
+    pub fn abort_with(&self, cause: AbortCause) {
         let mut st = self.state();
-        self.record_abort(&mut st, why, cause_errno);
+        self.record_abort(&mut st, cause);
         drop(self.run_due(st));
     }
 
     /// [`Engine::abort`] for a failure of the journal, not of the home
     /// device: what was committed is written home from memory before the
     /// checkpoint thread exits ([`Engine::salvage`]).
-    pub fn abort_journal(&self, why: String, cause_errno: i32) {
+    pub fn abort_journal(&self, cause: AbortCause) {
         self.abort.journal_failed.store(true, Ordering::Release);
-        self.abort(why, cause_errno);
+        self.abort_with(cause);
     }
 
     /// Records that a home write or flush failed: no salvage after that.
@@ -767,20 +797,24 @@ impl Engine {
             && !self.abort.home_failed.load(Ordering::Acquire)
     }
 
-    /// [`Engine::abort`] for a caller that holds the state lock: records
-    /// the first reason, raises the flag and wakes every waiter.
-    fn record_abort(&self, st: &mut JState, why: String, cause_errno: i32) {
-        if crate::error::is_no_space(cause_errno) {
-            // The one abort an operator can fix without a new device.
-            tracing::error!(
-                "journal aborted: {why}. The backing store is full: free space on it, then \
-                 reopen the volume (restart `jbdev serve`). Nothing acknowledged is lost: \
-                 what did not reach its home is in the journal and the next open replays it."
-            );
-        } else {
-            tracing::error!("journal aborted: {why}");
+    /// [`Engine::abort_with`] for a caller that holds the state lock:
+    /// records the first reason, raises the flag and wakes every waiter.
+    fn record_abort(&self, st: &mut JState, cause: AbortCause) {
+        match &cause {
+            AbortCause::Failed(why, errno) if crate::error::is_no_space(*errno) => {
+                // The one abort an operator can fix without a new device.
+                tracing::error!(
+                    "journal aborted: {why}. The backing store is full: free space on it, then \
+                     reopen the volume (restart `jbdev serve`). Nothing acknowledged is lost: \
+                     what did not reach its home is in the journal and the next open replays it."
+                );
+            }
+            AbortCause::Failed(why, _) => tracing::error!("journal aborted: {why}"),
+            // A whole sentence, with what to do.
+            AbortCause::JournalFileLost(why) => tracing::error!("{why}"),
         }
-        let _ = self.abort.reason.set((why.clone(), cause_errno));
+        let why = cause.text().to_string();
+        let _ = self.abort.reason.set(cause);
         if st.error.is_none() {
             st.error = Some(why);
         }
