@@ -32,7 +32,25 @@
  *    across a crash.
  *  - Option structs carry their own size: fill them with the _init
  *    function, then change fields, so programs built against this header
- *    keep working with later library versions.
+ *    keep working with later library versions. jbdev_stats grows by
+ *    appended fields only; test JBDEV_STATS_HAS(&stats, field) before
+ *    reading a field newer than your oldest supported library.
+ *  - A journal failure (its device fails, or an external journal file is
+ *    deleted or truncated while the volume is open) aborts the volume:
+ *    every later write fails with -EIO. If the volume's own device works,
+ *    every committed write is first written home from memory (the
+ *    salvage, in the background): jbdev_get_stats() shows
+ *    salvage_running = 1 while it goes on, then salvage_complete = 1 once
+ *    every acknowledged write is on the volume's own device.
+ *    jbdev_close() waits for it and its message says how it ended. A
+ *    volume whose journal file is lost then opens again after
+ *    `jbdev journal reset PATH`, which gives it a new, empty journal.
+ *  - Logging: the library writes nothing to stderr unless the environment
+ *    variable JBDEV_LOG is set when the process first opens or creates a
+ *    volume; then its log goes to stderr, filtered as the jbdev command's
+ *    (JBDEV_LOG=warn: aborts, the salvage and its end, a full backing
+ *    store; info: recovery at open too). A process that already installed
+ *    a Rust tracing subscriber keeps it.
  */
 
 
@@ -43,6 +61,13 @@
 
 #include <stddef.h>
 #include <stdint.h>
+
+// Whether `stats`, filled by jbdev_get_stats, holds `field`: the library
+// filled the struct up to the end of that field (see jbdev_stats).
+#define JBDEV_STATS_HAS(stats, field) \
+  (offsetof(jbdev_stats, field) + sizeof(((const jbdev_stats *)0)->field) <= \
+   (stats)->struct_size)
+
 
 // Version of this C ABI. Bumped on incompatible changes only; growing a
 // struct (see `struct_size`) is compatible.
@@ -134,6 +159,15 @@ typedef struct jbdev_open_options {
 } jbdev_open_options;
 
 // Operator metrics of an open volume (`jbdev_get_stats`).
+//
+// Versioning: fields are only ever appended, never reordered, resized or
+// removed, and `JBDEV_ABI_VERSION` stays the same when fields are added.
+// `jbdev_get_stats` fills the first `min(out_size, sizeof(jbdev_stats) of
+// the library)` bytes and sets `struct_size` to that count, so a program
+// built against an older header gets the fields it knows, and one built
+// against a newer header than the library gets a `struct_size` that
+// stops before the fields the library does not have (their bytes are left
+// untouched). Read a field only when `JBDEV_STATS_HAS(&stats, field)`.
 typedef struct jbdev_stats {
   // Bytes of this struct the library filled in.
   uint32_t struct_size;
@@ -188,6 +222,35 @@ typedef struct jbdev_stats {
   uint64_t write_buffers_allocated;
   uint64_t write_buffers_reused;
   uint64_t write_buffer_pool_bytes;
+  // Fields from here on were added in version 3 (check `struct_size`,
+  // or `JBDEV_STATS_HAS`): the volume's failure state.
+  // 1 once the journal aborted (a failed journal or home write or flush,
+  // the external journal file deleted or truncated, a bug): every later
+  // write, flush and commit fails (-EIO, or -ENOSPC when a full store
+  // caused it) until the volume is closed and opened again. A full
+  // backing store alone is no abort (see `store_full`).
+  uint32_t aborted;
+  // 1 while the salvage after a journal failure (its device failed, or
+  // its file was deleted or truncated while the volume was open, and
+  // the volume's own device works) is due or under way: it writes every
+  // committed block home from memory, in the background, and flushes.
+  // It ends with `salvage_complete` = 1, or, if a write or flush of the
+  // volume's own device fails meanwhile, with both 0 (the journal then
+  // keeps what it holds for the next open).
+  uint32_t salvage_running;
+  // 1 once that salvage is complete: every write acknowledged before
+  // the journal failed is durable on the volume's own device, and after
+  // `jbdev_close` the command `jbdev journal reset PATH` gives the
+  // volume a new journal.
+  uint32_t salvage_complete;
+  // 1 while the backing store is full (ENOSPC or EDQUOT writing home):
+  // no abort; writes that need space fail with -ENOSPC until space is
+  // freed, then succeed again on the same handle.
+  uint32_t store_full;
+  // Blocks the salvage has written home so far.
+  uint64_t salvaged_blocks;
+  // Checkpoint attempts that found the backing store full since open.
+  uint64_t store_full_attempts;
 } jbdev_stats;
 
 #ifdef __cplusplus
@@ -287,7 +350,8 @@ int jbdev_max_transaction_bytes(const struct jbdev_volume *vol, uint64_t *max_by
 
 // Fills `*out` with the volume's metrics. `out_size` is `sizeof(*out)` as
 // the caller compiled it; the library fills at most that many bytes and sets
-// `out->struct_size` to the number it filled (when at least 4).
+// `out->struct_size` to the number it filled (when at least 4). Fields
+// are only ever appended (see `jbdev_stats` and `JBDEV_STATS_HAS`).
 //
 // # Safety
 // `out` is NULL or writable for `out_size` bytes and aligned for

@@ -10,7 +10,7 @@ use std::path::PathBuf;
 
 use ::jbdev_volume::{TouchedBlocks, Volume, VolumeError, WriteFlags};
 
-use crate::error::{ffi_call, with_last_error, Error, Result};
+use crate::error::{close_error, ffi_call, with_last_error, Error, Result};
 use crate::handle::Table;
 use crate::types::{
     jbdev_format_options, jbdev_open_options, jbdev_stats, jbdev_txn, jbdev_volume,
@@ -327,6 +327,7 @@ pub unsafe extern "C" fn jbdev_create(
     out: *mut *mut jbdev_volume,
 ) -> c_int {
     ffi_call(|| {
+        crate::log::init_from_env();
         // SAFETY: forwarded contract; done first so a failure below leaves
         // *out NULL.
         unsafe { write_out(out, std::ptr::null_mut(), "out") }?;
@@ -365,6 +366,7 @@ pub unsafe extern "C" fn jbdev_open(
     out: *mut *mut jbdev_volume,
 ) -> c_int {
     ffi_call(|| {
+        crate::log::init_from_env();
         // SAFETY: forwarded contract.
         unsafe { write_out(out, std::ptr::null_mut(), "out") }?;
         // SAFETY: forwarded contract.
@@ -393,7 +395,8 @@ pub unsafe extern "C" fn jbdev_open(
 pub extern "C" fn jbdev_close(vol: *mut jbdev_volume) -> c_int {
     ffi_call(|| {
         let entry = VOLUMES.remove(vol.addr())?;
-        entry.volume.close()?;
+        let (res, stats) = entry.volume.close_with_stats();
+        res.map_err(|e| close_error(e, &stats))?;
         Ok(0)
     })
 }
@@ -450,7 +453,8 @@ pub unsafe extern "C" fn jbdev_max_transaction_bytes(
 
 /// Fills `*out` with the volume's metrics. `out_size` is `sizeof(*out)` as
 /// the caller compiled it; the library fills at most that many bytes and sets
-/// `out->struct_size` to the number it filled (when at least 4).
+/// `out->struct_size` to the number it filled (when at least 4). Fields
+/// are only ever appended (see `jbdev_stats` and `JBDEV_STATS_HAS`).
 ///
 /// # Safety
 /// `out` is NULL or writable for `out_size` bytes and aligned for

@@ -107,6 +107,67 @@ fn shared_link_flags(work: &Path, lib_dir: &Path) -> Vec<String> {
     flags
 }
 
+/// Builds `tests/c/NAME.c` with warnings as errors against libjbdev.so
+/// (through the pkg-config file), into `work`.
+fn build_test_program(name: &str, work: &Path, lib_dir: &Path) -> PathBuf {
+    let exe = work.join(name);
+    let flags = shared_link_flags(work, lib_dir);
+    run_ok(
+        Command::new("gcc")
+            .args(["-std=c11", "-Wall", "-Wextra", "-Werror", "-g", "-O1"])
+            .arg(crate_dir().join(format!("tests/c/{name}.c")))
+            .arg("-o")
+            .arg(&exe)
+            .args(&flags),
+    );
+    exe
+}
+
+/// Report #5 of session 19: a C program could not tell that the salvage
+/// after a journal failure completed (`jbdev_stats` had no such field),
+/// the library's log went nowhere, and the error text pointed to a log
+/// the program does not have. `tests/c/journal_lost.c` deletes the
+/// external journal file under an open volume and checks the error texts
+/// and the version-3 stats fields; here, the log: on stderr with
+/// `JBDEV_LOG` set, and nothing on stderr without it.
+#[test]
+fn a_c_program_sees_the_salvage_after_its_journal_file_is_deleted() {
+    if !have("gcc") {
+        eprintln!("SKIP: gcc not found; cannot build tests/c/journal_lost.c");
+        return;
+    }
+    let lib_dir = lib_dir();
+    let work = tempfile::tempdir().unwrap();
+    let exe = build_test_program("journal_lost", work.path(), &lib_dir);
+    for log in [Some("warn"), None] {
+        let dir = work.path().join(format!("run-{}", log.unwrap_or("quiet")));
+        std::fs::create_dir(&dir).unwrap();
+        let mut cmd = Command::new(&exe);
+        cmd.arg(&dir)
+            .env_remove("JBDEV_LOG")
+            .env("RUST_BACKTRACE", "0");
+        if let Some(l) = log {
+            cmd.env("JBDEV_LOG", l);
+        }
+        let out = run_ok(&mut cmd);
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stdout.contains(" checks passed"), "{stdout}");
+        if log.is_some() {
+            assert!(
+                stderr.contains("was deleted while the volume was open")
+                    && stderr.contains("salvage complete: "),
+                "no salvage log on stderr with JBDEV_LOG=warn:\n{stderr}"
+            );
+        } else {
+            assert!(
+                stderr.is_empty(),
+                "the library wrote to stderr unasked:\n{stderr}"
+            );
+        }
+    }
+}
+
 #[test]
 fn error_paths_under_address_sanitizer() {
     if !have("gcc") {

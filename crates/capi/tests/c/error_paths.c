@@ -575,6 +575,10 @@ static void test_stats(void)
 	CHECK(st.log_space_waits == 0 && st.paced_writes == 0 && st.pace_sleep_ms == 0);
 	CHECK(st.locked_reads <= st.read_retries);
 	CHECK(st.write_buffers_allocated + st.write_buffers_reused >= 1);
+	/* Version 3 fields: a healthy volume. */
+	CHECK(JBDEV_STATS_HAS(&st, store_full_attempts));
+	CHECK(st.aborted == 0 && st.salvage_running == 0 && st.salvage_complete == 0);
+	CHECK(st.store_full == 0 && st.salvaged_blocks == 0 && st.store_full_attempts == 0);
 	/* A version-1 struct (up to direct_writes) gets only its own bytes. */
 	memset(&st, 0xee, sizeof st);
 	CHECK_OK(jbdev_get_stats(vol, &st, offsetof(jbdev_stats, checkpoint_blocks_skipped)));
