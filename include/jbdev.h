@@ -8,14 +8,24 @@
  *  - Every function returns 0 (or a documented non-negative value) on success
  *    and a negative errno (-EINVAL, -EBADF, -ENOSPC, -EROFS, -EFBIG, -EIO,
  *    -EUCLEAN for "not a jbdev volume / corrupt", ...) on failure. After
- *    the journal aborts, writes fail with -EIO, or with -ENOSPC when what
- *    aborted it was a full backing store (free space, then reopen).
+ *    the journal aborts (jbdev_stats.aborted = 1), every write, flush and
+ *    commit fails with -EIO until the volume is closed and opened again.
  *    A write, zeroing, trim, flush or transaction commit that fails other
  *    than by refusing its arguments may or may not have happened: its data
  *    may be visible at once and durable after a reopen (a transaction
  *    still all or nothing). Read it back to know.
  *    jbdev_last_error() returns the calling thread's message of its latest
  *    failed call; messages of other threads are never visible.
+ *  - A full backing store (ENOSPC or EDQUOT writing the volume's own file
+ *    or device: a sparse image on a full file system, a thin pool) is not
+ *    an abort: only the writes that need space fail, with -ENOSPC (a
+ *    large write into unallocated space at once, small writes once the
+ *    journal is full), reads and flushes keep working, nothing
+ *    acknowledged is lost, and once space is freed the same handle writes
+ *    again, no reopen (jbdev_stats.store_full = 1 meanwhile). The one
+ *    exception: a large write over blocks still in the journal aborts the
+ *    volume (-ENOSPC, aborted = 1); free space, then close and reopen,
+ *    and the next open replays the journal.
  *  - A NULL pointer argument is an error (-EINVAL; -EBADF for a NULL handle),
  *    never a crash. A buffer may be NULL only with length 0.
  *  - Handles (jbdev_volume *, jbdev_txn *) are opaque tokens, not pointers
@@ -375,11 +385,12 @@ int jbdev_read(const struct jbdev_volume *vol, void *buf, size_t len, uint64_t o
 // location, so a crash before it returns (or, without FUA, before the next
 // flush) can leave any mix of its old and new sectors, as on a plain disk.
 // Returns 0 or a negative errno: -EROFS, -EINVAL, -EBADF, -ENOSPC (the
-// range reaches past the end, or the backing store is full: the journal
-// then aborts; free space, then reopen), -EIO. An error other than a
-// refused argument (-EINVAL, -EBADF, -EROFS, -ENOSPC past the end) means
-// the write may or may not have happened: its data may already be visible,
-// and durable after a reopen; read it back to know.
+// range reaches past the end, or the backing store is full: no abort;
+// free space and write again on the same handle), -EIO (the journal
+// aborted). An error other than a refused argument (-EINVAL, -EBADF,
+// -EROFS, -ENOSPC past the end) means the write may or may not have
+// happened: its data may already be visible, and durable after a reopen;
+// read it back to know.
 //
 // # Safety
 // `buf` is NULL (then `len` must be 0) or readable for `len` bytes and not

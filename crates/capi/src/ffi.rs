@@ -529,11 +529,12 @@ pub unsafe extern "C" fn jbdev_read(
 /// location, so a crash before it returns (or, without FUA, before the next
 /// flush) can leave any mix of its old and new sectors, as on a plain disk.
 /// Returns 0 or a negative errno: -EROFS, -EINVAL, -EBADF, -ENOSPC (the
-/// range reaches past the end, or the backing store is full: the journal
-/// then aborts; free space, then reopen), -EIO. An error other than a
-/// refused argument (-EINVAL, -EBADF, -EROFS, -ENOSPC past the end) means
-/// the write may or may not have happened: its data may already be visible,
-/// and durable after a reopen; read it back to know.
+/// range reaches past the end, or the backing store is full: no abort;
+/// free space and write again on the same handle), -EIO (the journal
+/// aborted). An error other than a refused argument (-EINVAL, -EBADF,
+/// -EROFS, -ENOSPC past the end) means the write may or may not have
+/// happened: its data may already be visible, and durable after a reopen;
+/// read it back to know.
 ///
 /// # Safety
 /// `buf` is NULL (then `len` must be 0) or readable for `len` bytes and not

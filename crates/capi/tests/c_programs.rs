@@ -168,6 +168,62 @@ fn a_c_program_sees_the_salvage_after_its_journal_file_is_deleted() {
     }
 }
 
+/// A tmpfs of a given size mounted for a test, unmounted on drop.
+struct Tmpfs(PathBuf);
+
+impl Tmpfs {
+    /// None where mounting is not allowed (not root).
+    fn mount(dir: &Path, size: &str) -> Option<Tmpfs> {
+        std::fs::create_dir_all(dir).unwrap();
+        let ok = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(dir)
+            .status()
+            .is_ok_and(|s| s.success());
+        ok.then(|| Tmpfs(dir.to_path_buf()))
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.0).status();
+    }
+}
+
+/// Report #7 of session 19: jbdev.h said a full backing store aborts the
+/// journal ("free space, then reopen"); since session 18 it does not.
+/// `tests/c/store_full.c`, on a 24 MiB tmpfs, checks what the header says
+/// now: -ENOSPC, `store_full` = 1 and `aborted` = 0, reads and flushes
+/// work, and after space is freed the same handle writes again; every
+/// acknowledged block reads back after a reopen.
+#[test]
+fn a_full_store_gives_enospc_and_the_same_handle_writes_again() {
+    if !have("gcc") {
+        eprintln!("SKIP: gcc not found; cannot build tests/c/store_full.c");
+        return;
+    }
+    let lib_dir = lib_dir();
+    let work = tempfile::tempdir().unwrap();
+    let exe = build_test_program("store_full", work.path(), &lib_dir);
+    let Some(fs) = Tmpfs::mount(&work.path().join("fs"), "24M") else {
+        let uid = run(Command::new("id").arg("-u")).stdout;
+        assert_ne!(uid.trim_ascii(), b"0", "root, but mounting a tmpfs failed");
+        eprintln!("SKIP: mounting a tmpfs needs root");
+        return;
+    };
+    // 8 MiB the program deletes to free space.
+    let filler = fs.0.join("filler");
+    std::fs::write(&filler, vec![0x5a; 8 << 20]).unwrap();
+    let out = run_ok(
+        Command::new(&exe)
+            .arg(&fs.0)
+            .arg(&filler)
+            .env_remove("JBDEV_LOG")
+            .env("RUST_BACKTRACE", "0"),
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains(" checks passed"));
+}
+
 #[test]
 fn error_paths_under_address_sanitizer() {
     if !have("gcc") {

@@ -45,6 +45,9 @@ fn doc_of(header: &str, decl: &str) -> String {
         .skip(1) // the part of the declaration's line before `decl`
         .take_while(|l| l.starts_with("//"))
         .collect::<Vec<_>>()
+        .into_iter()
+        .rev()
+        .collect::<Vec<_>>()
         .join("\n")
 }
 
@@ -66,4 +69,50 @@ fn the_header_promises_nothing_about_a_failed_write() {
     let write = doc_of(&header, "jbdev_write(");
     assert!(write.contains("backing store is full"), "{write}");
     assert!(header.contains("may or may not have happened: its data"));
+}
+
+/// Report #7 of session 19: the header said a full backing store aborts
+/// the journal ("-ENOSPC when what aborted it was a full backing store
+/// (free space, then reopen)", and for `jbdev_write` "the journal then
+/// aborts; free space, then reopen"); since session 18 it is no abort and
+/// the same handle writes again once space is freed (what
+/// `c_programs.rs::a_full_store_gives_enospc_and_the_same_handle_writes_again`
+/// checks against the library).
+/// `text` as one line of words, without the `//` and ` *` of comments.
+fn words(text: &str) -> String {
+    text.lines()
+        .map(|l| {
+            l.trim_start()
+                .trim_start_matches("//")
+                .trim_start_matches('*')
+        })
+        .flat_map(str::split_whitespace)
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+#[test]
+fn the_header_says_a_full_store_is_no_abort() {
+    let crate_dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let header = std::fs::read_to_string(crate_dir.join("../../include/jbdev.h")).unwrap();
+    let flat = words(&header);
+    for stale in [
+        "aborted it was a full backing store",
+        "the journal then aborts",
+    ] {
+        assert!(!flat.contains(stale), "the header still says {stale:?}");
+    }
+    assert!(
+        flat.contains("A full backing store (ENOSPC or EDQUOT")
+            && flat.contains("is not an abort")
+            && flat.contains("the same handle writes again, no reopen"),
+        "the header's rules do not say what a full store does"
+    );
+    let write = words(&doc_of(&header, "jbdev_write("));
+    assert!(
+        write.contains(
+            "the backing store is full: no abort; free space and write again on the same handle"
+        ),
+        "{write}"
+    );
 }
