@@ -2,7 +2,9 @@
  * jbdev.h - C ABI of jbdev, a user-space journaled block device.
  *
  * Link:  pkg-config --cflags --libs jbdev          (shared, libjbdev.so)
- *        pkg-config --static --cflags --libs jbdev (static, libjbdev.a)
+ *        pkg-config --cflags --libs jbdev-static   (static, libjbdev.a)
+ *        (not `pkg-config --static ... jbdev`: its -ljbdev links
+ *        libjbdev.so wherever that sits next to libjbdev.a)
  *
  * Rules:
  *  - Every function returns 0 (or a documented non-negative value) on success

@@ -76,12 +76,7 @@ fn run_ok(cmd: &mut Command) -> Output {
 /// examples/c/Makefile does), or the equivalent flags without pkg-config.
 fn shared_link_flags(work: &Path, lib_dir: &Path) -> Vec<String> {
     let include = repo_root().join("include");
-    let template = std::fs::read_to_string(crate_dir().join("jbdev.pc.in")).unwrap();
-    let pc = template
-        .replace("@LIBDIR@", lib_dir.to_str().unwrap())
-        .replace("@INCLUDEDIR@", include.to_str().unwrap())
-        .replace("@VERSION@", env!("CARGO_PKG_VERSION"));
-    std::fs::write(work.join("jbdev.pc"), pc).unwrap();
+    write_pc_files(work, lib_dir);
     let mut flags: Vec<String> = if have("pkg-config") {
         let out = run_ok(
             Command::new("pkg-config")
@@ -224,6 +219,84 @@ fn a_full_store_gives_enospc_and_the_same_handle_writes_again() {
     assert!(String::from_utf8_lossy(&out.stdout).contains(" checks passed"));
 }
 
+/// Fills in the pkg-config templates of the crate (`jbdev.pc.in`,
+/// `jbdev-static.pc.in`) for this build tree, into `work`, as
+/// examples/c/Makefile does.
+fn write_pc_files(work: &Path, lib_dir: &Path) {
+    let include = repo_root().join("include");
+    for entry in std::fs::read_dir(crate_dir()).unwrap() {
+        let path = entry.unwrap().path();
+        let Some(name) = path.file_name().and_then(|n| n.to_str()) else {
+            continue;
+        };
+        let Some(pc) = name.strip_suffix(".in").filter(|n| n.ends_with(".pc")) else {
+            continue;
+        };
+        let text = std::fs::read_to_string(&path)
+            .unwrap()
+            .replace("@LIBDIR@", lib_dir.to_str().unwrap())
+            .replace("@INCLUDEDIR@", include.to_str().unwrap())
+            .replace("@VERSION@", env!("CARGO_PKG_VERSION"));
+        std::fs::write(work.join(pc), text).unwrap();
+    }
+}
+
+/// Report #9 of session 19: the header's static link line, `pkg-config
+/// --static --cflags --libs jbdev`, gave `-ljbdev`, which links
+/// libjbdev.so where both libraries sit (here, and in any -dev package),
+/// so the "static" program failed to start (exit 127, "error while
+/// loading shared libraries: libjbdev.so"). Runs the command the header
+/// names for a static link, builds examples/c/hello.c with its flags and
+/// no rpath, and runs it where no libjbdev.so can be found.
+#[test]
+fn the_static_link_the_header_names_needs_no_shared_library() {
+    if !have("gcc") || !have("pkg-config") {
+        eprintln!("SKIP: gcc or pkg-config not found; the static link test needs both");
+        return;
+    }
+    let lib_dir = lib_dir();
+    // hello.c opens with O_DIRECT: on disk, not in a possibly-tmpfs /tmp.
+    let work = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    write_pc_files(work.path(), &lib_dir);
+    let header = std::fs::read_to_string(repo_root().join("include/jbdev.h")).unwrap();
+    let line = header
+        .lines()
+        .find(|l| l.contains("(static, libjbdev.a)"))
+        .expect("the header names no static link");
+    let command = line
+        .trim_start_matches([' ', '*'])
+        .trim_start_matches("Link:")
+        .split('(')
+        .next()
+        .unwrap();
+    let args: Vec<&str> = command.split_whitespace().collect();
+    assert_eq!(args.first(), Some(&"pkg-config"), "{line}");
+    let out = run_ok(
+        Command::new("pkg-config")
+            .args(&args[1..])
+            .env("PKG_CONFIG_PATH", work.path()),
+    );
+    let flags = String::from_utf8(out.stdout).unwrap();
+    let exe = work.path().join("hello_static");
+    run_ok(
+        Command::new("gcc")
+            .args(["-std=c11", "-Wall", "-Wextra", "-Werror"])
+            .arg(repo_root().join("examples/c/hello.c"))
+            .arg("-o")
+            .arg(&exe)
+            .args(flags.split_whitespace()),
+    );
+    let out = run(Command::new(&exe).arg(work.path().join("hello.img")));
+    assert!(
+        out.status.success(),
+        "the program linked by `{}` failed ({}): {}",
+        command.trim(),
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "hello\n");
+}
+
 #[test]
 fn error_paths_under_address_sanitizer() {
     if !have("gcc") {
@@ -354,7 +427,7 @@ fn osync_writers_example_runs() {
             .arg("-o")
             .arg(&exe)
             // Static link, with the system libraries rustc reports for a
-            // staticlib (the Libs.private of jbdev.pc).
+            // staticlib (the Libs of jbdev-static.pc).
             .arg(lib_dir.join("libjbdev.a"))
             .args([
                 "-lgcc_s",
