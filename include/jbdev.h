@@ -166,7 +166,10 @@ typedef struct jbdev_open_options {
   // through the journal; `UINT64_MAX` journals everything that fits.
   uint64_t direct_write_threshold_bytes;
   // Journal file or device of a volume formatted with an external
-  // journal; NULL otherwise.
+  // journal, when it is not at the path recorded at format time (NULL:
+  // that path). Must be NULL for a volume whose journal is internal
+  // (-EINVAL otherwise, as `jbdev` refuses `--journal` there), and for
+  // `jbdev_create` when the format options' `journal_path` is NULL.
   const char *journal_path;
 } jbdev_open_options;
 
@@ -323,7 +326,9 @@ int jbdev_create(const char *path,
 // Opens an existing volume, running journal recovery if needed.
 // `opts` may be NULL for the defaults. On success stores the handle in
 // `*out` and returns 0; on failure stores NULL (when `out` is not NULL) and
-// returns a negative errno (-EUCLEAN: not a jbdev volume or corrupt).
+// returns a negative errno (-EUCLEAN: not a jbdev volume or corrupt;
+// -EINVAL: among others, `journal_path` set for a volume whose journal is
+// internal, which the `jbdev` command refuses too).
 //
 // # Safety
 // `path` is NULL or a NUL-terminated string; `opts` is NULL or a
@@ -361,9 +366,10 @@ int jbdev_block_size(const struct jbdev_volume *vol, uint32_t *block_size);
 int jbdev_max_transaction_bytes(const struct jbdev_volume *vol, uint64_t *max_bytes);
 
 // Fills `*out` with the volume's metrics. `out_size` is `sizeof(*out)` as
-// the caller compiled it; the library fills at most that many bytes and sets
-// `out->struct_size` to the number it filled (when at least 4). Fields
-// are only ever appended (see `jbdev_stats` and `JBDEV_STATS_HAS`).
+// the caller compiled it, at least 4 (the `struct_size` field; a smaller
+// size is refused with -EINVAL); the library fills at most that many
+// bytes and sets `out->struct_size` to the number it filled. Fields are
+// only ever appended (see `jbdev_stats` and `JBDEV_STATS_HAS`).
 //
 // # Safety
 // `out` is NULL or writable for `out_size` bytes and aligned for
@@ -371,8 +377,9 @@ int jbdev_max_transaction_bytes(const struct jbdev_volume *vol, uint64_t *max_by
 int jbdev_get_stats(const struct jbdev_volume *vol, struct jbdev_stats *out, size_t out_size);
 
 // Reads `len` bytes at byte `offset` into `buf` (no alignment needed).
-// Returns 0, or -ENOSPC if the range reaches past the end, -EBADF for a
-// bad handle, -EINVAL for a NULL buffer.
+// Returns 0, or -ENOSPC if the range reaches past the end (whatever
+// `len`, `SIZE_MAX` too; `buf` is then untouched), -EBADF for a bad
+// handle, -EINVAL for a NULL buffer.
 //
 // # Safety
 // `buf` is NULL (then `len` must be 0) or writable for `len` bytes, and
@@ -387,7 +394,8 @@ int jbdev_read(const struct jbdev_volume *vol, void *buf, size_t len, uint64_t o
 // location, so a crash before it returns (or, without FUA, before the next
 // flush) can leave any mix of its old and new sectors, as on a plain disk.
 // Returns 0 or a negative errno: -EROFS, -EINVAL, -EBADF, -ENOSPC (the
-// range reaches past the end, or the backing store is full: no abort;
+// range reaches past the end, whatever `len`, or the backing store is
+// full: no abort;
 // free space and write again on the same handle), -EIO (the journal
 // aborted). An error other than a refused argument (-EINVAL, -EBADF,
 // -EROFS, -ENOSPC past the end) means the write may or may not have
@@ -421,6 +429,9 @@ int jbdev_write_zeroes(const struct jbdev_volume *vol,
 // Begins an atomic multi-extent transaction on `vol`; stores its handle in
 // `*out`. A transaction belongs to the thread building it (calls on one
 // transaction from several threads are serialised, not undefined).
+// Returns 0 or a negative errno: -EBADF for a bad handle, -EROFS for a
+// volume opened read-only (refused here, before any extent is added),
+// -EINVAL for a NULL `out`.
 //
 // # Safety
 // `out` is NULL or writable.
@@ -449,7 +460,8 @@ int jbdev_txn_write_zeroes(struct jbdev_txn *txn, uint64_t offset, uint64_t len)
 // across a crash); with `JBDEV_WRITE_FUA`, durably before returning. The
 // transaction handle ends with this call whatever it returns. -EINVAL for
 // unknown flags (the transaction is then left open), -EBADF if the volume
-// was closed, -EROFS for a read-only volume: then nothing was applied.
+// was closed: then nothing was applied (a read-only volume refused the
+// transaction at `jbdev_txn_begin`).
 // Any other error (-EIO, -ENOSPC when the backing store is full) means the
 // commit may or may not have happened: all of the transaction or none of
 // it may be visible at once and be found after a reopen (never a part of

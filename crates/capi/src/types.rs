@@ -104,7 +104,10 @@ pub struct jbdev_open_options {
     /// through the journal; `UINT64_MAX` journals everything that fits.
     pub direct_write_threshold_bytes: u64,
     /// Journal file or device of a volume formatted with an external
-    /// journal; NULL otherwise.
+    /// journal, when it is not at the path recorded at format time (NULL:
+    /// that path). Must be NULL for a volume whose journal is internal
+    /// (-EINVAL otherwise, as `jbdev` refuses `--journal` there), and for
+    /// `jbdev_create` when the format options' `journal_path` is NULL.
     pub journal_path: *const c_char,
 }
 

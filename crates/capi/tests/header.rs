@@ -36,19 +36,17 @@ fn checked_in_header_is_up_to_date() {
 
 /// The comment block cbindgen puts above `decl` in the checked-in header.
 fn doc_of(header: &str, decl: &str) -> String {
-    let at = header
-        .find(decl)
-        .unwrap_or_else(|| panic!("{decl} not in the header"));
-    header[..at]
-        .lines()
-        .rev()
-        .skip(1) // the part of the declaration's line before `decl`
-        .take_while(|l| l.starts_with("//"))
-        .collect::<Vec<_>>()
-        .into_iter()
-        .rev()
-        .collect::<Vec<_>>()
-        .join("\n")
+    let lines: Vec<&str> = header.lines().collect();
+    // The declaration, not a mention in a comment.
+    let at = lines
+        .iter()
+        .position(|l| !l.starts_with("//") && !l.starts_with(" *") && l.contains(decl))
+        .unwrap_or_else(|| panic!("{decl} not declared in the header"));
+    let start = lines[..at]
+        .iter()
+        .rposition(|l| !l.starts_with("//"))
+        .map_or(0, |i| i + 1);
+    lines[start..at].join("\n")
 }
 
 /// A failed commit or write may or may not have happened (ARCHITECTURE
@@ -66,7 +64,7 @@ fn the_header_promises_nothing_about_a_failed_write() {
             && commit.contains("may or may not have happened"),
         "{commit}"
     );
-    let write = doc_of(&header, "jbdev_write(");
+    let write = words(&doc_of(&header, "jbdev_write("));
     assert!(write.contains("backing store is full"), "{write}");
     assert!(header.contains("may or may not have happened: its data"));
 }
@@ -114,5 +112,40 @@ fn the_header_says_a_full_store_is_no_abort() {
             "the backing store is full: no abort; free space and write again on the same handle"
         ),
         "{write}"
+    );
+}
+
+/// Report #11 of session 19: the header's return codes disagreed with the
+/// library. `jbdev_get_stats` refuses sizes under 4 (the header implied
+/// they were accepted), `jbdev_txn_begin` refuses a read-only volume with
+/// -EROFS (the header put it at commit), and lengths past the end, even
+/// `SIZE_MAX`, are -ENOSPC (now the library's behaviour too, checked by
+/// tests/c/error_paths.c, as is the refused `journal_path` of an
+/// internal-journal volume).
+#[test]
+fn the_header_states_the_return_codes_the_library_gives() {
+    let crate_dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let header = std::fs::read_to_string(crate_dir.join("../../include/jbdev.h")).unwrap();
+    let stats = words(&doc_of(&header, "jbdev_get_stats("));
+    assert!(
+        stats.contains("at least 4") && stats.contains("smaller size is refused with -EINVAL"),
+        "{stats}"
+    );
+    let begin = words(&doc_of(&header, "jbdev_txn_begin("));
+    assert!(
+        begin.contains("-EROFS for a volume opened read-only"),
+        "{begin}"
+    );
+    let commit = words(&doc_of(&header, "jbdev_txn_commit("));
+    assert!(
+        !commit.contains("-EROFS for a read-only volume"),
+        "{commit}"
+    );
+    let read = words(&doc_of(&header, "jbdev_read("));
+    assert!(read.contains("`SIZE_MAX` too"), "{read}");
+    let open = words(&doc_of(&header, "jbdev_open("));
+    assert!(
+        open.contains("`journal_path` set for a volume whose journal is internal"),
+        "{open}"
     );
 }

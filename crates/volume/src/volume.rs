@@ -527,6 +527,21 @@ fn truncated_journal_advice(home: &Path, journal: &Path, region_end: u64) -> Str
     )
 }
 
+/// Fails when `opts` names a journal for the volume `home`, whose journal
+/// is internal: refused rather than ignored, as the command line refuses
+/// `--journal` there (the caller meant another volume, or another path).
+fn refuse_unused_journal_path(home: &Path, opts: &OpenOptions) -> Result<()> {
+    match &opts.journal_path {
+        Some(j) => Err(VolumeError::InvalidArgument(format!(
+            "a journal path ({}) was given, but the journal of {} is internal: leave it out \
+             (or name the volume it belongs to)",
+            j.display(),
+            home.display()
+        ))),
+        None => Ok(()),
+    }
+}
+
 /// Fails when `journal` names the volume's own file or device (`home`):
 /// an external journal there would overlap the volume (and its lock would
 /// report the volume as "already open" by ourselves).
@@ -751,9 +766,12 @@ impl Volume {
     /// check (the `jbdev format` command is the one that refuses a target
     /// holding a volume or data; an embedding program decides for itself).
     pub fn create(path: &Path, fopts: &FormatOptions, oopts: &OpenOptions) -> Result<Volume> {
-        // Both checked before anything is created or changed.
+        // All checked before anything is created or changed.
         let (journal_bytes, needed, _) = plan_layout(fopts)?;
         oopts.validate()?;
+        if matches!(fopts.journal, JournalPlacement::Internal) {
+            refuse_unused_journal_path(path, oopts)?;
+        }
         let dopts = |create: u64| jbdev_device::OpenOptions {
             backend: oopts.backend,
             direct: oopts.direct_io,
@@ -814,7 +832,10 @@ impl Volume {
         let dev = open_device(path, &dopts)?.device;
         let sb = read_volume_superblock(dev.as_ref(), &path.display().to_string())?;
         let (jdev, watch) = match &sb.journal {
-            JournalLocation::Internal { .. } => (None, None),
+            JournalLocation::Internal { .. } => {
+                refuse_unused_journal_path(path, opts)?;
+                (None, None)
+            }
             JournalLocation::External {
                 path_hint,
                 len_bytes,
