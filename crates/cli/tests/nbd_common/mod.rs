@@ -229,6 +229,16 @@ impl ServerProc {
     pub fn log_text(&self) -> String {
         self.log.lock().unwrap().join("\n")
     }
+
+    /// The URL of a server started with `--metrics`, from its log.
+    pub fn metrics_url(&self) -> String {
+        let log = self.log.lock().unwrap().clone();
+        let line = log
+            .iter()
+            .find_map(|l| l.strip_prefix("jbdev serve: metrics on "))
+            .unwrap_or_else(|| panic!("no metrics line in {log:?}"));
+        line.to_string()
+    }
 }
 
 impl Drop for ServerProc {
