@@ -103,10 +103,16 @@ fn shared_link_flags(work: &Path, lib_dir: &Path) -> Vec<String> {
 }
 
 /// Builds `tests/c/NAME.c` with warnings as errors against libjbdev.so
-/// (through the pkg-config file), into `work`.
-fn build_test_program(name: &str, work: &Path, lib_dir: &Path) -> PathBuf {
-    let exe = work.join(name);
-    let flags = shared_link_flags(work, lib_dir);
+/// (through the pkg-config file) in a new temporary directory; None (the
+/// caller skips) where gcc is missing.
+fn test_program(name: &str) -> Option<(tempfile::TempDir, PathBuf)> {
+    if !have("gcc") {
+        eprintln!("SKIP: gcc not found; cannot build tests/c/{name}.c");
+        return None;
+    }
+    let work = tempfile::tempdir().unwrap();
+    let exe = work.path().join(name);
+    let flags = shared_link_flags(work.path(), &lib_dir());
     run_ok(
         Command::new("gcc")
             .args(["-std=c11", "-Wall", "-Wextra", "-Werror", "-g", "-O1"])
@@ -115,7 +121,7 @@ fn build_test_program(name: &str, work: &Path, lib_dir: &Path) -> PathBuf {
             .arg(&exe)
             .args(&flags),
     );
-    exe
+    Some((work, exe))
 }
 
 /// Report #5 of session 19: a C program could not tell that the salvage
@@ -127,13 +133,9 @@ fn build_test_program(name: &str, work: &Path, lib_dir: &Path) -> PathBuf {
 /// `JBDEV_LOG` set, and nothing on stderr without it.
 #[test]
 fn a_c_program_sees_the_salvage_after_its_journal_file_is_deleted() {
-    if !have("gcc") {
-        eprintln!("SKIP: gcc not found; cannot build tests/c/journal_lost.c");
+    let Some((work, exe)) = test_program("journal_lost") else {
         return;
-    }
-    let lib_dir = lib_dir();
-    let work = tempfile::tempdir().unwrap();
-    let exe = build_test_program("journal_lost", work.path(), &lib_dir);
+    };
     for log in [Some("warn"), None] {
         let dir = work.path().join(format!("run-{}", log.unwrap_or("quiet")));
         std::fs::create_dir(&dir).unwrap();
@@ -193,13 +195,9 @@ impl Drop for Tmpfs {
 /// acknowledged block reads back after a reopen.
 #[test]
 fn a_full_store_gives_enospc_and_the_same_handle_writes_again() {
-    if !have("gcc") {
-        eprintln!("SKIP: gcc not found; cannot build tests/c/store_full.c");
+    let Some((work, exe)) = test_program("store_full") else {
         return;
-    }
-    let lib_dir = lib_dir();
-    let work = tempfile::tempdir().unwrap();
-    let exe = build_test_program("store_full", work.path(), &lib_dir);
+    };
     let Some(fs) = Tmpfs::mount(&work.path().join("fs"), "24M") else {
         let uid = run(Command::new("id").arg("-u")).stdout;
         assert_ne!(uid.trim_ascii(), b"0", "root, but mounting a tmpfs failed");
@@ -277,15 +275,8 @@ fn the_static_link_the_header_names_needs_no_shared_library() {
             .env("PKG_CONFIG_PATH", work.path()),
     );
     let flags = String::from_utf8(out.stdout).unwrap();
-    let exe = work.path().join("hello_static");
-    run_ok(
-        Command::new("gcc")
-            .args(["-std=c11", "-Wall", "-Wextra", "-Werror"])
-            .arg(repo_root().join("examples/c/hello.c"))
-            .arg("-o")
-            .arg(&exe)
-            .args(flags.split_whitespace()),
-    );
+    let flags: Vec<String> = flags.split_whitespace().map(str::to_owned).collect();
+    let exe = build_hello(&work.path().join("hello_static"), &flags);
     let out = run(Command::new(&exe).arg(work.path().join("hello.img")));
     assert!(
         out.status.success(),
@@ -500,6 +491,19 @@ fn osync_writers_example_runs() {
     assert!(stdout.contains("verify: 2 regions ok"), "{stdout}");
 }
 
+/// Builds examples/c/hello.c into `exe` with the link flags `flags`.
+fn build_hello(exe: &Path, flags: &[String]) -> PathBuf {
+    run_ok(
+        Command::new("gcc")
+            .args(["-std=c11", "-Wall", "-Wextra", "-Werror"])
+            .arg(repo_root().join("examples/c/hello.c"))
+            .arg("-o")
+            .arg(exe)
+            .args(flags),
+    );
+    exe.to_path_buf()
+}
+
 /// The README's smallest example (examples/c/hello.c) builds and works.
 #[test]
 fn hello_example_runs() {
@@ -511,16 +515,8 @@ fn hello_example_runs() {
     // The example opens with O_DIRECT (the default), so keep its image in
     // the target directory, on disk, rather than in a possibly-tmpfs /tmp.
     let work = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
-    let exe = work.path().join("hello");
     let flags = shared_link_flags(work.path(), &lib_dir);
-    run_ok(
-        Command::new("gcc")
-            .args(["-std=c11", "-Wall", "-Wextra", "-Werror"])
-            .arg(repo_root().join("examples/c/hello.c"))
-            .arg("-o")
-            .arg(&exe)
-            .args(&flags),
-    );
+    let exe = build_hello(&work.path().join("hello"), &flags);
     let out = run_ok(Command::new(&exe).arg(work.path().join("hello.img")));
     assert_eq!(String::from_utf8_lossy(&out.stdout), "hello\n");
     // A bad path fails with the library's message, not a crash.

@@ -605,27 +605,27 @@ mod tests {
                 &scrape_of(&t, t0 + Duration::from_secs(1)),
             )
         };
-        let r = report(text(1, 0, 1, 0));
-        assert!(r.contains(" ABORTED,salvaged"), "{r}");
-        assert!(
-            r.contains("! /v: journal ABORTED; salvage complete (64 block(s) written home)"),
-            "{r}"
-        );
-        let r = report(text(1, 1, 0, 0));
-        assert!(
-            r.contains(" ABORTED,salvaging") && r.contains("salvage under way"),
-            "{r}"
-        );
-        let r = report(text(1, 0, 0, 0));
-        assert!(
-            r.contains(" ABORTED\n") && r.contains("writes fail until"),
-            "{r}"
-        );
-        let r = report(text(0, 0, 0, 1));
-        assert!(
-            r.contains(" STORE FULL") && r.contains("backing store is FULL"),
-            "{r}"
-        );
+        for (state, words) in [
+            (
+                text(1, 0, 1, 0),
+                &[
+                    " ABORTED,salvaged",
+                    "! /v: journal ABORTED; salvage complete (64 block(s) written home)",
+                ][..],
+            ),
+            (
+                text(1, 1, 0, 0),
+                &[" ABORTED,salvaging", "salvage under way"][..],
+            ),
+            (text(1, 0, 0, 0), &[" ABORTED\n", "writes fail until"][..]),
+            (
+                text(0, 0, 0, 1),
+                &[" STORE FULL", "backing store is FULL"][..],
+            ),
+        ] {
+            let r = report(state);
+            assert!(words.iter().all(|w| r.contains(w)), "{words:?}:\n{r}");
+        }
         let r = report(text(0, 0, 0, 0));
         assert!(r.lines().nth(3).is_some_and(|l| l.ends_with("  ok")), "{r}");
         assert!(!r.contains('!'), "{r}");

@@ -357,20 +357,7 @@ fn stats_and_info_show_a_live_server() {
         .to_string();
 
     // Writes through a connection that stays open while `stats` runs.
-    let addr: jbdev_nbd::client::Address = srv.tcp.clone().unwrap().parse().unwrap();
-    let mut c = jbdev_nbd::client::Client::connect(&addr, "").expect("nbd connect");
-    for i in 0..32u64 {
-        let reply = c
-            .call(
-                jbdev_nbd::proto::CMD_WRITE,
-                jbdev_nbd::proto::CMD_FLAG_FUA,
-                i * 4096,
-                4096,
-                &[0x42; 4096],
-            )
-            .expect("write");
-        assert!(reply.is_ok(), "write {i} failed: {reply:?}");
-    }
+    let c = client_after_fua_writes(&srv, "", 32);
     let out = run_ok(JBDEV, &["stats", &port, "--interval", "0.2"], 60);
     assert!(out.contains("1 connection(s)"), "{out}");
     assert!(out.contains("(default)"), "{out}");

@@ -6,8 +6,6 @@
 
 mod nbd_common;
 
-use std::time::{Duration, Instant};
-
 use nbd_common::*;
 
 /// `jbdev stats ARGS`: exit code, stdout, stderr.
@@ -72,21 +70,8 @@ fn a_silent_endpoint_is_a_timeout_with_its_address() {
 fn stats_of_a_real_server_show_names_on_one_row_and_an_aborted_volume() {
     let dir = TempDir::new("stats-server");
     let (img, jnl, other) = (dir.path("v.img"), dir.path("v.jnl"), dir.path("o.img"));
-    let (img_s, jnl_s) = (img.to_str().unwrap(), jnl.to_str().unwrap());
-    run_ok(
-        JBDEV,
-        &[
-            "format",
-            img_s,
-            "--size",
-            "32M",
-            "--journal",
-            jnl_s,
-            "--journal-size",
-            "8M",
-        ],
-        120,
-    );
+    let img_s = img.to_str().unwrap();
+    format_with_journal(&img, &jnl, "32M", "8M");
     format_volume(&other, "16M");
     // An export whose name holds a newline.
     let export = format!("two\nlines={}", other.display());
@@ -97,20 +82,7 @@ fn stats_of_a_real_server_show_names_on_one_row_and_an_aborted_volume() {
     let url = srv.metrics_url();
 
     // FUA writes, acknowledged and in the journal only.
-    let addr: jbdev_nbd::client::Address = srv.tcp.clone().unwrap().parse().unwrap();
-    let mut c = jbdev_nbd::client::Client::connect(&addr, "").expect("nbd connect");
-    for i in 0..16u64 {
-        let reply = c
-            .call(
-                jbdev_nbd::proto::CMD_WRITE,
-                jbdev_nbd::proto::CMD_FLAG_FUA,
-                i * 4096,
-                4096,
-                &[0x42; 4096],
-            )
-            .expect("write");
-        assert!(reply.is_ok(), "write {i} failed: {reply:?}");
-    }
+    let c = client_after_fua_writes(&srv, "", 16);
     c.disconnect().unwrap();
     // The default export has requests: its row, and the volume's, show.
     let (code, out, err) = stats(&[&url, "--interval", "0.05", "--count", "2"]);
@@ -126,6 +98,7 @@ fn stats_of_a_real_server_show_names_on_one_row_and_an_aborted_volume() {
     );
     assert!(!first.contains('!'), "{first}");
     // A request on the newline export gives it a row: escaped, one line.
+    let addr: jbdev_nbd::client::Address = srv.tcp.clone().unwrap().parse().unwrap();
     let mut c = jbdev_nbd::client::Client::connect(&addr, "two\nlines").expect("nbd connect");
     let reply = c
         .call(jbdev_nbd::proto::CMD_FLUSH, 0, 0, 0, &[])
@@ -140,15 +113,7 @@ fn stats_of_a_real_server_show_names_on_one_row_and_an_aborted_volume() {
     // The journal file deleted under the server: the volume aborts and
     // the salvage writes the 16 blocks home.
     std::fs::remove_file(&jnl).unwrap();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !srv.log_text().contains("salvage complete") {
-        assert!(
-            Instant::now() < deadline,
-            "no salvage a minute after the journal was deleted:\n{}",
-            srv.log_text()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    srv.wait_for_log("salvage complete");
     let (code, out, err) = stats(&[&url, "--interval", "0.05"]);
     assert_eq!(code, Some(0), "{err}");
     assert!(

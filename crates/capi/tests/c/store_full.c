@@ -20,30 +20,10 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "jbdev.h"
-
-static int checks;
-
-#define CHECK(cond)                                                                  \
-	do {                                                                         \
-		checks++;                                                            \
-		if (!(cond)) {                                                       \
-			fprintf(stderr, "%s:%d: check failed: %s (last error: %s)\n", \
-				__FILE__, __LINE__, #cond, jbdev_last_error());      \
-			exit(1);                                                     \
-		}                                                                    \
-	} while (0)
-
-#define CHECK_OK(expr) CHECK((expr) == 0)
+#include "check.h"
 
 #define BS 4096
 #define VOLUME_BYTES (64ULL << 20)
-
-static void sleep_ms(long ms)
-{
-	struct timespec t = { ms / 1000, (ms % 1000) * 1000000L };
-	nanosleep(&t, NULL);
-}
 
 /* Block i's content: its number, then a byte of its own. */
 static void fill(char *buf, uint64_t i)
