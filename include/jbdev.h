@@ -2,20 +2,32 @@
  * jbdev.h - C ABI of jbdev, a user-space journaled block device.
  *
  * Link:  pkg-config --cflags --libs jbdev          (shared, libjbdev.so)
- *        pkg-config --static --cflags --libs jbdev (static, libjbdev.a)
+ *        pkg-config --cflags --libs jbdev-static   (static, libjbdev.a)
+ *        (not `pkg-config --static ... jbdev`: its -ljbdev links
+ *        libjbdev.so wherever that sits next to libjbdev.a)
  *
  * Rules:
  *  - Every function returns 0 (or a documented non-negative value) on success
  *    and a negative errno (-EINVAL, -EBADF, -ENOSPC, -EROFS, -EFBIG, -EIO,
  *    -EUCLEAN for "not a jbdev volume / corrupt", ...) on failure. After
- *    the journal aborts, writes fail with -EIO, or with -ENOSPC when what
- *    aborted it was a full backing store (free space, then reopen).
+ *    the journal aborts (jbdev_stats.aborted = 1), every write, flush and
+ *    commit fails with -EIO until the volume is closed and opened again.
  *    A write, zeroing, trim, flush or transaction commit that fails other
  *    than by refusing its arguments may or may not have happened: its data
  *    may be visible at once and durable after a reopen (a transaction
  *    still all or nothing). Read it back to know.
  *    jbdev_last_error() returns the calling thread's message of its latest
  *    failed call; messages of other threads are never visible.
+ *  - A full backing store (ENOSPC or EDQUOT writing the volume's own file
+ *    or device: a sparse image on a full file system, a thin pool) is not
+ *    an abort: only the writes that need space fail, with -ENOSPC (a
+ *    large write into unallocated space at once, small writes once the
+ *    journal is full), reads and flushes keep working, nothing
+ *    acknowledged is lost, and once space is freed the same handle writes
+ *    again, no reopen (jbdev_stats.store_full = 1 meanwhile). The one
+ *    exception: a large write over blocks still in the journal aborts the
+ *    volume (-ENOSPC, aborted = 1); free space, then close and reopen,
+ *    and the next open replays the journal.
  *  - A NULL pointer argument is an error (-EINVAL; -EBADF for a NULL handle),
  *    never a crash. A buffer may be NULL only with length 0.
  *  - Handles (jbdev_volume *, jbdev_txn *) are opaque tokens, not pointers
@@ -32,7 +44,25 @@
  *    across a crash.
  *  - Option structs carry their own size: fill them with the _init
  *    function, then change fields, so programs built against this header
- *    keep working with later library versions.
+ *    keep working with later library versions. jbdev_stats grows by
+ *    appended fields only; test JBDEV_STATS_HAS(&stats, field) before
+ *    reading a field newer than your oldest supported library.
+ *  - A journal failure (its device fails, or an external journal file is
+ *    deleted or truncated while the volume is open) aborts the volume:
+ *    every later write fails with -EIO. If the volume's own device works,
+ *    every committed write is first written home from memory (the
+ *    salvage, in the background): jbdev_get_stats() shows
+ *    salvage_running = 1 while it goes on, then salvage_complete = 1 once
+ *    every acknowledged write is on the volume's own device.
+ *    jbdev_close() waits for it and its message says how it ended. A
+ *    volume whose journal file is lost then opens again after
+ *    `jbdev journal reset PATH`, which gives it a new, empty journal.
+ *  - Logging: the library writes nothing to stderr unless the environment
+ *    variable JBDEV_LOG is set when the process first opens or creates a
+ *    volume; then its log goes to stderr, filtered as the jbdev command's
+ *    (JBDEV_LOG=warn: aborts, the salvage and its end, a full backing
+ *    store; info: recovery at open too). A process that already installed
+ *    a Rust tracing subscriber keeps it.
  */
 
 
@@ -43,6 +73,13 @@
 
 #include <stddef.h>
 #include <stdint.h>
+
+// Whether `stats`, filled by jbdev_get_stats, holds `field`: the library
+// filled the struct up to the end of that field (see jbdev_stats).
+#define JBDEV_STATS_HAS(stats, field) \
+  (offsetof(jbdev_stats, field) + sizeof(((const jbdev_stats *)0)->field) <= \
+   (stats)->struct_size)
+
 
 // Version of this C ABI. Bumped on incompatible changes only; growing a
 // struct (see `struct_size`) is compatible.
@@ -129,11 +166,23 @@ typedef struct jbdev_open_options {
   // through the journal; `UINT64_MAX` journals everything that fits.
   uint64_t direct_write_threshold_bytes;
   // Journal file or device of a volume formatted with an external
-  // journal; NULL otherwise.
+  // journal, when it is not at the path recorded at format time (NULL:
+  // that path). Must be NULL for a volume whose journal is internal
+  // (-EINVAL otherwise, as `jbdev` refuses `--journal` there), and for
+  // `jbdev_create` when the format options' `journal_path` is NULL.
   const char *journal_path;
 } jbdev_open_options;
 
 // Operator metrics of an open volume (`jbdev_get_stats`).
+//
+// Versioning: fields are only ever appended, never reordered, resized or
+// removed, and `JBDEV_ABI_VERSION` stays the same when fields are added.
+// `jbdev_get_stats` fills the first `min(out_size, sizeof(jbdev_stats) of
+// the library)` bytes and sets `struct_size` to that count, so a program
+// built against an older header gets the fields it knows, and one built
+// against a newer header than the library gets a `struct_size` that
+// stops before the fields the library does not have (their bytes are left
+// untouched). Read a field only when `JBDEV_STATS_HAS(&stats, field)`.
 typedef struct jbdev_stats {
   // Bytes of this struct the library filled in.
   uint32_t struct_size;
@@ -188,6 +237,35 @@ typedef struct jbdev_stats {
   uint64_t write_buffers_allocated;
   uint64_t write_buffers_reused;
   uint64_t write_buffer_pool_bytes;
+  // Fields from here on were added in version 3 (check `struct_size`,
+  // or `JBDEV_STATS_HAS`): the volume's failure state.
+  // 1 once the journal aborted (a failed journal or home write or flush,
+  // the external journal file deleted or truncated, a bug): every later
+  // write, flush and commit fails (-EIO, or -ENOSPC when a full store
+  // caused it) until the volume is closed and opened again. A full
+  // backing store alone is no abort (see `store_full`).
+  uint32_t aborted;
+  // 1 while the salvage after a journal failure (its device failed, or
+  // its file was deleted or truncated while the volume was open, and
+  // the volume's own device works) is due or under way: it writes every
+  // committed block home from memory, in the background, and flushes.
+  // It ends with `salvage_complete` = 1, or, if a write or flush of the
+  // volume's own device fails meanwhile, with both 0 (the journal then
+  // keeps what it holds for the next open).
+  uint32_t salvage_running;
+  // 1 once that salvage is complete: every write acknowledged before
+  // the journal failed is durable on the volume's own device, and after
+  // `jbdev_close` the command `jbdev journal reset PATH` gives the
+  // volume a new journal.
+  uint32_t salvage_complete;
+  // 1 while the backing store is full (ENOSPC or EDQUOT writing home):
+  // no abort; writes that need space fail with -ENOSPC until space is
+  // freed, then succeed again on the same handle.
+  uint32_t store_full;
+  // Blocks the salvage has written home so far.
+  uint64_t salvaged_blocks;
+  // Checkpoint attempts that found the backing store full since open.
+  uint64_t store_full_attempts;
 } jbdev_stats;
 
 #ifdef __cplusplus
@@ -248,7 +326,9 @@ int jbdev_create(const char *path,
 // Opens an existing volume, running journal recovery if needed.
 // `opts` may be NULL for the defaults. On success stores the handle in
 // `*out` and returns 0; on failure stores NULL (when `out` is not NULL) and
-// returns a negative errno (-EUCLEAN: not a jbdev volume or corrupt).
+// returns a negative errno (-EUCLEAN: not a jbdev volume or corrupt;
+// -EINVAL: among others, `journal_path` set for a volume whose journal is
+// internal, which the `jbdev` command refuses too).
 //
 // # Safety
 // `path` is NULL or a NUL-terminated string; `opts` is NULL or a
@@ -286,8 +366,10 @@ int jbdev_block_size(const struct jbdev_volume *vol, uint32_t *block_size);
 int jbdev_max_transaction_bytes(const struct jbdev_volume *vol, uint64_t *max_bytes);
 
 // Fills `*out` with the volume's metrics. `out_size` is `sizeof(*out)` as
-// the caller compiled it; the library fills at most that many bytes and sets
-// `out->struct_size` to the number it filled (when at least 4).
+// the caller compiled it, at least 4 (the `struct_size` field; a smaller
+// size is refused with -EINVAL); the library fills at most that many
+// bytes and sets `out->struct_size` to the number it filled. Fields are
+// only ever appended (see `jbdev_stats` and `JBDEV_STATS_HAS`).
 //
 // # Safety
 // `out` is NULL or writable for `out_size` bytes and aligned for
@@ -295,8 +377,9 @@ int jbdev_max_transaction_bytes(const struct jbdev_volume *vol, uint64_t *max_by
 int jbdev_get_stats(const struct jbdev_volume *vol, struct jbdev_stats *out, size_t out_size);
 
 // Reads `len` bytes at byte `offset` into `buf` (no alignment needed).
-// Returns 0, or -ENOSPC if the range reaches past the end, -EBADF for a
-// bad handle, -EINVAL for a NULL buffer.
+// Returns 0, or -ENOSPC if the range reaches past the end (whatever
+// `len`, `SIZE_MAX` too; `buf` is then untouched), -EBADF for a bad
+// handle, -EINVAL for a NULL buffer.
 //
 // # Safety
 // `buf` is NULL (then `len` must be 0) or writable for `len` bytes, and
@@ -311,11 +394,13 @@ int jbdev_read(const struct jbdev_volume *vol, void *buf, size_t len, uint64_t o
 // location, so a crash before it returns (or, without FUA, before the next
 // flush) can leave any mix of its old and new sectors, as on a plain disk.
 // Returns 0 or a negative errno: -EROFS, -EINVAL, -EBADF, -ENOSPC (the
-// range reaches past the end, or the backing store is full: the journal
-// then aborts; free space, then reopen), -EIO. An error other than a
-// refused argument (-EINVAL, -EBADF, -EROFS, -ENOSPC past the end) means
-// the write may or may not have happened: its data may already be visible,
-// and durable after a reopen; read it back to know.
+// range reaches past the end, whatever `len`, or the backing store is
+// full: no abort;
+// free space and write again on the same handle), -EIO (the journal
+// aborted). An error other than a refused argument (-EINVAL, -EBADF,
+// -EROFS, -ENOSPC past the end) means the write may or may not have
+// happened: its data may already be visible, and durable after a reopen;
+// read it back to know.
 //
 // # Safety
 // `buf` is NULL (then `len` must be 0) or readable for `len` bytes and not
@@ -344,6 +429,9 @@ int jbdev_write_zeroes(const struct jbdev_volume *vol,
 // Begins an atomic multi-extent transaction on `vol`; stores its handle in
 // `*out`. A transaction belongs to the thread building it (calls on one
 // transaction from several threads are serialised, not undefined).
+// Returns 0 or a negative errno: -EBADF for a bad handle, -EROFS for a
+// volume opened read-only (refused here, before any extent is added),
+// -EINVAL for a NULL `out`.
 //
 // # Safety
 // `out` is NULL or writable.
@@ -372,7 +460,8 @@ int jbdev_txn_write_zeroes(struct jbdev_txn *txn, uint64_t offset, uint64_t len)
 // across a crash); with `JBDEV_WRITE_FUA`, durably before returning. The
 // transaction handle ends with this call whatever it returns. -EINVAL for
 // unknown flags (the transaction is then left open), -EBADF if the volume
-// was closed, -EROFS for a read-only volume: then nothing was applied.
+// was closed: then nothing was applied (a read-only volume refused the
+// transaction at `jbdev_txn_begin`).
 // Any other error (-EIO, -ENOSPC when the backing store is full) means the
 // commit may or may not have happened: all of the transaction or none of
 // it may be visible at once and be found after a reopen (never a part of

@@ -9,7 +9,7 @@ use std::cell::RefCell;
 use std::ffi::{c_int, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
-use jbdev_volume::VolumeError;
+use jbdev_volume::{Stats, VolumeError};
 
 /// A failure on its way to C: a positive errno and a message.
 #[derive(Debug)]
@@ -41,8 +41,39 @@ impl Error {
 
 impl From<VolumeError> for Error {
     fn from(e: VolumeError) -> Self {
-        Self::new(e.errno(), e.to_string())
+        // The volume's message tells an operator to watch the log for
+        // "salvage complete"; a C program has no log unless it asks for
+        // one, so it is told where it can see the same.
+        let note = match e {
+            VolumeError::JournalFileLost(_) => {
+                " (from C: jbdev_get_stats() shows salvage_running = 1 while the salvage goes on \
+                 and salvage_complete = 1 once it is complete; jbdev_close() waits for it and \
+                 says how it ended; JBDEV_LOG=warn in the environment sends the log to stderr)"
+            }
+            _ => "",
+        };
+        Self::new(e.errno(), format!("{e}{note}"))
     }
+}
+
+/// The error of `jbdev_close`, with the salvage's outcome when there was
+/// one (`stats` as the close left it: the salvage has ended): after the
+/// close the caller cannot ask `jbdev_get_stats` any more.
+pub(crate) fn close_error(e: VolumeError, stats: &Stats) -> Error {
+    let outcome = if stats.salvage_complete {
+        format!(
+            "; at close: the salvage is complete ({} block(s) written home and flushed): every \
+             write acknowledged before the journal failed is on the volume",
+            stats.salvaged_blocks
+        )
+    } else if matches!(e, VolumeError::JournalFileLost(_)) {
+        "; at close: the salvage did not complete (a write or flush of the volume's own device \
+         failed too): acknowledged writes not yet written home may exist only in the journal"
+            .to_owned()
+    } else {
+        String::new()
+    };
+    Error::new(e.errno(), format!("{e}{outcome}"))
 }
 
 pub(crate) type Result<T, E = Error> = std::result::Result<T, E>;

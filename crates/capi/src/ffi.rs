@@ -10,7 +10,7 @@ use std::path::PathBuf;
 
 use ::jbdev_volume::{TouchedBlocks, Volume, VolumeError, WriteFlags};
 
-use crate::error::{ffi_call, with_last_error, Error, Result};
+use crate::error::{close_error, ffi_call, with_last_error, Error, Result};
 use crate::handle::Table;
 use crate::types::{
     jbdev_format_options, jbdev_open_options, jbdev_stats, jbdev_txn, jbdev_volume,
@@ -194,6 +194,19 @@ fn write_flags(flags: u32) -> Result<WriteFlags> {
     })
 }
 
+/// Refuses a byte range that reaches past the end of `volume` with
+/// `-ENOSPC`, as the volume would, before the caller's buffer is looked
+/// at: a length no buffer can have (`SIZE_MAX`) reaches past the end like
+/// any other, and a refused read leaves the buffer untouched.
+fn check_range(volume: &Volume, offset: u64, len: usize) -> Result<()> {
+    let size = volume.size();
+    let len = u64::try_from(len).unwrap_or(u64::MAX);
+    match offset.checked_add(len) {
+        Some(end) if end <= size => Ok(()),
+        _ => Err(VolumeError::OutOfRange { offset, len, size }.into()),
+    }
+}
+
 fn check_writable(e: &VolumeEntry) -> Result<()> {
     if e.read_only {
         return Err(VolumeError::ReadOnly.into());
@@ -327,6 +340,7 @@ pub unsafe extern "C" fn jbdev_create(
     out: *mut *mut jbdev_volume,
 ) -> c_int {
     ffi_call(|| {
+        crate::log::init_from_env();
         // SAFETY: forwarded contract; done first so a failure below leaves
         // *out NULL.
         unsafe { write_out(out, std::ptr::null_mut(), "out") }?;
@@ -352,7 +366,9 @@ pub unsafe extern "C" fn jbdev_create(
 /// Opens an existing volume, running journal recovery if needed.
 /// `opts` may be NULL for the defaults. On success stores the handle in
 /// `*out` and returns 0; on failure stores NULL (when `out` is not NULL) and
-/// returns a negative errno (-EUCLEAN: not a jbdev volume or corrupt).
+/// returns a negative errno (-EUCLEAN: not a jbdev volume or corrupt;
+/// -EINVAL: among others, `journal_path` set for a volume whose journal is
+/// internal, which the `jbdev` command refuses too).
 ///
 /// # Safety
 /// `path` is NULL or a NUL-terminated string; `opts` is NULL or a
@@ -365,6 +381,7 @@ pub unsafe extern "C" fn jbdev_open(
     out: *mut *mut jbdev_volume,
 ) -> c_int {
     ffi_call(|| {
+        crate::log::init_from_env();
         // SAFETY: forwarded contract.
         unsafe { write_out(out, std::ptr::null_mut(), "out") }?;
         // SAFETY: forwarded contract.
@@ -393,7 +410,8 @@ pub unsafe extern "C" fn jbdev_open(
 pub extern "C" fn jbdev_close(vol: *mut jbdev_volume) -> c_int {
     ffi_call(|| {
         let entry = VOLUMES.remove(vol.addr())?;
-        entry.volume.close()?;
+        let (res, stats) = entry.volume.close_with_stats();
+        res.map_err(|e| close_error(e, &stats))?;
         Ok(0)
     })
 }
@@ -449,8 +467,10 @@ pub unsafe extern "C" fn jbdev_max_transaction_bytes(
 }
 
 /// Fills `*out` with the volume's metrics. `out_size` is `sizeof(*out)` as
-/// the caller compiled it; the library fills at most that many bytes and sets
-/// `out->struct_size` to the number it filled (when at least 4).
+/// the caller compiled it, at least 4 (the `struct_size` field; a smaller
+/// size is refused with -EINVAL); the library fills at most that many
+/// bytes and sets `out->struct_size` to the number it filled. Fields are
+/// only ever appended (see `jbdev_stats` and `JBDEV_STATS_HAS`).
 ///
 /// # Safety
 /// `out` is NULL or writable for `out_size` bytes and aligned for
@@ -494,8 +514,9 @@ pub unsafe extern "C" fn jbdev_get_stats(
 // ---------------------------------------------------------------------------
 
 /// Reads `len` bytes at byte `offset` into `buf` (no alignment needed).
-/// Returns 0, or -ENOSPC if the range reaches past the end, -EBADF for a
-/// bad handle, -EINVAL for a NULL buffer.
+/// Returns 0, or -ENOSPC if the range reaches past the end (whatever
+/// `len`, `SIZE_MAX` too; `buf` is then untouched), -EBADF for a bad
+/// handle, -EINVAL for a NULL buffer.
 ///
 /// # Safety
 /// `buf` is NULL (then `len` must be 0) or writable for `len` bytes, and
@@ -509,6 +530,7 @@ pub unsafe extern "C" fn jbdev_read(
 ) -> c_int {
     ffi_call(|| {
         VOLUMES.with(vol.addr(), |e| {
+            check_range(&e.volume, offset, len)?;
             // SAFETY: forwarded contract.
             let buf = unsafe { out_slice(buf, len) }?;
             e.volume.read_at(buf, offset)?;
@@ -525,11 +547,13 @@ pub unsafe extern "C" fn jbdev_read(
 /// location, so a crash before it returns (or, without FUA, before the next
 /// flush) can leave any mix of its old and new sectors, as on a plain disk.
 /// Returns 0 or a negative errno: -EROFS, -EINVAL, -EBADF, -ENOSPC (the
-/// range reaches past the end, or the backing store is full: the journal
-/// then aborts; free space, then reopen), -EIO. An error other than a
-/// refused argument (-EINVAL, -EBADF, -EROFS, -ENOSPC past the end) means
-/// the write may or may not have happened: its data may already be visible,
-/// and durable after a reopen; read it back to know.
+/// range reaches past the end, whatever `len`, or the backing store is
+/// full: no abort;
+/// free space and write again on the same handle), -EIO (the journal
+/// aborted). An error other than a refused argument (-EINVAL, -EBADF,
+/// -EROFS, -ENOSPC past the end) means the write may or may not have
+/// happened: its data may already be visible, and durable after a reopen;
+/// read it back to know.
 ///
 /// # Safety
 /// `buf` is NULL (then `len` must be 0) or readable for `len` bytes and not
@@ -546,6 +570,7 @@ pub unsafe extern "C" fn jbdev_write(
         let flags = write_flags(flags)?;
         VOLUMES.with(vol.addr(), |e| {
             check_writable(e)?;
+            check_range(&e.volume, offset, len)?;
             // SAFETY: forwarded contract.
             let data = unsafe { in_slice(buf, len) }?;
             e.volume.write_at(data, offset, flags)?;
@@ -606,6 +631,9 @@ pub extern "C" fn jbdev_write_zeroes(
 /// Begins an atomic multi-extent transaction on `vol`; stores its handle in
 /// `*out`. A transaction belongs to the thread building it (calls on one
 /// transaction from several threads are serialised, not undefined).
+/// Returns 0 or a negative errno: -EBADF for a bad handle, -EROFS for a
+/// volume opened read-only (refused here, before any extent is added),
+/// -EINVAL for a NULL `out`.
 ///
 /// # Safety
 /// `out` is NULL or writable.
@@ -655,6 +683,7 @@ pub unsafe extern "C" fn jbdev_txn_write(
 ) -> c_int {
     ffi_call(|| {
         TXNS.with_mut(txn.addr(), |t| {
+            VOLUMES.with(t.volume, |e| check_range(&e.volume, offset, len))?;
             // SAFETY: forwarded contract.
             let data = unsafe { in_slice(buf, len) }?;
             add_extent(t, offset, len as u64)?;
@@ -687,7 +716,8 @@ pub extern "C" fn jbdev_txn_write_zeroes(txn: *mut jbdev_txn, offset: u64, len: 
 /// across a crash); with `JBDEV_WRITE_FUA`, durably before returning. The
 /// transaction handle ends with this call whatever it returns. -EINVAL for
 /// unknown flags (the transaction is then left open), -EBADF if the volume
-/// was closed, -EROFS for a read-only volume: then nothing was applied.
+/// was closed: then nothing was applied (a read-only volume refused the
+/// transaction at `jbdev_txn_begin`).
 /// Any other error (-EIO, -ENOSPC when the backing store is full) means the
 /// commit may or may not have happened: all of the transaction or none of
 /// it may be visible at once and be found after a reopen (never a part of

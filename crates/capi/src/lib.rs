@@ -29,6 +29,7 @@
 mod error;
 mod ffi;
 mod handle;
+mod log;
 mod types;
 
 pub use ffi::*;

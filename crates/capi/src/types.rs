@@ -104,11 +104,23 @@ pub struct jbdev_open_options {
     /// through the journal; `UINT64_MAX` journals everything that fits.
     pub direct_write_threshold_bytes: u64,
     /// Journal file or device of a volume formatted with an external
-    /// journal; NULL otherwise.
+    /// journal, when it is not at the path recorded at format time (NULL:
+    /// that path). Must be NULL for a volume whose journal is internal
+    /// (-EINVAL otherwise, as `jbdev` refuses `--journal` there), and for
+    /// `jbdev_create` when the format options' `journal_path` is NULL.
     pub journal_path: *const c_char,
 }
 
 /// Operator metrics of an open volume (`jbdev_get_stats`).
+///
+/// Versioning: fields are only ever appended, never reordered, resized or
+/// removed, and `JBDEV_ABI_VERSION` stays the same when fields are added.
+/// `jbdev_get_stats` fills the first `min(out_size, sizeof(jbdev_stats) of
+/// the library)` bytes and sets `struct_size` to that count, so a program
+/// built against an older header gets the fields it knows, and one built
+/// against a newer header than the library gets a `struct_size` that
+/// stops before the fields the library does not have (their bytes are left
+/// untouched). Read a field only when `JBDEV_STATS_HAS(&stats, field)`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct jbdev_stats {
@@ -165,6 +177,35 @@ pub struct jbdev_stats {
     pub write_buffers_allocated: u64,
     pub write_buffers_reused: u64,
     pub write_buffer_pool_bytes: u64,
+    /// Fields from here on were added in version 3 (check `struct_size`,
+    /// or `JBDEV_STATS_HAS`): the volume's failure state.
+    /// 1 once the journal aborted (a failed journal or home write or flush,
+    /// the external journal file deleted or truncated, a bug): every later
+    /// write, flush and commit fails (-EIO, or -ENOSPC when a full store
+    /// caused it) until the volume is closed and opened again. A full
+    /// backing store alone is no abort (see `store_full`).
+    pub aborted: u32,
+    /// 1 while the salvage after a journal failure (its device failed, or
+    /// its file was deleted or truncated while the volume was open, and
+    /// the volume's own device works) is due or under way: it writes every
+    /// committed block home from memory, in the background, and flushes.
+    /// It ends with `salvage_complete` = 1, or, if a write or flush of the
+    /// volume's own device fails meanwhile, with both 0 (the journal then
+    /// keeps what it holds for the next open).
+    pub salvage_running: u32,
+    /// 1 once that salvage is complete: every write acknowledged before
+    /// the journal failed is durable on the volume's own device, and after
+    /// `jbdev_close` the command `jbdev journal reset PATH` gives the
+    /// volume a new journal.
+    pub salvage_complete: u32,
+    /// 1 while the backing store is full (ENOSPC or EDQUOT writing home):
+    /// no abort; writes that need space fail with -ENOSPC until space is
+    /// freed, then succeed again on the same handle.
+    pub store_full: u32,
+    /// Blocks the salvage has written home so far.
+    pub salvaged_blocks: u64,
+    /// Checkpoint attempts that found the backing store full since open.
+    pub store_full_attempts: u64,
 }
 
 /// Size of version 1 of each struct: the smallest `struct_size` accepted.
@@ -317,6 +358,12 @@ impl jbdev_stats {
             write_buffers_allocated: s.write_buffers_allocated,
             write_buffers_reused: s.write_buffers_reused,
             write_buffer_pool_bytes: s.write_buffer_pool_bytes,
+            aborted: u32::from(s.aborted),
+            salvage_running: u32::from(s.salvage_running),
+            salvage_complete: u32::from(s.salvage_complete),
+            store_full: u32::from(s.store_full),
+            salvaged_blocks: s.salvaged_blocks,
+            store_full_attempts: s.store_full_attempts,
         }
     }
 }

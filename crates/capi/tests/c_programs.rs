@@ -76,12 +76,7 @@ fn run_ok(cmd: &mut Command) -> Output {
 /// examples/c/Makefile does), or the equivalent flags without pkg-config.
 fn shared_link_flags(work: &Path, lib_dir: &Path) -> Vec<String> {
     let include = repo_root().join("include");
-    let template = std::fs::read_to_string(crate_dir().join("jbdev.pc.in")).unwrap();
-    let pc = template
-        .replace("@LIBDIR@", lib_dir.to_str().unwrap())
-        .replace("@INCLUDEDIR@", include.to_str().unwrap())
-        .replace("@VERSION@", env!("CARGO_PKG_VERSION"));
-    std::fs::write(work.join("jbdev.pc"), pc).unwrap();
+    write_pc_files(work, lib_dir);
     let mut flags: Vec<String> = if have("pkg-config") {
         let out = run_ok(
             Command::new("pkg-config")
@@ -105,6 +100,192 @@ fn shared_link_flags(work: &Path, lib_dir: &Path) -> Vec<String> {
     flags.push(format!("-Wl,-rpath,{}", lib_dir.display()));
     flags.push("-lpthread".to_owned());
     flags
+}
+
+/// Builds `tests/c/NAME.c` with warnings as errors against libjbdev.so
+/// (through the pkg-config file) in a new temporary directory; None (the
+/// caller skips) where gcc is missing.
+fn test_program(name: &str) -> Option<(tempfile::TempDir, PathBuf)> {
+    if !have("gcc") {
+        eprintln!("SKIP: gcc not found; cannot build tests/c/{name}.c");
+        return None;
+    }
+    let work = tempfile::tempdir().unwrap();
+    let exe = work.path().join(name);
+    let flags = shared_link_flags(work.path(), &lib_dir());
+    run_ok(
+        Command::new("gcc")
+            .args(["-std=c11", "-Wall", "-Wextra", "-Werror", "-g", "-O1"])
+            .arg(crate_dir().join(format!("tests/c/{name}.c")))
+            .arg("-o")
+            .arg(&exe)
+            .args(&flags),
+    );
+    Some((work, exe))
+}
+
+/// Report #5 of session 19: a C program could not tell that the salvage
+/// after a journal failure completed (`jbdev_stats` had no such field),
+/// the library's log went nowhere, and the error text pointed to a log
+/// the program does not have. `tests/c/journal_lost.c` deletes the
+/// external journal file under an open volume and checks the error texts
+/// and the version-3 stats fields; here, the log: on stderr with
+/// `JBDEV_LOG` set, and nothing on stderr without it.
+#[test]
+fn a_c_program_sees_the_salvage_after_its_journal_file_is_deleted() {
+    let Some((work, exe)) = test_program("journal_lost") else {
+        return;
+    };
+    for log in [Some("warn"), None] {
+        let dir = work.path().join(format!("run-{}", log.unwrap_or("quiet")));
+        std::fs::create_dir(&dir).unwrap();
+        let mut cmd = Command::new(&exe);
+        cmd.arg(&dir)
+            .env_remove("JBDEV_LOG")
+            .env("RUST_BACKTRACE", "0");
+        if let Some(l) = log {
+            cmd.env("JBDEV_LOG", l);
+        }
+        let out = run_ok(&mut cmd);
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stdout.contains(" checks passed"), "{stdout}");
+        if log.is_some() {
+            assert!(
+                stderr.contains("was deleted while the volume was open")
+                    && stderr.contains("salvage complete: "),
+                "no salvage log on stderr with JBDEV_LOG=warn:\n{stderr}"
+            );
+        } else {
+            assert!(
+                stderr.is_empty(),
+                "the library wrote to stderr unasked:\n{stderr}"
+            );
+        }
+    }
+}
+
+/// A tmpfs of a given size mounted for a test, unmounted on drop.
+struct Tmpfs(PathBuf);
+
+impl Tmpfs {
+    /// None where mounting is not allowed (not root).
+    fn mount(dir: &Path, size: &str) -> Option<Tmpfs> {
+        std::fs::create_dir_all(dir).unwrap();
+        let ok = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(dir)
+            .status()
+            .is_ok_and(|s| s.success());
+        ok.then(|| Tmpfs(dir.to_path_buf()))
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.0).status();
+    }
+}
+
+/// Report #7 of session 19: jbdev.h said a full backing store aborts the
+/// journal ("free space, then reopen"); since session 18 it does not.
+/// `tests/c/store_full.c`, on a 24 MiB tmpfs, checks what the header says
+/// now: -ENOSPC, `store_full` = 1 and `aborted` = 0, reads and flushes
+/// work, and after space is freed the same handle writes again; every
+/// acknowledged block reads back after a reopen.
+#[test]
+fn a_full_store_gives_enospc_and_the_same_handle_writes_again() {
+    let Some((work, exe)) = test_program("store_full") else {
+        return;
+    };
+    let Some(fs) = Tmpfs::mount(&work.path().join("fs"), "24M") else {
+        let uid = run(Command::new("id").arg("-u")).stdout;
+        assert_ne!(uid.trim_ascii(), b"0", "root, but mounting a tmpfs failed");
+        eprintln!("SKIP: mounting a tmpfs needs root");
+        return;
+    };
+    // 8 MiB the program deletes to free space.
+    let filler = fs.0.join("filler");
+    std::fs::write(&filler, vec![0x5a; 8 << 20]).unwrap();
+    let out = run_ok(
+        Command::new(&exe)
+            .arg(&fs.0)
+            .arg(&filler)
+            .env_remove("JBDEV_LOG")
+            .env("RUST_BACKTRACE", "0"),
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains(" checks passed"));
+}
+
+/// Fills in the pkg-config templates of the crate (`jbdev.pc.in`,
+/// `jbdev-static.pc.in`) for this build tree, into `work`, as
+/// examples/c/Makefile does.
+fn write_pc_files(work: &Path, lib_dir: &Path) {
+    let include = repo_root().join("include");
+    for entry in std::fs::read_dir(crate_dir()).unwrap() {
+        let path = entry.unwrap().path();
+        let Some(name) = path.file_name().and_then(|n| n.to_str()) else {
+            continue;
+        };
+        let Some(pc) = name.strip_suffix(".in").filter(|n| n.ends_with(".pc")) else {
+            continue;
+        };
+        let text = std::fs::read_to_string(&path)
+            .unwrap()
+            .replace("@LIBDIR@", lib_dir.to_str().unwrap())
+            .replace("@INCLUDEDIR@", include.to_str().unwrap())
+            .replace("@VERSION@", env!("CARGO_PKG_VERSION"));
+        std::fs::write(work.join(pc), text).unwrap();
+    }
+}
+
+/// Report #9 of session 19: the header's static link line, `pkg-config
+/// --static --cflags --libs jbdev`, gave `-ljbdev`, which links
+/// libjbdev.so where both libraries sit (here, and in any -dev package),
+/// so the "static" program failed to start (exit 127, "error while
+/// loading shared libraries: libjbdev.so"). Runs the command the header
+/// names for a static link, builds examples/c/hello.c with its flags and
+/// no rpath, and runs it where no libjbdev.so can be found.
+#[test]
+fn the_static_link_the_header_names_needs_no_shared_library() {
+    if !have("gcc") || !have("pkg-config") {
+        eprintln!("SKIP: gcc or pkg-config not found; the static link test needs both");
+        return;
+    }
+    let lib_dir = lib_dir();
+    // hello.c opens with O_DIRECT: on disk, not in a possibly-tmpfs /tmp.
+    let work = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    write_pc_files(work.path(), &lib_dir);
+    let header = std::fs::read_to_string(repo_root().join("include/jbdev.h")).unwrap();
+    let line = header
+        .lines()
+        .find(|l| l.contains("(static, libjbdev.a)"))
+        .expect("the header names no static link");
+    let command = line
+        .trim_start_matches([' ', '*'])
+        .trim_start_matches("Link:")
+        .split('(')
+        .next()
+        .unwrap();
+    let args: Vec<&str> = command.split_whitespace().collect();
+    assert_eq!(args.first(), Some(&"pkg-config"), "{line}");
+    let out = run_ok(
+        Command::new("pkg-config")
+            .args(&args[1..])
+            .env("PKG_CONFIG_PATH", work.path()),
+    );
+    let flags = String::from_utf8(out.stdout).unwrap();
+    let flags: Vec<String> = flags.split_whitespace().map(str::to_owned).collect();
+    let exe = build_hello(&work.path().join("hello_static"), &flags);
+    let out = run(Command::new(&exe).arg(work.path().join("hello.img")));
+    assert!(
+        out.status.success(),
+        "the program linked by `{}` failed ({}): {}",
+        command.trim(),
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "hello\n");
 }
 
 #[test]
@@ -237,7 +418,7 @@ fn osync_writers_example_runs() {
             .arg("-o")
             .arg(&exe)
             // Static link, with the system libraries rustc reports for a
-            // staticlib (the Libs.private of jbdev.pc).
+            // staticlib (the Libs of jbdev-static.pc).
             .arg(lib_dir.join("libjbdev.a"))
             .args([
                 "-lgcc_s",
@@ -310,6 +491,19 @@ fn osync_writers_example_runs() {
     assert!(stdout.contains("verify: 2 regions ok"), "{stdout}");
 }
 
+/// Builds examples/c/hello.c into `exe` with the link flags `flags`.
+fn build_hello(exe: &Path, flags: &[String]) -> PathBuf {
+    run_ok(
+        Command::new("gcc")
+            .args(["-std=c11", "-Wall", "-Wextra", "-Werror"])
+            .arg(repo_root().join("examples/c/hello.c"))
+            .arg("-o")
+            .arg(exe)
+            .args(flags),
+    );
+    exe.to_path_buf()
+}
+
 /// The README's smallest example (examples/c/hello.c) builds and works.
 #[test]
 fn hello_example_runs() {
@@ -321,16 +515,8 @@ fn hello_example_runs() {
     // The example opens with O_DIRECT (the default), so keep its image in
     // the target directory, on disk, rather than in a possibly-tmpfs /tmp.
     let work = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
-    let exe = work.path().join("hello");
     let flags = shared_link_flags(work.path(), &lib_dir);
-    run_ok(
-        Command::new("gcc")
-            .args(["-std=c11", "-Wall", "-Wextra", "-Werror"])
-            .arg(repo_root().join("examples/c/hello.c"))
-            .arg("-o")
-            .arg(&exe)
-            .args(&flags),
-    );
+    let exe = build_hello(&work.path().join("hello"), &flags);
     let out = run_ok(Command::new(&exe).arg(work.path().join("hello.img")));
     assert_eq!(String::from_utf8_lossy(&out.stdout), "hello\n");
     // A bad path fails with the library's message, not a crash.

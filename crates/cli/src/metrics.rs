@@ -893,6 +893,20 @@ impl Collector_ {
         )?;
         family(
             enc,
+            "jbdev_aborted",
+            "1 once the volume's journal aborted (a failed journal or home write or flush, the external journal file deleted or truncated, a bug): every write fails until the server is restarted. A full backing store is no abort (jbdev_store_full).",
+            MetricType::Gauge,
+            &gauge(|s| f64::from(u8::from(s.aborted))),
+        )?;
+        family(
+            enc,
+            "jbdev_salvage_running",
+            "1 while the salvage after a journal failure is due or under way (writing committed blocks home from memory); jbdev_salvage_complete follows unless a home write or flush fails.",
+            MetricType::Gauge,
+            &gauge(|s| f64::from(u8::from(s.salvage_running))),
+        )?;
+        family(
+            enc,
             "jbdev_salvaged_blocks",
             "Blocks of committed transactions written home from memory after the journal failed (its device, or its file deleted or truncated).",
             MetricType::Counter,

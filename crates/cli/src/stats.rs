@@ -1,11 +1,14 @@
-//! `jbdev stats TARGET [--watch]`: a running server's metrics as a compact
-//! table, like iostat.
+//! `jbdev stats TARGET [--watch] [--count N]`: a running server's metrics
+//! as a compact table, like iostat, with each volume's failure state.
 //!
 //! TARGET is the address `jbdev serve --metrics` prints. Rates are deltas
 //! between two scrapes `--interval` seconds apart (one report without
-//! `--watch`; one per interval with it), so they describe now, not the
-//! server's lifetime. Everything read from the socket is untrusted: the
-//! parser skips what it does not understand and never panics.
+//! `--watch` or `--count`; one per interval with them), so they describe
+//! now, not the server's lifetime. Everything read from the socket is
+//! untrusted: the parser skips what it does not understand and never
+//! panics, a value the server does not report shows as "-", and label
+//! values are printed with control characters escaped. Command-line
+//! mistakes are clap value errors, so they exit 64 like every usage error.
 
 use std::fmt::Write as _;
 use std::io::{Read, Write};
@@ -18,15 +21,18 @@ use anyhow::{bail, Context};
 pub struct StatsArgs {
     /// Metrics address of `jbdev serve --metrics`: ADDR:PORT, PORT (on
     /// 127.0.0.1) or http://ADDR:PORT/metrics.
-    pub target: String,
+    #[arg(value_parser = parse_target)]
+    pub target: Target,
     /// Keep printing a report every interval until interrupted (or --count).
     #[arg(long)]
     pub watch: bool,
-    /// Seconds between the scrapes a report's rates are taken over.
-    #[arg(long, default_value_t = 1.0, value_name = "SECS")]
+    /// Seconds between the scrapes a report's rates are taken over
+    /// (0.05 to 3600).
+    #[arg(long, default_value_t = 1.0, value_name = "SECS", value_parser = parse_interval)]
     pub interval: f64,
-    /// Stop after this many reports (with --watch).
-    #[arg(long)]
+    /// Print this many reports, one per interval, then stop (implies
+    /// --watch; at least 1).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
     pub count: Option<u64>,
 }
 
@@ -35,12 +41,15 @@ const MAX_RESPONSE_BYTES: u64 = 16 << 20;
 const NET_TIMEOUT: Duration = Duration::from_secs(5);
 
 pub fn run(a: StatsArgs) -> anyhow::Result<()> {
-    if !(0.05..=3600.0).contains(&a.interval) {
-        bail!("--interval must be between 0.05 and 3600 seconds");
-    }
-    let (host, path) = parse_target(&a.target)?;
+    let Target { host, path } = a.target;
     let interval = Duration::from_secs_f64(a.interval);
-    let reports = if a.watch { a.count } else { Some(1) };
+    // --count alone means "watch for that many reports": it used to be
+    // ignored silently, printing one.
+    let reports = match (a.watch, a.count) {
+        (_, Some(n)) => Some(n),
+        (true, None) => None,
+        (false, None) => Some(1),
+    };
     let mut prev = scrape(&host, &path)?;
     let mut done = 0u64;
     while reports.is_none_or(|n| done < n) {
@@ -53,30 +62,59 @@ pub fn run(a: StatsArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `(host:port, path)` from ADDR:PORT, PORT or an http:// URL.
-fn parse_target(t: &str) -> anyhow::Result<(String, String)> {
+/// `--interval`: seconds, 0.05 to 3600 (a usage error otherwise, exit 64).
+fn parse_interval(s: &str) -> Result<f64, String> {
+    let secs: f64 = s
+        .parse()
+        .map_err(|_| format!("{s:?} is not a number of seconds"))?;
+    if !(0.05..=3600.0).contains(&secs) {
+        return Err("must be between 0.05 and 3600 seconds".into());
+    }
+    Ok(secs)
+}
+
+/// Where the metrics are: `host:port` and the HTTP path.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Target {
+    host: String,
+    path: String,
+}
+
+/// TARGET from ADDR:PORT, PORT or an http:// URL; a usage error (exit
+/// 64) otherwise.
+fn parse_target(t: &str) -> Result<Target, String> {
     if std::path::Path::new(t).exists() {
-        bail!(
+        return Err(format!(
             "{t} is a file: `jbdev stats` reads a running server's metrics. Serve it with \
              `jbdev serve {t} --metrics 127.0.0.1:10810`, then run `jbdev stats 127.0.0.1:10810` \
              (`jbdev info {t}` shows an idle volume)"
-        );
+        ));
     }
     if let Ok(port) = t.parse::<u16>() {
-        return Ok((format!("127.0.0.1:{port}"), "/metrics".into()));
+        return Ok(Target {
+            host: format!("127.0.0.1:{port}"),
+            path: "/metrics".into(),
+        });
     }
     let rest = t.strip_prefix("http://").unwrap_or(t);
     if rest.starts_with("https://") || t.starts_with("https://") {
-        bail!("https is not supported; the metrics endpoint is plain HTTP on loopback");
+        return Err(
+            "https is not supported; the metrics endpoint is plain HTTP on loopback".into(),
+        );
     }
     let (host, path) = match rest.find('/') {
         Some(i) => rest.split_at(i),
         None => (rest, "/metrics"),
     };
     if !host.contains(':') {
-        bail!("bad target {t:?}: expected ADDR:PORT, PORT or http://ADDR:PORT/metrics");
+        return Err(format!(
+            "bad target {t:?}: expected ADDR:PORT, PORT or http://ADDR:PORT/metrics"
+        ));
     }
-    Ok((host.to_string(), path.to_string()))
+    Ok(Target {
+        host: host.to_string(),
+        path: path.to_string(),
+    })
 }
 
 /// One scrape: when, and every sample.
@@ -128,12 +166,25 @@ fn http_get(host: &str, path: &str) -> anyhow::Result<String> {
         .to_socket_addrs()?
         .next()
         .with_context(|| format!("{host} resolves to no address"))?;
-    let mut s = TcpStream::connect_timeout(&addr, NET_TIMEOUT)?;
+    let secs = NET_TIMEOUT.as_secs();
+    let timed_out = |what: &str, e: std::io::Error| match e.kind() {
+        // A read or write timeout is EAGAIN ("Resource temporarily
+        // unavailable") on Linux: say what it means.
+        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => {
+            anyhow::anyhow!("timed out after {secs} s {what} {host}")
+        }
+        _ => anyhow::Error::new(e).context(format!("{what} {host}")),
+    };
+    let mut s = TcpStream::connect_timeout(&addr, NET_TIMEOUT)
+        .map_err(|e| timed_out("connecting to", e))?;
     s.set_read_timeout(Some(NET_TIMEOUT))?;
     s.set_write_timeout(Some(NET_TIMEOUT))?;
-    write!(s, "GET {path} HTTP/1.0\r\nHost: {host}\r\n\r\n")?;
+    write!(s, "GET {path} HTTP/1.0\r\nHost: {host}\r\n\r\n")
+        .map_err(|e| timed_out("sending the request to", e))?;
     let mut raw = Vec::new();
-    s.take(MAX_RESPONSE_BYTES).read_to_end(&mut raw)?;
+    s.take(MAX_RESPONSE_BYTES)
+        .read_to_end(&mut raw)
+        .map_err(|e| timed_out("waiting for an answer from", e))?;
     let text = String::from_utf8_lossy(&raw);
     let (head, body) = text
         .split_once("\r\n\r\n")
@@ -202,13 +253,15 @@ fn parse_labels(s: &str) -> Option<(Vec<(String, String)>, &str)> {
     }
 }
 
-/// Sum of `name` over samples whose labels include every pair in `want`.
-fn sum(s: &Scrape, name: &str, want: &[(&str, &str)]) -> f64 {
+/// Sum of `name` over samples whose labels include every pair in `want`;
+/// `None` when there is no such sample (a server that does not export it:
+/// shown as "-", not as a zero it never reported).
+fn sum(s: &Scrape, name: &str, want: &[(&str, &str)]) -> Option<f64> {
     s.samples
         .iter()
         .filter(|x| x.name == name && want.iter().all(|(k, v)| x.label(k) == Some(*v)))
         .map(|x| x.value)
-        .sum()
+        .reduce(|a, b| a + b)
 }
 
 /// Distinct values of label `key` on samples of `name`, in first-seen order.
@@ -224,19 +277,111 @@ fn label_values(s: &Scrape, name: &str, key: &str) -> Vec<String> {
     out
 }
 
+/// `v` with `prec` decimals, "-" when missing; never "-0".
+fn num(v: Option<f64>, prec: usize) -> String {
+    match v {
+        // Adding +0.0 turns -0.0 into 0.0; a negative value that rounds
+        // to zero prints as zero too.
+        Some(x) if x.is_finite() => {
+            let text = format!("{:.prec$}", x + 0.0);
+            if text
+                .trim_start_matches('-')
+                .chars()
+                .all(|c| c == '0' || c == '.')
+            {
+                text.trim_start_matches('-').to_string()
+            } else {
+                text
+            }
+        }
+        Some(x) => format!("{x}"),
+        None => "-".into(),
+    }
+}
+
+/// A label value as one line of text: control characters (a newline in
+/// an export name) escaped, so a row stays one row.
+fn printable(s: &str) -> String {
+    s.chars()
+        .flat_map(|c| {
+            let escaped: Vec<char> = if c.is_control() {
+                c.escape_default().collect()
+            } else {
+                vec![c]
+            };
+            escaped
+        })
+        .collect()
+}
+
+/// The failure state of volume `v` in `now`: the table's short word and,
+/// when it is not "ok", a line saying what it means.
+fn volume_state(now: &Scrape, v: &str) -> (String, Option<String>) {
+    let vol = [("volume", v)];
+    let flag = |name: &str| sum(now, name, &vol).map(|x| x > 0.0);
+    let (Some(aborted), Some(full)) = (flag("jbdev_aborted"), flag("jbdev_store_full")) else {
+        // An older server: it does not say.
+        return ("-".into(), None);
+    };
+    let salvaged = num(sum(now, "jbdev_salvaged_blocks_total", &vol), 0);
+    let name = printable(v);
+    if aborted {
+        return if flag("jbdev_salvage_complete") == Some(true) {
+            (
+                "ABORTED,salvaged".into(),
+                Some(format!(
+                    "{name}: journal ABORTED; salvage complete ({salvaged} block(s) written \
+                     home): every acknowledged write is on the volume; see the server's log"
+                )),
+            )
+        } else if flag("jbdev_salvage_running") == Some(true) {
+            (
+                "ABORTED,salvaging".into(),
+                Some(format!(
+                    "{name}: journal ABORTED; salvage under way ({salvaged} block(s) written \
+                     home so far)"
+                )),
+            )
+        } else {
+            (
+                "ABORTED".into(),
+                Some(format!(
+                    "{name}: journal ABORTED: writes fail until the server is restarted; see \
+                     the server's log"
+                )),
+            )
+        };
+    }
+    if full {
+        return (
+            "STORE FULL".into(),
+            Some(format!(
+                "{name}: the backing store is FULL: writes that need space fail (ENOSPC) until \
+                 space is freed; no restart needed"
+            )),
+        );
+    }
+    ("ok".into(), None)
+}
+
 /// The report for the interval between two scrapes.
 fn render(host: &str, prev: &Scrape, now: &Scrape) -> String {
     let secs = now.at.duration_since(prev.at).as_secs_f64().max(1e-6);
+    // Per second over the interval; missing when `now` lacks the counter.
     let rate = |name: &str, want: &[(&str, &str)]| {
-        ((sum(now, name, want) - sum(prev, name, want)) / secs).max(0.0)
+        let n = sum(now, name, want)?;
+        Some(((n - sum(prev, name, want).unwrap_or(0.0)) / secs).max(0.0))
     };
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "jbdev serve {host}: {} connection(s), {} threads, RSS {:.1} MiB, over {secs:.1}s",
-        sum(now, "jbdev_nbd_connections_open", &[]),
-        sum(now, "process_threads", &[]),
-        sum(now, "process_resident_memory_bytes", &[]) / f64::from(1u32 << 20),
+        "jbdev serve {host}: {} connection(s), {} threads, RSS {} MiB, over {secs:.1}s",
+        num(sum(now, "jbdev_nbd_connections_open", &[]), 0),
+        num(sum(now, "process_threads", &[]), 0),
+        num(
+            sum(now, "process_resident_memory_bytes", &[]).map(|b| b / f64::from(1u32 << 20)),
+            1
+        ),
     );
     let _ = writeln!(
         out,
@@ -259,28 +404,34 @@ fn render(host: &str, prev: &Scrape, now: &Scrape) -> String {
             "jbdev_nbd_request_duration_seconds_sum",
             &[ex, ("command", "write")],
         );
-        let mib = |n: &str| rate(n, &[ex]) / f64::from(1u32 << 20);
+        let mib = |n: &str| rate(n, &[ex]).map(|r| r / f64::from(1u32 << 20));
+        let wr_avg_ms = match (writes, wr_secs) {
+            (Some(w), Some(t)) if w > 0.0 => Some(t / w * 1e3),
+            (Some(_), Some(_)) => Some(0.0),
+            _ => None,
+        };
         let _ = writeln!(
             out,
-            "{:<14} {:>9.0} {:>9.0} {:>9.0} {:>9.1} {:>9.1} {:>9.3} {:>8.0} {:>7.0}",
-            if e.is_empty() { "(default)" } else { &e },
-            cmd("read"),
-            writes,
-            cmd("flush"),
-            mib("jbdev_nbd_read_bytes_total"),
-            mib("jbdev_nbd_written_bytes_total"),
-            if writes > 0.0 {
-                wr_secs / writes * 1e3
+            "{:<14} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>8} {:>7}",
+            if e.is_empty() {
+                "(default)".into()
             } else {
-                0.0
+                printable(&e)
             },
-            sum(now, "jbdev_nbd_requests_in_flight", &[ex]),
-            rate("jbdev_nbd_errors_total", &[ex]),
+            num(cmd("read"), 0),
+            num(writes, 0),
+            num(cmd("flush"), 0),
+            num(mib("jbdev_nbd_read_bytes_total"), 1),
+            num(mib("jbdev_nbd_written_bytes_total"), 1),
+            num(wr_avg_ms, 3),
+            num(sum(now, "jbdev_nbd_requests_in_flight", &[ex]), 0),
+            // Counted per errno, so absent until the first error.
+            num(rate("jbdev_nbd_errors_total", &[ex]).or(Some(0.0)), 0),
         );
     }
     let _ = writeln!(
         out,
-        "{:<30} {:>9} {:>9} {:>10} {:>10} {:>8} {:>10} {:>11}",
+        "{:<30} {:>9} {:>9} {:>10} {:>10} {:>8} {:>10} {:>11}  state",
         "volume",
         "commits/s",
         "txn blks",
@@ -291,27 +442,45 @@ fn render(host: &str, prev: &Scrape, now: &Scrape) -> String {
         "sync/commit"
     );
     let durability = rate("jbdev_nbd_durability_requests_total", &[]);
+    let mut notes = Vec::new();
     for v in label_values(now, "jbdev_commits_total", "volume") {
         let vol = ("volume", v.as_str());
         let commits = rate("jbdev_commits_total", &[vol]);
         let blocks = rate("jbdev_journaled_blocks_total", &[vol]);
-        let q = |q: &str| sum(now, "jbdev_commit_latency_seconds", &[vol, ("quantile", q)]) * 1e3;
+        let per_commit = |x: Option<f64>| match (x, commits) {
+            (Some(x), Some(c)) if c > 0.0 => Some(x / c),
+            _ => None,
+        };
+        let q = |q: &str| {
+            let ms = sum(now, "jbdev_commit_latency_seconds", &[vol, ("quantile", q)]);
+            format!("{}ms", num(ms.map(|s| s * 1e3), 2))
+        };
+        let (state, note) = volume_state(now, &v);
+        notes.extend(note);
         let _ = writeln!(
             out,
-            "{:<30} {:>9.0} {:>9.1} {:>8.2}ms {:>8.2}ms {:>7.1}% {:>6.0} blk {:>11}",
-            shorten(&v, 30),
-            commits,
-            if commits > 0.0 { blocks / commits } else { 0.0 },
+            "{:<30} {:>9} {:>9} {:>10} {:>10} {:>8} {:>10} {:>11}  {state}",
+            shorten(&printable(&v), 30),
+            num(commits, 0),
+            num(per_commit(blocks).or(commits.map(|_| 0.0)), 1),
             q("0.5"),
             q("0.99"),
-            sum(now, "jbdev_journal_fill_ratio", &[vol]) * 100.0,
-            sum(now, "jbdev_checkpoint_lag_blocks", &[vol]),
-            if commits > 0.0 {
-                format!("{:.1}", durability / commits)
-            } else {
-                "-".into()
-            },
+            format!(
+                "{}%",
+                num(
+                    sum(now, "jbdev_journal_fill_ratio", &[vol]).map(|r| r * 100.0),
+                    1
+                )
+            ),
+            format!(
+                "{} blk",
+                num(sum(now, "jbdev_checkpoint_lag_blocks", &[vol]), 0)
+            ),
+            num(per_commit(durability), 1),
         );
+    }
+    for n in notes {
+        let _ = writeln!(out, "! {n}");
     }
     out
 }
@@ -358,16 +527,108 @@ mod tests {
 
     #[test]
     fn targets() {
+        let t = |host: &str, path: &str| Target {
+            host: host.into(),
+            path: path.into(),
+        };
         assert_eq!(
             parse_target("10810").unwrap(),
-            ("127.0.0.1:10810".into(), "/metrics".into())
+            t("127.0.0.1:10810", "/metrics")
         );
         assert_eq!(
             parse_target("http://[::1]:9/m").unwrap(),
-            ("[::1]:9".into(), "/m".into())
+            t("[::1]:9", "/m")
         );
         assert!(parse_target("nonsense").is_err());
         assert!(parse_target("https://a:1/").is_err());
+        assert!(parse_interval("0").is_err());
+        assert!(parse_interval("x").is_err());
+        assert_eq!(parse_interval("0.5"), Ok(0.5));
+    }
+
+    fn scrape_of(text: &str, at: Instant) -> Scrape {
+        Scrape {
+            at,
+            samples: text.lines().filter_map(parse_sample).collect(),
+        }
+    }
+
+    /// Report #12 of session 19: a server without the gauges showed
+    /// "-0 connection(s), -0 threads, RSS -0.0 MiB" and "-0" in flight
+    /// (the sum of nothing is -0.0); a newline in an export name split
+    /// the row in two.
+    #[test]
+    fn missing_values_show_as_a_dash_and_a_name_stays_on_its_row() {
+        let text = "jbdev_nbd_requests_total{export=\"a\\nb\",command=\"write\"} 1\n";
+        let t0 = Instant::now();
+        let r = render(
+            "h:1",
+            &scrape_of(text, t0),
+            &scrape_of(text, t0 + Duration::from_secs(1)),
+        );
+        assert!(!r.contains("-0"), "{r}");
+        assert!(
+            r.starts_with("jbdev serve h:1: - connection(s), - threads, RSS - MiB"),
+            "{r}"
+        );
+        let row = r
+            .lines()
+            .find(|l| l.starts_with("a"))
+            .unwrap_or_else(|| panic!("{r}"));
+        assert!(row.starts_with("a\\nb "), "{row}");
+        // Header, export header, one export row, volume header.
+        assert_eq!(r.lines().count(), 4, "{r}");
+        assert_eq!(num(Some(-0.0), 0), "0");
+        assert_eq!(num(Some(-0.0001), 1), "0.0");
+        assert_eq!(num(Some(-2.0), 0), "-2");
+    }
+
+    /// Report #12 of session 19: after the journal was deleted under a
+    /// server, `stats` looked normal.
+    #[test]
+    fn an_aborted_volume_and_its_salvage_are_shown() {
+        let text = |aborted: u8, running: u8, complete: u8, full: u8| {
+            format!(
+                "jbdev_commits_total{{volume=\"/v\"}} 4\n\
+                 jbdev_aborted{{volume=\"/v\"}} {aborted}\n\
+                 jbdev_salvage_running{{volume=\"/v\"}} {running}\n\
+                 jbdev_salvage_complete{{volume=\"/v\"}} {complete}\n\
+                 jbdev_salvaged_blocks_total{{volume=\"/v\"}} 64\n\
+                 jbdev_store_full{{volume=\"/v\"}} {full}\n"
+            )
+        };
+        let t0 = Instant::now();
+        let report = |t: String| {
+            render(
+                "h:1",
+                &scrape_of(&t, t0),
+                &scrape_of(&t, t0 + Duration::from_secs(1)),
+            )
+        };
+        for (state, words) in [
+            (
+                text(1, 0, 1, 0),
+                &[
+                    " ABORTED,salvaged",
+                    "! /v: journal ABORTED; salvage complete (64 block(s) written home)",
+                ][..],
+            ),
+            (
+                text(1, 1, 0, 0),
+                &[" ABORTED,salvaging", "salvage under way"][..],
+            ),
+            (text(1, 0, 0, 0), &[" ABORTED\n", "writes fail until"][..]),
+            (
+                text(0, 0, 0, 1),
+                &[" STORE FULL", "backing store is FULL"][..],
+            ),
+        ] {
+            let r = report(state);
+            assert!(words.iter().all(|w| r.contains(w)), "{words:?}:\n{r}");
+        }
+        let r = report(text(0, 0, 0, 0));
+        assert!(r.lines().nth(3).is_some_and(|l| l.ends_with("  ok")), "{r}");
+        assert!(!r.contains('!'), "{r}");
     }
 
     #[test]

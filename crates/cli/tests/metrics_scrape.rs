@@ -67,15 +67,6 @@ fn only(s: &Scrape, name: &str) -> f64 {
     hits[0]
 }
 
-fn metrics_url(srv: &ServerProc) -> String {
-    let log = srv.log.lock().unwrap().clone();
-    let line = log
-        .iter()
-        .find_map(|l| l.strip_prefix("jbdev serve: metrics on "))
-        .unwrap_or_else(|| panic!("no metrics line in {log:?}"));
-    line.to_string()
-}
-
 #[test]
 fn counters_follow_an_nbd_load() {
     let test = "counters_follow_an_nbd_load";
@@ -86,7 +77,7 @@ fn counters_follow_an_nbd_load() {
     let img = dir.path("m.img");
     format_volume(&img, "64M");
     let srv = ServerProc::start(&[img.to_str().unwrap(), "--metrics", "127.0.0.1:0"], None);
-    let url = metrics_url(&srv);
+    let url = srv.metrics_url();
     let uri = srv.tcp_uri();
     let before = scrape(&url);
     assert_eq!(get(&before, "jbdev_nbd_connections_open"), 0.0);
@@ -264,7 +255,7 @@ fn rejected_requests_are_counted_and_a_trickling_scraper_is_cut_off() {
         ],
         None,
     );
-    let url = metrics_url(&srv);
+    let url = srv.metrics_url();
     let addr: jbdev_nbd::client::Address = srv.tcp.clone().unwrap().parse().unwrap();
     let mut c = jbdev_nbd::client::Client::connect(&addr, "").expect("nbd connect");
     assert_eq!(
@@ -357,7 +348,7 @@ fn stats_and_info_show_a_live_server() {
     let img = dir.path("s.img");
     format_volume(&img, "64M");
     let srv = ServerProc::start(&[img.to_str().unwrap(), "--metrics", "127.0.0.1:0"], None);
-    let url = metrics_url(&srv);
+    let url = srv.metrics_url();
     let port = url
         .trim_end_matches("/metrics")
         .rsplit(':')
@@ -366,20 +357,7 @@ fn stats_and_info_show_a_live_server() {
         .to_string();
 
     // Writes through a connection that stays open while `stats` runs.
-    let addr: jbdev_nbd::client::Address = srv.tcp.clone().unwrap().parse().unwrap();
-    let mut c = jbdev_nbd::client::Client::connect(&addr, "").expect("nbd connect");
-    for i in 0..32u64 {
-        let reply = c
-            .call(
-                jbdev_nbd::proto::CMD_WRITE,
-                jbdev_nbd::proto::CMD_FLAG_FUA,
-                i * 4096,
-                4096,
-                &[0x42; 4096],
-            )
-            .expect("write");
-        assert!(reply.is_ok(), "write {i} failed: {reply:?}");
-    }
+    let c = client_after_fua_writes(&srv, "", 32);
     let out = run_ok(JBDEV, &["stats", &port, "--interval", "0.2"], 60);
     assert!(out.contains("1 connection(s)"), "{out}");
     assert!(out.contains("(default)"), "{out}");

@@ -7,8 +7,6 @@
 
 mod nbd_common;
 
-use std::time::{Duration, Instant};
-
 use nbd_common::*;
 
 #[test]
@@ -18,21 +16,8 @@ fn a_deleted_external_journal_loses_nothing_and_the_volume_serves_again_after_a_
     }
     let dir = TempDir::new("journal-lost");
     let (img, jnl) = (dir.path("v.img"), dir.path("j.jnl"));
-    let (img_s, jnl_s) = (img.to_str().unwrap(), jnl.to_str().unwrap());
-    run_ok(
-        JBDEV,
-        &[
-            "format",
-            img_s,
-            "--size",
-            "32M",
-            "--journal",
-            jnl_s,
-            "--journal-size",
-            "32M",
-        ],
-        120,
-    );
+    let img_s = img.to_str().unwrap();
+    format_with_journal(&img, &jnl, "32M", "32M");
     let src = dir.path("src.raw");
     std::fs::write(&src, pattern(19, 8 << 20)).unwrap();
     let srv = ServerProc::start(&[img_s], None);
@@ -52,15 +37,7 @@ fn a_deleted_external_journal_loses_nothing_and_the_volume_serves_again_after_a_
     );
     std::fs::remove_file(&jnl).unwrap();
     // The journal watch notices within 250 ms; the salvage then runs.
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !srv.log_text().contains("salvage complete") {
-        assert!(
-            Instant::now() < deadline,
-            "no salvage a minute after the journal was deleted:\n{}",
-            srv.log_text()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    srv.wait_for_log("salvage complete");
     let log = srv.log_text();
     assert!(!srv.stop(), "the stop reports the abort");
     assert!(log.contains("was deleted"), "{log}");

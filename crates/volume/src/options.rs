@@ -96,7 +96,9 @@ pub enum CommitMode {
 #[derive(Clone, Debug)]
 pub struct OpenOptions {
     pub read_only: bool,
-    /// The journal file or device of a volume formatted with an external journal.
+    /// The journal file or device of a volume formatted with an external
+    /// journal (`None`: the path recorded at format time). Refused with
+    /// `InvalidArgument` for a volume whose journal is internal.
     pub journal_path: Option<PathBuf>,
     pub backend: Backend,
     /// Use O_DIRECT on files (default true).

@@ -108,12 +108,21 @@ pub struct Stats {
     /// while holding writers of their range back.
     pub read_retries: u64,
     pub locked_reads: u64,
+    /// The journal aborted (a failed journal or home write or flush, the
+    /// external journal file deleted or truncated, a bug): every later
+    /// write fails until the volume is reopened. Not set by a full backing
+    /// store ([`Stats::store_full`]), which is no abort.
+    pub aborted: bool,
     /// Blocks written home from memory after the journal failed (its
     /// device, or its file deleted or truncated), and whether that salvage
     /// finished: every write acknowledged before the failure is then on
     /// the home device and durable.
     pub salvaged_blocks: u64,
     pub salvage_complete: bool,
+    /// That salvage is due or under way: `salvage_complete` follows, unless
+    /// a home write or flush fails, which stops it (both false then; the
+    /// journal keeps what it holds for the next open).
+    pub salvage_running: bool,
     /// Journaled-write buffers freshly allocated from the heap / reused
     /// from the buffer pool, and the bytes the pool keeps for reuse now.
     pub write_buffers_allocated: u64,
@@ -518,6 +527,21 @@ fn truncated_journal_advice(home: &Path, journal: &Path, region_end: u64) -> Str
     )
 }
 
+/// Fails when `opts` names a journal for the volume `home`, whose journal
+/// is internal: refused rather than ignored, as the command line refuses
+/// `--journal` there (the caller meant another volume, or another path).
+fn refuse_unused_journal_path(home: &Path, opts: &OpenOptions) -> Result<()> {
+    match &opts.journal_path {
+        Some(j) => Err(VolumeError::InvalidArgument(format!(
+            "a journal path ({}) was given, but the journal of {} is internal: leave it out \
+             (or name the volume it belongs to)",
+            j.display(),
+            home.display()
+        ))),
+        None => Ok(()),
+    }
+}
+
 /// Fails when `journal` names the volume's own file or device (`home`):
 /// an external journal there would overlap the volume (and its lock would
 /// report the volume as "already open" by ourselves).
@@ -742,9 +766,12 @@ impl Volume {
     /// check (the `jbdev format` command is the one that refuses a target
     /// holding a volume or data; an embedding program decides for itself).
     pub fn create(path: &Path, fopts: &FormatOptions, oopts: &OpenOptions) -> Result<Volume> {
-        // Both checked before anything is created or changed.
+        // All checked before anything is created or changed.
         let (journal_bytes, needed, _) = plan_layout(fopts)?;
         oopts.validate()?;
+        if matches!(fopts.journal, JournalPlacement::Internal) {
+            refuse_unused_journal_path(path, oopts)?;
+        }
         let dopts = |create: u64| jbdev_device::OpenOptions {
             backend: oopts.backend,
             direct: oopts.direct_io,
@@ -805,7 +832,10 @@ impl Volume {
         let dev = open_device(path, &dopts)?.device;
         let sb = read_volume_superblock(dev.as_ref(), &path.display().to_string())?;
         let (jdev, watch) = match &sb.journal {
-            JournalLocation::Internal { .. } => (None, None),
+            JournalLocation::Internal { .. } => {
+                refuse_unused_journal_path(path, opts)?;
+                (None, None)
+            }
             JournalLocation::External {
                 path_hint,
                 len_bytes,
@@ -1665,6 +1695,8 @@ impl Volume {
         let pool = e.pool.stats();
         let device_flushes = e.device_flushes();
         let (store_full, store_full_attempts) = e.store_full();
+        let aborted = e.aborted();
+        let salvage_due = e.salvage_due();
         let s = e.stats.lock();
         let secs = s.started.elapsed().as_secs_f64().max(1e-9);
         Stats {
@@ -1702,8 +1734,10 @@ impl Volume {
             bulk_read_yields: s.bulk_read_yields,
             read_retries: s.read_retries,
             locked_reads: s.locked_reads,
+            aborted,
             salvaged_blocks: s.salvaged_blocks,
             salvage_complete: s.salvage_complete,
+            salvage_running: salvage_due && !s.salvage_complete,
             write_buffers_allocated: pool.allocated,
             write_buffers_reused: pool.reused,
             write_buffer_pool_bytes: pool.kept_bytes,
@@ -1715,6 +1749,16 @@ impl Volume {
     /// next open.
     pub fn close(self) -> Result<()> {
         self.shutdown()
+    }
+
+    /// [`Volume::close`], and the metrics as the close left them: a salvage
+    /// after a journal failure has ended by then (the close joins the
+    /// checkpoint thread that runs it), so `salvage_complete` says whether
+    /// every acknowledged write reached the home device. For callers that
+    /// have no log to read (the C ABI's `jbdev_close`).
+    pub fn close_with_stats(self) -> (Result<()>, Stats) {
+        let res = self.shutdown();
+        (res, self.stats())
     }
 
     fn shutdown(&self) -> Result<()> {

@@ -29,45 +29,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "jbdev.h"
-
-static int checks;
-
-#define CHECK(cond)                                                                  \
-	do {                                                                         \
-		checks++;                                                            \
-		if (!(cond)) {                                                       \
-			fprintf(stderr, "%s:%d: check failed: %s (last error: %s)\n", \
-				__FILE__, __LINE__, #cond, jbdev_last_error());      \
-			exit(1);                                                     \
-		}                                                                    \
-	} while (0)
-
-/* rc must be exactly -err and leave a non-empty message. */
-#define CHECK_ERR(expr, err)                                                          \
-	do {                                                                          \
-		int rc_ = (expr);                                                     \
-		checks++;                                                             \
-		if (rc_ != -(err) || jbdev_last_error()[0] == '\0') {                 \
-			fprintf(stderr, "%s:%d: %s returned %d (%s), expected -%s (%d); " \
-					"last error: %s\n",                           \
-				__FILE__, __LINE__, #expr, rc_, strerror(rc_ < 0 ? -rc_ : 0), \
-				#err, -(err), jbdev_last_error());                    \
-			exit(1);                                                      \
-		}                                                                     \
-	} while (0)
-
-#define CHECK_OK(expr)                                                                 \
-	do {                                                                           \
-		int rc_ = (expr);                                                      \
-		checks++;                                                              \
-		if (rc_ != 0) {                                                        \
-			fprintf(stderr, "%s:%d: %s returned %d (%s): %s\n", __FILE__,  \
-				__LINE__, #expr, rc_, strerror(rc_ < 0 ? -rc_ : 0),    \
-				jbdev_last_error());                                   \
-			exit(1);                                                       \
-		}                                                                      \
-	} while (0)
+#include "check.h"
 
 #define VOLUME_BYTES (64ULL << 20)
 
@@ -368,6 +330,18 @@ static void test_out_of_range(void)
 	CHECK_ERR(jbdev_trim(vol, size, 4096, 0), ENOSPC);
 	CHECK_ERR(jbdev_write_zeroes(vol, size - 4096, 8192, 0), ENOSPC);
 	CHECK_ERR(jbdev_write_zeroes(vol, UINT64_MAX, 2, 0), ENOSPC);
+	/* A length no buffer can have reaches past the end like any other
+	 * (it used to be -EINVAL "length ... is too large"), and a refused
+	 * read leaves the buffer untouched (it used to be zeroed first). */
+	CHECK_ERR(jbdev_read(vol, buf, SIZE_MAX, 0), ENOSPC);
+	CHECK_ERR(jbdev_write(vol, buf, SIZE_MAX, 0, 0), ENOSPC);
+	CHECK_ERR(jbdev_read(vol, buf, (SIZE_MAX >> 1) + 1, 4096), ENOSPC);
+	CHECK_ERR(jbdev_read(vol, buf, 101, size - 100), ENOSPC);
+	CHECK(buf[0] == 0x5a && buf[100] == 0x5a);
+	jbdev_txn *txn = NULL;
+	CHECK_OK(jbdev_txn_begin(vol, &txn));
+	CHECK_ERR(jbdev_txn_write(txn, buf, SIZE_MAX, 0), ENOSPC);
+	CHECK_OK(jbdev_txn_abort(txn));
 	/* Unknown flag bits. */
 	CHECK_ERR(jbdev_write(vol, buf, 10, 0, 0x80), EINVAL);
 	CHECK_ERR(jbdev_trim(vol, 0, 4096, 0x2), EINVAL);
@@ -393,6 +367,40 @@ static void test_read_only(void)
 	CHECK_ERR(jbdev_write_zeroes(vol, 0, 4096, 0), EROFS);
 	CHECK_ERR(jbdev_txn_begin(vol, &txn), EROFS);
 	CHECK(txn == NULL);
+	CHECK_OK(jbdev_close(vol));
+}
+
+/* A journal path for a volume whose journal is internal is refused, not
+ * ignored (as `jbdev` refuses --journal there); create refuses it before
+ * it creates anything. */
+static void test_journal_path_of_internal_volume(void)
+{
+	jbdev_volume *vol = create_volume("internal.img", 0);
+	jbdev_format_options fo;
+	jbdev_open_options oo;
+	char path[600], jpath[600];
+	struct stat st;
+
+	CHECK_OK(jbdev_close(vol));
+	path_in(path, sizeof path, "internal.img");
+	path_in(jpath, sizeof jpath, "internal.jnl");
+	CHECK_OK(jbdev_open_options_init(&oo));
+	oo.direct_io = 0;
+	oo.journal_path = jpath;
+	vol = (jbdev_volume *)0x1;
+	CHECK_ERR(jbdev_open(path, &oo, &vol), EINVAL);
+	CHECK(vol == NULL);
+	CHECK(strstr(jbdev_last_error(), "internal") != NULL);
+	CHECK(stat(jpath, &st) != 0 && errno == ENOENT);
+	CHECK_OK(jbdev_format_options_init(&fo));
+	fo.size_bytes = VOLUME_BYTES;
+	path_in(path, sizeof path, "internal2.img");
+	CHECK_ERR(jbdev_create(path, &fo, &oo, &vol), EINVAL);
+	CHECK(vol == NULL);
+	CHECK(stat(path, &st) != 0 && errno == ENOENT);
+	/* Without it, both work. */
+	oo.journal_path = NULL;
+	CHECK_OK(jbdev_create(path, &fo, &oo, &vol));
 	CHECK_OK(jbdev_close(vol));
 }
 
@@ -575,6 +583,10 @@ static void test_stats(void)
 	CHECK(st.log_space_waits == 0 && st.paced_writes == 0 && st.pace_sleep_ms == 0);
 	CHECK(st.locked_reads <= st.read_retries);
 	CHECK(st.write_buffers_allocated + st.write_buffers_reused >= 1);
+	/* Version 3 fields: a healthy volume. */
+	CHECK(JBDEV_STATS_HAS(&st, store_full_attempts));
+	CHECK(st.aborted == 0 && st.salvage_running == 0 && st.salvage_complete == 0);
+	CHECK(st.store_full == 0 && st.salvaged_blocks == 0 && st.store_full_attempts == 0);
 	/* A version-1 struct (up to direct_writes) gets only its own bytes. */
 	memset(&st, 0xee, sizeof st);
 	CHECK_OK(jbdev_get_stats(vol, &st, offsetof(jbdev_stats, checkpoint_blocks_skipped)));
@@ -586,7 +598,10 @@ static void test_stats(void)
 	CHECK_OK(jbdev_get_stats(vol, &st, 8));
 	CHECK(st.struct_size == 8);
 	CHECK(st.commits == 0xeeeeeeeeeeeeeeeeULL);
+	/* Below the struct_size field: refused, as the header says. */
+	CHECK_ERR(jbdev_get_stats(vol, &st, 0), EINVAL);
 	CHECK_ERR(jbdev_get_stats(vol, &st, 2), EINVAL);
+	CHECK_ERR(jbdev_get_stats(vol, &st, 3), EINVAL);
 	CHECK_OK(jbdev_close(vol));
 }
 
@@ -666,6 +681,7 @@ int main(int argc, char **argv)
 	test_closed_and_forged_handles();
 	test_out_of_range();
 	test_read_only();
+	test_journal_path_of_internal_volume();
 	test_transactions();
 	test_stats();
 	test_close_while_in_use();

@@ -102,6 +102,49 @@ pub fn format_volume(path: &Path, size: &str) {
     run_ok(JBDEV, &["format", p, "--size", size], 120);
 }
 
+/// Formats `img` with its journal in the file `jnl`.
+pub fn format_with_journal(img: &Path, jnl: &Path, size: &str, journal_size: &str) {
+    let (i, j) = (img.to_str().expect("utf-8"), jnl.to_str().expect("utf-8"));
+    run_ok(
+        JBDEV,
+        &[
+            "format",
+            i,
+            "--size",
+            size,
+            "--journal",
+            j,
+            "--journal-size",
+            journal_size,
+        ],
+        120,
+    );
+}
+
+/// A connection to `export` of `srv` that has written `blocks` 4 KiB
+/// blocks of 0x42 with FUA from offset 0, each acknowledged.
+pub fn client_after_fua_writes(
+    srv: &ServerProc,
+    export: &str,
+    blocks: u64,
+) -> jbdev_nbd::client::Client {
+    let addr: jbdev_nbd::client::Address = srv.tcp.clone().unwrap().parse().unwrap();
+    let mut c = jbdev_nbd::client::Client::connect(&addr, export).expect("nbd connect");
+    for i in 0..blocks {
+        let reply = c
+            .call(
+                jbdev_nbd::proto::CMD_WRITE,
+                jbdev_nbd::proto::CMD_FLAG_FUA,
+                i * 4096,
+                4096,
+                &[0x42; 4096],
+            )
+            .expect("write");
+        assert!(reply.is_ok(), "write {i} failed: {reply:?}");
+    }
+    c
+}
+
 /// A running `jbdev serve`.
 pub struct ServerProc {
     pub child: Child,
@@ -228,6 +271,29 @@ impl ServerProc {
 
     pub fn log_text(&self) -> String {
         self.log.lock().unwrap().join("\n")
+    }
+
+    /// Waits (at most a minute) until the server's log holds `what`.
+    pub fn wait_for_log(&self, what: &str) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !self.log_text().contains(what) {
+            assert!(
+                Instant::now() < deadline,
+                "no {what:?} in the server's log after a minute:\n{}",
+                self.log_text()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// The URL of a server started with `--metrics`, from its log.
+    pub fn metrics_url(&self) -> String {
+        let log = self.log.lock().unwrap().clone();
+        let line = log
+            .iter()
+            .find_map(|l| l.strip_prefix("jbdev serve: metrics on "))
+            .unwrap_or_else(|| panic!("no metrics line in {log:?}"));
+        line.to_string()
     }
 }
 

@@ -791,7 +791,7 @@ impl Engine {
 
     /// Whether the checkpoint thread should salvage committed transactions
     /// home: the journal failed and the home device has not.
-    fn salvage_due(&self) -> bool {
+    pub(crate) fn salvage_due(&self) -> bool {
         self.abort.raised.load(Ordering::Acquire)
             && self.abort.journal_failed.load(Ordering::Acquire)
             && !self.abort.home_failed.load(Ordering::Acquire)
@@ -911,6 +911,12 @@ impl Engine {
     pub fn store_full(&self) -> (bool, u64) {
         let st = self.state();
         (st.home_full.is_some(), st.home_full_attempts)
+    }
+
+    /// Whether the journal aborted: every later write fails until the
+    /// volume is reopened.
+    pub fn aborted(&self) -> bool {
+        self.abort.raised.load(Ordering::Acquire)
     }
 
     /// Transactions committed and waiting for checkpoint.
