@@ -50,10 +50,11 @@ pub struct CommonArgs {
     #[arg(long, value_enum, default_value = "ram")]
     pub slow_store: SlowStore,
     /// Benchmark this block device or file instead. ITS CONTENT IS DESTROYED;
-    /// one that holds a jbdev volume or a file system is refused unless --force.
+    /// one that holds a jbdev volume, a jbdev journal or a file system is
+    /// refused unless --force.
     #[arg(long, value_name = "PATH")]
     pub device: Option<PathBuf>,
-    /// Overwrite a --device that holds a jbdev volume or a file system.
+    /// Overwrite a --device that holds a jbdev volume, a jbdev journal or a file system.
     #[arg(long)]
     pub force: bool,
     /// Size of the backing file of ram/disk.

@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use indicatif::{ProgressBar, ProgressStyle};
-use jbdev_volume::inspect::{inspect, Inspection};
+use jbdev_volume::inspect::{find_journal_superblock, inspect, journal_state, Inspection};
 use jbdev_volume::journal::format::{self, LogRecord};
 use jbdev_volume::journal::next_pos;
 use jbdev_volume::journal::recovery::{self, ScanEnd};
@@ -249,32 +249,6 @@ const PROBE_CHUNK_BYTES: u64 = 1 << 20;
 /// tables, file systems and LVM (btrfs keeps its superblock at 64 KiB).
 const SIGNATURE_PROBE_BYTES: u64 = 1 << 20;
 
-/// A jbdev journal superblock in `head` at offset 0 (an external journal)
-/// or one block in, for any block size (an internal journal).
-fn find_journal_superblock(
-    head: &[u8],
-) -> Option<(usize, jbdev_volume::journal::format::JournalSuperblock)> {
-    use jbdev_volume::journal::format::JournalSuperblock;
-    std::iter::once(0)
-        .chain((10..=16).map(|shift| 1usize << shift))
-        .find_map(|off| {
-            let j = JournalSuperblock::decode(head.get(off..)?).ok()?;
-            Some((off, j))
-        })
-}
-
-/// A journal superblock's state, in words.
-fn journal_state(j: &jbdev_volume::journal::format::JournalSuperblock) -> String {
-    if j.is_clean() {
-        format!("clean, next transaction {}", j.sequence)
-    } else {
-        format!(
-            "needs recovery: log starts at block {} with transaction {}",
-            j.start, j.sequence
-        )
-    }
-}
-
 /// Fails when `path` exists and holds a jbdev volume, a jbdev journal, a
 /// known signature in its first MiB, or any non-zero byte in its first
 /// `overwrite_end` bytes (everything format writes there) or in the
@@ -327,30 +301,7 @@ fn refuse_to_overwrite(
             sb.size_bytes
         )));
     }
-    match find_journal_superblock(&head) {
-        Some((0, j)) => {
-            return Err(refuse(format!(
-                "holds a jbdev journal (uuid {}, {})",
-                uuid_str(&j.uuid),
-                journal_state(&j)
-            )))
-        }
-        // IMPORTANT: never taken for an interrupted format. A volume whose
-        // block 0 was lost looks the same, and its journal cannot say
-        // whether data was written (writes of direct_write_threshold bytes
-        // and more go home without a transaction).
-        Some((_, j)) => {
-            return Err(refuse(format!(
-                "holds a jbdev journal (uuid {}, {}) but no volume superblock: an \
-                 interrupted format, or a volume whose first block was lost — `jbdev check \
-                 {p}` tells which journal it is; its data may still be there",
-                uuid_str(&j.uuid),
-                journal_state(&j)
-            )))
-        }
-        None => {}
-    }
-    if let Some(what) = jbdev_bench::backing::describe_head(&head, local.then_some(path)) {
+    if let Some(what) = jbdev_bench::backing::describe_head(&head, path, local) {
         return Err(refuse(format!("holds {what}")));
     }
     // Every byte format writes over, then up to PROBE_BEYOND_BYTES of

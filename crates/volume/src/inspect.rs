@@ -96,3 +96,65 @@ impl Inspection {
         Ok(buf)
     }
 }
+
+/// A jbdev journal superblock in `head` (the first bytes of a device or
+/// file) where no volume superblock is: at offset 0 (an external journal)
+/// or one block in, for any block size (an internal journal whose volume
+/// superblock is gone). Returns its offset and the superblock. `None` when
+/// `head` starts with a volume superblock's magic (a volume's own internal
+/// journal is not "a journal without a volume").
+pub fn find_journal_superblock(head: &[u8]) -> Option<(usize, JournalSuperblock)> {
+    if head.starts_with(&crate::superblock::VOLUME_MAGIC) {
+        return None;
+    }
+    std::iter::once(0)
+        .chain((10..=16).map(|shift| 1usize << shift))
+        .find_map(|off| {
+            let j = JournalSuperblock::decode(head.get(off..)?).ok()?;
+            Some((off, j))
+        })
+}
+
+/// Bytes from the start of a device that [`find_journal_superblock`] needs
+/// to see every place it looks (a journal superblock 64 KiB in).
+pub const JOURNAL_PROBE_BYTES: usize = (1 << 16) + JournalSuperblock::ENCODED_LEN;
+
+/// A journal superblock's state, in words.
+pub fn journal_state(j: &JournalSuperblock) -> String {
+    if j.is_clean() {
+        format!("clean, next transaction {}", j.sequence)
+    } else {
+        format!(
+            "needs recovery: log starts at block {} with transaction {}",
+            j.start, j.sequence
+        )
+    }
+}
+
+/// What a device whose first bytes are `head` holds when that is a jbdev
+/// journal without a volume ([`find_journal_superblock`]), in words for a
+/// command that refuses to overwrite it: "a jbdev journal (uuid …, needs
+/// recovery: …)", or for a journal one block in, why it may still hold a
+/// volume's data (`path` is named in the advice).
+pub fn describe_journal_without_volume(head: &[u8], path: &Path) -> Option<String> {
+    let (off, j) = find_journal_superblock(head)?;
+    let what = format!(
+        "a jbdev journal (uuid {}, {})",
+        uuid::Uuid::from_bytes(j.uuid).hyphenated(),
+        journal_state(&j)
+    );
+    Some(if off == 0 {
+        what
+    } else {
+        // IMPORTANT: never taken for an interrupted format. A volume whose
+        // block 0 was lost looks the same, and its journal cannot say
+        // whether data was written (writes of direct_write_threshold bytes
+        // and more go home without a transaction).
+        format!(
+            "{what} but no volume superblock: an interrupted format, or a volume whose first \
+             block was lost — `jbdev check {}` tells which journal it is; its data may still \
+             be there",
+            path.display()
+        )
+    })
+}
