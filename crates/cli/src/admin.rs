@@ -1028,15 +1028,16 @@ pub enum JournalCommand {
     /// open needs --journal PATH if it differs). Refused while the volume
     /// is open, and, without --force, when the journal could still be
     /// replayed by opening the volume, is damaged in the middle, belongs to
-    /// another volume or is something else.
+    /// another volume, is a file shorter than the journal (truncated; --force
+    /// extends it) or is something else. A refused reset changes nothing.
     Reset {
         /// Volume image or device.
         path: PathBuf,
         /// External journal file or device (created if missing).
         #[arg(long)]
         journal: Option<PathBuf>,
-        /// Overwrite a journal that holds transactions, is damaged, belongs
-        /// to another volume or is not a journal.
+        /// Overwrite a journal that holds transactions, is damaged or
+        /// truncated, belongs to another volume or is not a journal.
         #[arg(short, long)]
         force: bool,
     },

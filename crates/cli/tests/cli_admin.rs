@@ -1268,6 +1268,93 @@ fn journal_reset_replaces_a_lost_external_journal() {
     assert!(text(&o).contains("internal"), "{}", text(&o));
 }
 
+/// A crash of the volume `img` with its external journal `jnl`: opened
+/// with checkpoints held off, `writes` FUA blocks written (one committed
+/// transaction each, at blocks 0, 1, ...), both files copied while it is
+/// open and put back after the close, as a crash leaves them: the writes
+/// are only in the journal's log.
+fn crash_external(img: &Path, jnl: &Path, writes: u64) {
+    let opts = jbdev_volume::OpenOptions {
+        checkpoint_interval: jbdev_volume::MAX_WAIT,
+        ..Default::default()
+    };
+    let v = jbdev_volume::Volume::open(img, &opts).unwrap();
+    for b in 0..writes {
+        v.write_at(
+            &[b as u8 + 1; 4096],
+            b * 4096,
+            jbdev_volume::WriteFlags::FUA,
+        )
+        .unwrap();
+    }
+    let copies = [img, jnl].map(|p| {
+        let mut c = p.as_os_str().to_owned();
+        c.push(".crash");
+        std::fs::copy(p, &c).unwrap();
+        (c, p)
+    });
+    v.close().unwrap();
+    for (c, p) in copies {
+        std::fs::rename(c, p).unwrap();
+    }
+}
+
+/// Report #3: `journal reset` of a volume whose external journal file was
+/// truncated says so, and the refused reset changes nothing: every byte
+/// and the length of the file stay, and `check` still reports it. With
+/// `--force` the file is extended and gets a new journal; the volume then
+/// checks ok. (The old reset refused for the wrong reason, "the journal
+/// holds 9 committed transaction(s) that opening the volume replays: open
+/// it instead", after padding the file back to 1 MiB with zeroes: `check`
+/// then said ok and an open replayed what was left, silently.)
+#[test]
+fn journal_reset_of_a_truncated_journal_changes_nothing_unless_forced() {
+    let dir = tempfile::tempdir().unwrap();
+    let (img, jnl) = (dir.path().join("v.img"), dir.path().join("j.jnl"));
+    let (i, j) = (img.to_str().unwrap(), jnl.to_str().unwrap());
+    format_16m(i, &["--journal", j]);
+    crash_external(&img, &jnl, 20);
+    set_len(&jnl, 30 * 4096);
+    let before = std::fs::read(&jnl).unwrap();
+    let checked = jbdev(&["check", i]);
+    assert_eq!(checked.status.code(), Some(2), "{}", text(&checked));
+
+    let o = jbdev(&["journal", "reset", i]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(
+        text(&o).contains(&format!(
+            "the external journal file {j} holds 122880 bytes, less than the journal's \
+             1048576: it was truncated"
+        )) && text(&o).contains(&format!("`jbdev journal reset --force {i}`")),
+        "{}",
+        text(&o)
+    );
+    assert!(
+        std::fs::read(&jnl).unwrap() == before,
+        "a refused reset changed the journal file (now {} bytes)",
+        std::fs::metadata(&jnl).unwrap().len()
+    );
+    let o = jbdev(&["check", i]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert_eq!(text(&o), text(&checked));
+
+    let o = jbdev(&["journal", "reset", i, "--force"]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(
+        text(&o)
+            .contains("it held: a truncated journal file (122880 of the journal's 1048576 bytes"),
+        "{}",
+        text(&o)
+    );
+    assert_eq!(std::fs::metadata(&jnl).unwrap().len(), 1 << 20);
+    let o = jbdev(&["check", i]);
+    assert!(text(&o).contains("journal: clean"), "{}", text(&o));
+    jbdev_volume::Volume::open(&img, &jbdev_volume::OpenOptions::default())
+        .unwrap()
+        .close()
+        .unwrap();
+}
+
 /// `jbdev bench` with stdout gone stops at its first line instead of
 /// running on with nowhere to print: into a closed pipe (`| head -1`) it
 /// ends quietly with the shell's SIGPIPE status, into a full device with a

@@ -18,8 +18,8 @@ use jbdev_journal::JournalRegion;
 
 use crate::superblock::{JournalLocation, VolumeSuperblock};
 use crate::volume::{
-    file_format_would_create, read_volume_superblock, refuse_same_target, remove_created,
-    write_empty_journal,
+    file_format_would_create, rbd_image_absent, read_volume_superblock, refuse_same_target,
+    remove_created, truncated_journal_file, write_empty_journal,
 };
 use crate::{Result, VolumeError};
 
@@ -38,7 +38,9 @@ pub struct JournalReset {
 /// Writes a new, empty journal for the volume at `path` (its external
 /// journal at `journal`, or at the path recorded at format time; a missing
 /// file is created). Takes the volume's lock like an open: refused while
-/// the volume is open anywhere.
+/// the volume is open anywhere. An external journal file shorter than the
+/// journal (truncated) is refused without `force`, and with it extended
+/// and rewritten; a refused reset leaves every byte as it was.
 pub fn reset_journal(path: &Path, journal: Option<&Path>, force: bool) -> Result<JournalReset> {
     let dopts = jbdev_device::OpenOptions::default();
     let dev = open_device(path, &dopts)?.device;
@@ -68,21 +70,43 @@ pub fn reset_journal(path: &Path, journal: Option<&Path>, force: bool) -> Result
         }
     };
     refuse_same_target(path, &jp)?;
-    let created = file_format_would_create(&jp);
-    let res = (|| {
-        let jdev = open_device(
+    // Only a missing journal is created, and an existing one is extended
+    // only once the reset goes ahead: a refused reset changes nothing.
+    let created =
+        file_format_would_create(&jp).or_else(|| rbd_image_absent(&jp).then(|| jp.clone()));
+    let open = |create: bool| {
+        open_device(
             &jp,
             &jbdev_device::OpenOptions {
-                create_size: Some(*len_bytes),
+                create_size: create.then_some(*len_bytes),
                 ..Default::default()
             },
-        )?
-        .device;
-        let mut r = reset_journal_device(dev, Some(jdev), force)?;
+        )
+    };
+    let res = (|| {
+        let mut opened = open(created.is_some())?;
+        let held = opened.device.size_bytes();
+        // A file or RBD image shorter than the journal (a block device
+        // cannot grow: reset_journal_device refuses it).
+        let truncated =
+            held < *len_bytes && (opened.watch.is_some() || jbdev_device::is_rbd_target(&jp));
+        if truncated {
+            if !force {
+                return Err(truncated_journal_file(path, &jp, held, *len_bytes));
+            }
+            drop(opened);
+            opened = open(true)?;
+        }
+        let mut r = reset_journal_device(dev, Some(opened.device), force)?;
         r.location = jp.display().to_string();
         r.created = created.is_some();
         if r.created {
             r.previous = "missing".into();
+        } else if truncated {
+            r.previous = format!(
+                "a truncated journal file ({held} of the journal's {len_bytes} bytes; it \
+                 was extended)"
+            );
         }
         Ok(r)
     })();
