@@ -63,8 +63,10 @@ pub struct CommonArgs {
     /// Directory of the disk backing file.
     #[arg(long, default_value = "/var/tmp")]
     pub backing_dir: PathBuf,
-    /// Seconds per measured run (default 3; 1 with --quick).
-    #[arg(long, value_name = "SECS")]
+    /// Seconds per measured run, 0.1 to 3600 (default 3; 1 with --quick).
+    /// Runs below a second suit smoke tests: their MET/MISS verdicts are
+    /// start-up noise.
+    #[arg(long, value_name = "SECS", value_parser = parse_duration_secs)]
     pub duration: Option<f64>,
     /// Fewer points, samples and seconds.
     #[arg(long)]
@@ -110,14 +112,39 @@ pub struct CommonArgs {
     pub rounds: u32,
 }
 
+/// The shortest `--duration`, in seconds: shorter runs time a handful of
+/// operations, mostly start-up.
+pub const MIN_RUN_SECS: f64 = 0.1;
+
+/// The longest `--duration`, in seconds.
+pub const MAX_RUN_SECS: f64 = 3600.0;
+
 impl CommonArgs {
     /// Seconds per measured run.
     pub fn run_duration(&self) -> Duration {
         Duration::from_secs_f64(
             self.duration
                 .unwrap_or(if self.quick { 1.0 } else { 3.0 })
-                .clamp(0.05, 3600.0),
+                .clamp(MIN_RUN_SECS, MAX_RUN_SECS),
         )
+    }
+}
+
+/// Parses `--duration`: seconds from [`MIN_RUN_SECS`] to [`MAX_RUN_SECS`]
+/// (refused outside that range, and NaN, rather than clamped: a run of
+/// almost nothing would still print verdicts).
+pub fn parse_duration_secs(s: &str) -> Result<f64, String> {
+    let secs: f64 = s
+        .trim()
+        .parse()
+        .map_err(|_| format!("{s:?} is not a number of seconds"))?;
+    if (MIN_RUN_SECS..=MAX_RUN_SECS).contains(&secs) {
+        Ok(secs)
+    } else {
+        Err(format!(
+            "a measured run lasts from {MIN_RUN_SECS} to {MAX_RUN_SECS} seconds (got {s}): a \
+             shorter one measures start-up, not the steady state"
+        ))
     }
 }
 
@@ -322,5 +349,15 @@ mod tests {
         assert!(parse_size("1.5G").is_err());
         assert!(parse_size("99999999999T").is_err());
         assert!(parse_size("99999999999999999999").is_err());
+    }
+
+    #[test]
+    fn durations_parse_within_their_range() {
+        assert_eq!(parse_duration_secs("0.1"), Ok(0.1));
+        assert_eq!(parse_duration_secs("3"), Ok(3.0));
+        assert_eq!(parse_duration_secs("3600"), Ok(3600.0));
+        for bad in ["0", "-1", "0.05", "NaN", "inf", "3601", "", "3s"] {
+            assert!(parse_duration_secs(bad).is_err(), "{bad}");
+        }
     }
 }
