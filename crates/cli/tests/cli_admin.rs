@@ -1268,6 +1268,97 @@ fn journal_reset_replaces_a_lost_external_journal() {
     assert!(text(&o).contains("internal"), "{}", text(&o));
 }
 
+/// Report #6: `info` of a volume whose external journal file is missing
+/// prints the volume's superblock and says the journal is missing, where,
+/// and what to do (`jbdev journal reset PATH`), exit 0 as for an unreadable
+/// journal; `info --json` has it as fields (`journal.missing`,
+/// `journal.path`, `journal.error`, the journal's `uuid` when there is
+/// one). `check` and `journal dump` fail with the same advice, which works
+/// as given. For a journal of random bytes, `check` and `journal dump`
+/// both exit 2 (corruption, as the README says). (The old `info` printed
+/// only "jbdev: error: reading v.img: open failed on .../j.jnl ...", exit
+/// 1, and `journal dump` of the garbage journal exited 1.)
+#[test]
+fn info_and_check_of_a_volume_whose_journal_is_missing_say_what_to_do() {
+    let dir = tempfile::tempdir().unwrap();
+    let (img, jnl) = (dir.path().join("v.img"), dir.path().join("j.jnl"));
+    let (i, j) = (img.to_str().unwrap(), jnl.to_str().unwrap());
+    format_16m(i, &["--journal", j]);
+    let info = |json: bool| {
+        let o = jbdev(&[&["info", i][..], if json { &["--json"] } else { &[] }].concat());
+        assert!(o.status.success(), "info: {}", text(&o));
+        o
+    };
+    let v: serde_json::Value = serde_json::from_slice(&info(true).stdout).unwrap();
+    let (uuid, journal_uuid) = (v["uuid"].clone(), v["journal"]["uuid"].clone());
+    assert!(journal_uuid.is_string(), "{v}");
+    assert_eq!(v["journal"]["path"], j, "{v}");
+    assert_eq!(v["journal"]["missing"], false, "{v}");
+    let shown = String::from_utf8_lossy(&info(false).stdout).to_string();
+    assert!(
+        shown.contains(&format!("uuid {}", journal_uuid.as_str().unwrap())),
+        "{shown}"
+    );
+
+    std::fs::remove_file(&jnl).unwrap();
+    let advice = format!(
+        "nothing at {j}, the path recorded at format time. If it moved, give --journal \
+         PATH (its new path); if it is lost, `jbdev journal reset {i}` creates a new, empty journal there"
+    );
+    let shown = String::from_utf8_lossy(&info(false).stdout).to_string();
+    assert!(
+        shown.contains(&format!("uuid            {}", uuid.as_str().unwrap()))
+            && shown.contains("size            16777216 bytes")
+            && shown.contains(&format!("journal         external ({j})"))
+            && shown.contains(&format!("journal state   MISSING: {advice}")),
+        "{shown}"
+    );
+    let v: serde_json::Value = serde_json::from_slice(&info(true).stdout).unwrap();
+    assert_eq!(v["uuid"], uuid, "{v}");
+    assert_eq!(v["journal"]["path"], j, "{v}");
+    assert_eq!(v["journal"]["missing"], true, "{v}");
+    assert_eq!(v["journal"]["uuid"], serde_json::Value::Null, "{v}");
+    assert_eq!(v["journal"]["expected_uuid"], journal_uuid, "{v}");
+    assert!(
+        v["journal"]["error"].as_str().is_some_and(|e| e
+            .starts_with("the external journal is missing: ")
+            && e.contains(&advice)),
+        "{v}"
+    );
+    for cmd in [&["check", i][..], &["journal", "dump", i][..]] {
+        let o = jbdev(cmd);
+        assert_eq!(o.status.code(), Some(1), "{cmd:?}: {}", text(&o));
+        assert!(
+            text(&o).contains(&format!("the external journal is missing: {advice}")),
+            "{cmd:?}: {}",
+            text(&o)
+        );
+    }
+    // The advice, as given.
+    let reset = advice.split('`').nth(1).unwrap();
+    let args: Vec<&str> = reset.split(' ').collect();
+    assert_eq!(args[0], "jbdev");
+    let o = jbdev(&args[1..]);
+    assert!(o.status.success(), "{}", text(&o));
+    let o = jbdev(&["check", i]);
+    assert!(o.status.success(), "{}", text(&o));
+
+    // Random bytes where the journal should be: corruption for both.
+    let noise: Vec<u8> = (0..1u32 << 20)
+        .map(|x| (x.wrapping_mul(2_654_435_761) >> 13) as u8)
+        .collect();
+    std::fs::write(&jnl, noise).unwrap();
+    for cmd in [&["check", i][..], &["journal", "dump", i][..]] {
+        let o = jbdev(cmd);
+        assert_eq!(o.status.code(), Some(2), "{cmd:?}: {}", text(&o));
+        assert!(
+            text(&o).contains("journal superblock: CORRUPT: bad jbd2 magic"),
+            "{cmd:?}: {}",
+            text(&o)
+        );
+    }
+}
+
 /// A crash of the volume `img` with its external journal `jnl`: opened
 /// with checkpoints held off, `writes` FUA blocks written (one committed
 /// transaction each, at blocks 0, 1, ...), both files copied while it is

@@ -22,9 +22,34 @@ pub struct Inspection {
     pub journal_superblock: std::result::Result<JournalSuperblock, String>,
 }
 
+/// A volume whose external journal could not be opened (a deleted or
+/// truncated file, a dead device): what can still be read of it.
+#[derive(Debug)]
+pub struct JournalUnavailable {
+    /// The volume's superblock (read and checked).
+    pub superblock: VolumeSuperblock,
+    /// The journal path tried: `--journal`, or the one recorded at format
+    /// time (`None` when neither exists).
+    pub journal_path: Option<PathBuf>,
+    /// Nothing is there: no file, device or RBD image at `journal_path`.
+    pub missing: bool,
+    /// Why it could not be opened.
+    pub error: crate::VolumeError,
+}
+
 /// Opens `path` read-only (shared lock: fails with a clear error while a
 /// writer has the volume open) and reads both superblocks.
 pub fn inspect(path: &Path, journal_path: Option<&Path>) -> Result<Inspection> {
+    inspect_volume(path, journal_path)?.map_err(|u| u.error)
+}
+
+/// [`inspect`], except that a volume whose external journal cannot be
+/// opened is not an error but a [`JournalUnavailable`]: its superblock is
+/// still there to show (`jbdev info`), and what to do depends on why.
+pub fn inspect_volume(
+    path: &Path,
+    journal_path: Option<&Path>,
+) -> Result<std::result::Result<Inspection, JournalUnavailable>> {
     let dopts = jbdev_device::OpenOptions {
         read_only: true,
         ..Default::default()
@@ -43,14 +68,31 @@ pub fn inspect(path: &Path, journal_path: Option<&Path>) -> Result<Inspection> {
             path_hint,
             ..
         } => {
-            let (jp, jdev) = crate::volume::open_external_journal(
+            match crate::volume::open_external_journal(
                 path,
                 path_hint,
                 journal_path,
                 *len_bytes,
                 &dopts,
-            )?;
-            (jdev, 0, *len_bytes, Some(jp))
+            ) {
+                Ok((jp, jdev)) => (jdev, 0, *len_bytes, Some(jp)),
+                Err(error) => {
+                    let tried = journal_path
+                        .map(Path::to_path_buf)
+                        .or_else(|| (!path_hint.as_os_str().is_empty()).then(|| path_hint.clone()));
+                    let missing = matches!(
+                        &error,
+                        crate::VolumeError::Device(jbdev_device::DeviceError::Io { error, .. })
+                            if error.kind() == std::io::ErrorKind::NotFound
+                    );
+                    return Ok(Err(JournalUnavailable {
+                        superblock,
+                        journal_path: tried,
+                        missing,
+                        error,
+                    }));
+                }
+            }
         }
     };
     let region = JournalRegion::new(
@@ -61,14 +103,14 @@ pub fn inspect(path: &Path, journal_path: Option<&Path>) -> Result<Inspection> {
         (jlen / u64::from(bs)) as u32,
     )?;
     let journal_superblock = region.read_superblock().map_err(|e| e.to_string());
-    Ok(Inspection {
+    Ok(Ok(Inspection {
         path: path.to_path_buf(),
         device,
         superblock,
         journal_path: jpath,
         region,
         journal_superblock,
-    })
+    }))
 }
 
 /// [`inspect`] for `check` and `journal dump`, which read the journal: an
@@ -78,8 +120,16 @@ pub fn inspect(path: &Path, journal_path: Option<&Path>) -> Result<Inspection> {
 /// that is not there. `inspect` itself lets `info` read a held RBD
 /// volume's superblocks.
 pub fn inspect_unshared(path: &Path, journal_path: Option<&Path>) -> Result<Inspection> {
+    inspect_volume_unshared(path, journal_path)?.map_err(|u| u.error)
+}
+
+/// [`inspect_volume`] with the refusal of [`inspect_unshared`].
+pub fn inspect_volume_unshared(
+    path: &Path,
+    journal_path: Option<&Path>,
+) -> Result<std::result::Result<Inspection, JournalUnavailable>> {
     crate::volume::refuse_held_rbd(path)?;
-    inspect(path, journal_path)
+    inspect_volume(path, journal_path)
 }
 
 impl Inspection {
