@@ -34,6 +34,21 @@ pub enum BenchCommand {
     All(AllArgs),
 }
 
+impl BenchCommand {
+    /// The options every scenario takes, as given to this one.
+    pub fn common(&self) -> &CommonArgs {
+        match self {
+            BenchCommand::SyncWriters(a) => &a.common,
+            BenchCommand::OsyncWriters(a) => &a.common,
+            BenchCommand::FsyncBatch(a) => &a.common,
+            BenchCommand::MixedIops(a) => &a.common,
+            BenchCommand::ReadLatency(a) => &a.common,
+            BenchCommand::LargeWrites(a) => &a.common,
+            BenchCommand::All(a) => &a.common,
+        }
+    }
+}
+
 /// Options every scenario takes.
 #[derive(clap::Args, Clone, Debug)]
 pub struct CommonArgs {
@@ -110,6 +125,11 @@ pub struct CommonArgs {
     /// noise is 10-15%; one round cannot tell 0.95x from 1.05x.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=15))]
     pub rounds: u32,
+    /// Exit with status 2 when a target was missed (a CI gate). Without
+    /// it a bench that ran exits 0 whatever its MET/MISS verdicts: a missed
+    /// target is a finding, not a failure of the tool.
+    #[arg(long)]
+    pub fail_on_miss: bool,
 }
 
 /// The shortest `--duration`, in seconds: shorter runs time a handful of

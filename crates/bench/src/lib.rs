@@ -207,15 +207,7 @@ pub fn plans(cmd: &BenchCommand) -> Result<(Vec<Plan>, &CommonArgs)> {
         }
         BenchCommand::All(a) => all_plans(a.common.quick),
     };
-    let common = match cmd {
-        BenchCommand::SyncWriters(a) => &a.common,
-        BenchCommand::OsyncWriters(a) => &a.common,
-        BenchCommand::FsyncBatch(a) => &a.common,
-        BenchCommand::MixedIops(a) => &a.common,
-        BenchCommand::ReadLatency(a) => &a.common,
-        BenchCommand::LargeWrites(a) => &a.common,
-        BenchCommand::All(a) => &a.common,
-    };
+    let common = cmd.common();
     for p in &plans {
         let threads_ok = match p {
             Plan::SyncWriters(s) => {
