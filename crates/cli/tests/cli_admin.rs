@@ -1446,6 +1446,45 @@ fn journal_reset_of_a_truncated_journal_changes_nothing_unless_forced() {
         .unwrap();
 }
 
+/// Report #13: `journal reset --force` says what the old journal held, not
+/// the refusal a reset without --force gives. (The old one printed "it
+/// held: the journal is clean and intact: there is nothing to reset (open
+/// the volume); --force writes a new one anyway".)
+#[test]
+fn a_forced_journal_reset_says_what_the_journal_held() {
+    let dir = tempfile::tempdir().unwrap();
+    let (img, jnl) = (dir.path().join("v.img"), dir.path().join("j.jnl"));
+    let (i, j) = (img.to_str().unwrap(), jnl.to_str().unwrap());
+    format_16m(i, &["--journal", j]);
+    let reset = || {
+        let o = jbdev(&["journal", "reset", i, "--force"]);
+        assert!(o.status.success(), "{}", text(&o));
+        let out = String::from_utf8_lossy(&o.stdout).to_string();
+        assert!(
+            !out.contains("--force") && !out.contains("nothing to reset"),
+            "{out}"
+        );
+        out
+    };
+    let out = reset();
+    assert!(
+        out.starts_with(&format!(
+            "{i}: new empty journal ({j}); it held: a clean, intact journal (next \
+             transaction "
+        )),
+        "{out}"
+    );
+    crash_external(&img, &jnl, 3);
+    let out = reset();
+    assert!(
+        out.contains(
+            "it held: 3 committed transaction(s) that opening the volume would have \
+             replayed; they are discarded"
+        ),
+        "{out}"
+    );
+}
+
 /// `jbdev bench` with stdout gone stops at its first line instead of
 /// running on with nowhere to print: into a closed pipe (`| head -1`) it
 /// ends quietly with the shell's SIGPIPE status, into a full device with a

@@ -31,7 +31,8 @@ pub struct JournalReset {
     pub location: String,
     /// The external journal file did not exist and was created.
     pub created: bool,
-    /// What was there before, in words ("missing", "clean", "damaged: …").
+    /// What was there before, in words ("missing", "a clean, intact journal
+    /// (next transaction 7)", "3 committed transaction(s) that ...").
     pub previous: String,
 }
 
@@ -157,7 +158,7 @@ pub fn reset_journal_device(
     };
     let uuid = sb.journal_uuid();
     let previous = describe_old_journal(&jdev, joff, jlen, &sb)?;
-    if let Old::Refused(why) = &previous {
+    if let Old::Refused { why, .. } = &previous {
         if !force {
             return Err(VolumeError::InvalidArgument(why.clone()));
         }
@@ -167,18 +168,19 @@ pub fn reset_journal_device(
         location,
         created: false,
         previous: match previous {
-            Old::Refused(why) => why,
-            Old::Replaceable(what) => what,
+            Old::Refused { held, .. } | Old::Replaceable(held) => held,
         },
     })
 }
 
 /// What the journal area holds now.
 enum Old {
-    /// Nothing an open could use: replaced without `force`.
+    /// Nothing an open could use: replaced without `force` (what it held).
     Replaceable(String),
-    /// Something a reset would destroy: only with `force` (the reason).
-    Refused(String),
+    /// Something a reset would destroy: only with `force`. What it held
+    /// (for [`JournalReset::previous`]), and why a reset without `force`
+    /// is refused.
+    Refused { held: String, why: String },
 }
 
 fn describe_old_journal(
@@ -204,10 +206,13 @@ fn describe_old_journal(
             return Ok(if region_is_zero(jdev, joff, jlen)? {
                 Old::Replaceable("empty (all zero)".into())
             } else {
-                Old::Refused(format!(
-                    "the journal area holds no usable journal ({e}) but is not empty either: \
-                     check it is the right one; --force overwrites it"
-                ))
+                Old::Refused {
+                    held: format!("no usable journal ({e}), and not all zero"),
+                    why: format!(
+                        "the journal area holds no usable journal ({e}) but is not empty \
+                         either: check it is the right one; --force overwrites it"
+                    ),
+                }
             })
         }
     };
@@ -216,31 +221,50 @@ fn describe_old_journal(
         // wanted, and opening refuses it.
         return Ok(Old::Replaceable(why));
     }
+    let sequence = scan.superblock.sequence;
     if scan.superblock.uuid != uuid {
-        return Ok(Old::Refused(
-            "this journal belongs to another volume (its uuid differs): the wrong --journal? \
-             --force overwrites it"
+        return Ok(Old::Refused {
+            held: format!(
+                "another volume's journal (uuid {})",
+                uuid::Uuid::from_bytes(scan.superblock.uuid).hyphenated()
+            ),
+            why: "this journal belongs to another volume (its uuid differs): the wrong \
+                  --journal? --force overwrites it"
                 .into(),
-        ));
+        });
     }
+    let n = scan.txns.len();
     Ok(match scan.end {
-        ScanEnd::CleanJournal => Old::Refused(
-            "the journal is clean and intact: there is nothing to reset (open the volume); \
-             --force writes a new one anyway"
+        ScanEnd::CleanJournal => Old::Refused {
+            held: format!("a clean, intact journal (next transaction {sequence})"),
+            why: "the journal is clean and intact: there is nothing to reset (open the \
+                  volume); --force writes a new one anyway"
                 .into(),
-        ),
+        },
         ScanEnd::CorruptMiddle {
             sequence, reason, ..
-        } => Old::Refused(format!(
-            "the journal is damaged in the middle (transaction {sequence}: {reason}); committed \
-             transactions after the damage would be lost with it. Rescue data first with a \
-             read-only open (`jbdev serve --read-only`); --force discards the journal"
-        )),
-        _ => Old::Refused(format!(
-            "the journal holds {} committed transaction(s) that opening the volume replays: \
-             open it instead (`jbdev check` shows them); --force discards them",
-            scan.txns.len()
-        )),
+        } => Old::Refused {
+            held: format!(
+                "a journal damaged in the middle (transaction {sequence}: {reason}), with \
+                 committed transactions after the damage; they are discarded"
+            ),
+            why: format!(
+                "the journal is damaged in the middle (transaction {sequence}: {reason}); \
+                 committed transactions after the damage would be lost with it. Rescue data \
+                 first with a read-only open (`jbdev serve --read-only`); --force discards \
+                 the journal"
+            ),
+        },
+        _ => Old::Refused {
+            held: format!(
+                "{n} committed transaction(s) that opening the volume would have replayed; \
+                 they are discarded"
+            ),
+            why: format!(
+                "the journal holds {n} committed transaction(s) that opening the volume \
+                 replays: open it instead (`jbdev check` shows them); --force discards them"
+            ),
+        },
     })
 }
 
