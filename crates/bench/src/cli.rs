@@ -86,10 +86,12 @@ pub struct CommonArgs {
     /// Fewer points, samples and seconds.
     #[arg(long)]
     pub quick: bool,
-    /// Write every figure as JSON here.
+    /// Write every figure as JSON here (opened before the run: a path that
+    /// cannot be written fails at once).
     #[arg(long, value_name = "FILE")]
     pub json: Option<PathBuf>,
-    /// Directory of the SVG and PNG plots.
+    /// Directory of the SVG and PNG plots (created before the run; plots
+    /// that fail end the run with an error).
     #[arg(long, default_value = "bench-results")]
     pub plot_dir: PathBuf,
     /// Do not draw plots.

@@ -1,6 +1,7 @@
 //! `jbdev bench` through the real binary: its arguments, exit status and
 //! output files. (The scenarios themselves are tested in crates/bench.)
 
+use std::path::Path;
 use std::process::{Command, Output};
 
 fn jbdev(args: &[&str]) -> Output {
@@ -63,6 +64,25 @@ fn shm_scratch(bytes: u64) -> Option<(tempfile::TempDir, std::path::PathBuf)> {
     Some((dir, p))
 }
 
+/// Zeroes `scratch` again (a run leaves a jbdev volume there, which the
+/// next would refuse).
+fn zero(scratch: &Path) {
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(scratch)
+        .unwrap();
+    let len = f.metadata().unwrap().len();
+    f.set_len(0).unwrap();
+    f.set_len(len).unwrap();
+}
+
+/// Whether a bench ran on `scratch` (it formats a volume there).
+fn benchmarked(scratch: &Path) -> bool {
+    let mut head = [0u8; 8];
+    std::io::Read::read_exact(&mut std::fs::File::open(scratch).unwrap(), &mut head).unwrap();
+    &head == b"JBDEVVOL"
+}
+
 /// Report #8: a bench that ran exits 0 whatever its verdicts, and with
 /// `--fail-on-miss` exits 2 when a target was missed (the table and the
 /// "target(s) missed" line are printed either way). (The old bench had
@@ -75,13 +95,7 @@ fn fail_on_miss_makes_a_missed_target_exit_2() {
         return;
     };
     let bench = |extra: &[&str]| {
-        // Zeroes again: the run before left a jbdev volume there.
-        let f = std::fs::OpenOptions::new()
-            .write(true)
-            .open(&scratch)
-            .unwrap();
-        f.set_len(0).unwrap();
-        f.set_len(64 << 20).unwrap();
+        zero(&scratch);
         let mut args = vec![
             "bench",
             "sync-writers",
@@ -113,4 +127,80 @@ fn fail_on_miss_makes_a_missed_target_exit_2() {
         assert!(err.contains("1 target(s) missed"), "{extra:?}: {err}");
         assert_eq!(o.status.code(), Some(code), "{extra:?}: {out}{err}");
     }
+}
+
+/// Report #14: an output path that cannot be written fails the bench
+/// before it runs (nothing is written to the device), with the OS error
+/// said once: `--json` in a missing directory, a `--plot-dir` that cannot
+/// be made. Plots that fail during the run (a directory where a plot file
+/// goes) end it with an error, exit 1, the JSON written, and no "plots:
+/// DIR" line. (The old bench ran first and then failed on the JSON with
+/// "... No such file or directory (os error 2): No such file or directory
+/// (os error 2)"; for failed plots it printed "plots: DIR" and exited 0.)
+#[test]
+fn output_paths_that_cannot_be_written_fail_the_bench() {
+    let Some((dir, scratch)) = shm_scratch(64 << 20) else {
+        eprintln!("SKIP: no /dev/shm");
+        return;
+    };
+    let bench = |extra: &[&str]| {
+        zero(&scratch);
+        let mut args = vec![
+            "bench",
+            "sync-writers",
+            "--device",
+            scratch.to_str().unwrap(),
+            "--threads",
+            "1",
+            "--baseline",
+            "none",
+            "--duration",
+            "0.1",
+            "--journal-size",
+            "4M",
+            "--no-progress",
+        ];
+        args.extend_from_slice(extra);
+        jbdev(&args)
+    };
+    let o = bench(&["--no-plots", "--json", "/nonexistent-dir/x.json"]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert_eq!(
+        String::from_utf8_lossy(&o.stderr),
+        "jbdev: error: create /nonexistent-dir/x.json: No such file or directory (os error 2)\n"
+    );
+    assert!(!benchmarked(&scratch), "the bench ran: {}", text(&o));
+
+    let o = bench(&["--plot-dir", "/proc/jbdev-plots"]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(
+        text(&o).contains("create the plot directory /proc/jbdev-plots"),
+        "{}",
+        text(&o)
+    );
+    assert!(!benchmarked(&scratch), "the bench ran: {}", text(&o));
+
+    let plots = dir.path().join("plots");
+    let taken = plots.join("sync-writers-device-throughput.svg");
+    std::fs::create_dir_all(&taken).unwrap();
+    let json = dir.path().join("r.json");
+    let p = plots.to_str().unwrap();
+    let o = bench(&["--plot-dir", p, "--json", json.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(benchmarked(&scratch), "{}", text(&o));
+    let (out, err) = (
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr),
+    );
+    assert!(!out.contains("plots: "), "{out}");
+    assert!(
+        err.contains(&format!(
+            "plots of sync-writers on device: plot {}",
+            taken.display()
+        )),
+        "{err}"
+    );
+    let report: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&json).unwrap()).expect("the JSON report");
+    assert_eq!(report["scenarios"][0]["scenario"], "sync-writers");
 }
