@@ -321,6 +321,13 @@ pub fn run_plans(
             "the ram, disk and slow backings need root and loop devices (losetup); run as root or use --device PATH".into(),
         ));
     }
+    if needs_loop {
+        ctx::check_room(
+            &format!("--backing-size {}", common.backing_size),
+            common.backing_size,
+            common.journal_size,
+        )?;
+    }
     // The output paths first: one that cannot be written fails now, not
     // after the whole run.
     let mut json = common.json.as_deref().map(JsonReport::open).transpose()?;
@@ -379,6 +386,14 @@ pub fn run_plans(
                 continue;
             }
         };
+        if let Err(e) = ctx::check_room(
+            &format!("{} ({} bytes)", b.path.display(), b.size_bytes),
+            b.size_bytes,
+            common.journal_size,
+        ) {
+            failures.push(format!("backing {}: {e}", kind.name()));
+            continue;
+        }
         for plan in plans {
             // This plan's rounds are the reports pushed from here on.
             let first_round = report.scenarios.len();

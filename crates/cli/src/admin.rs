@@ -25,7 +25,9 @@ pub struct FormatArgs {
     /// superblock and an internal journal).
     #[arg(long, value_parser = parse_size)]
     pub size: Option<u64>,
-    /// Journal size, e.g. 64M (default: 64M or a quarter of the volume, whichever is smaller).
+    /// Journal size, e.g. 64M (default: 64M or a quarter of the volume,
+    /// whichever is smaller); rounded down to whole blocks, which the
+    /// output then says.
     #[arg(long, value_parser = parse_size)]
     pub journal_size: Option<u64>,
     /// Put the journal in this separate file or device, or in a second RBD
@@ -376,8 +378,14 @@ fn format_checked(a: &FormatArgs, f: &FormatOptions) -> anyhow::Result<String> {
             )
         }
     };
+    // A --journal-size that is not a whole number of blocks is rounded down.
+    let rounded = a
+        .journal_size
+        .filter(|j| j % u64::from(a.block_size) != 0)
+        .map(|j| format!(" (--journal-size {j} rounded down to whole blocks)"))
+        .unwrap_or_default();
     let msg = format!(
-        "formatted {}: {size} bytes, {}-byte blocks, {journal}, uuid {}",
+        "formatted {}: {size} bytes, {}-byte blocks, {journal}{rounded}, uuid {}",
         a.path.display(),
         a.block_size,
         uuid_str(&v.superblock().uuid)

@@ -204,3 +204,56 @@ fn output_paths_that_cannot_be_written_fail_the_bench() {
         serde_json::from_slice(&std::fs::read(&json).unwrap()).expect("the JSON report");
     assert_eq!(report["scenarios"][0]["scenario"], "sync-writers");
 }
+
+/// Report #15: a backing too small for the volume under test says so, and
+/// how big it must be, not "do not fit the 0-byte volume"; a
+/// `--journal-size` too small is quoted as given, not as "journal size 0".
+#[test]
+fn a_backing_or_journal_too_small_is_named_as_given() {
+    let Some((_dir, scratch)) = shm_scratch(8 << 20) else {
+        eprintln!("SKIP: no /dev/shm");
+        return;
+    };
+    let bench = |extra: &[&str]| {
+        let mut args = vec![
+            "bench",
+            "sync-writers",
+            "--device",
+            scratch.to_str().unwrap(),
+            "--threads",
+            "1",
+            "--baseline",
+            "none",
+            "--duration",
+            "0.1",
+            "--no-plots",
+            "--no-progress",
+        ];
+        args.extend_from_slice(extra);
+        jbdev(&args)
+    };
+    let o = bench(&[]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(
+        text(&o).contains(&format!(
+            "{} (8388608 bytes) is too small: the volume under test needs room beside its \
+             67108864-byte journal and the 33554432-byte area of the kernel baselines; give \
+             at least 98 MiB",
+            scratch.display()
+        )),
+        "{}",
+        text(&o)
+    );
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&scratch)
+        .unwrap();
+    f.set_len(128 << 20).unwrap();
+    let o = bench(&["--journal-size", "1K"]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(
+        text(&o).contains("journal size 1024 (0 in whole 4096-byte blocks) must be between"),
+        "{}",
+        text(&o)
+    );
+}

@@ -1446,6 +1446,69 @@ fn journal_reset_of_a_truncated_journal_changes_nothing_unless_forced() {
         .unwrap();
 }
 
+/// Report #15: a `--journal-size` that is not a whole number of blocks is
+/// rounded down, and `format` says so; an error quotes the size asked for
+/// (and what whole blocks made of it), never a rounded "journal size 0".
+/// (The old format rounded silently, and said "journal size 4096 must be
+/// between 16 blocks ..." for 5000.)
+#[test]
+fn format_says_when_it_rounded_a_size() {
+    let dir = tempfile::tempdir().unwrap();
+    let img = |n: &str| dir.path().join(n).to_str().unwrap().to_string();
+    let a = img("a.img");
+    let o = jbdev(&["format", &a, "--size", "16M", "--journal-size", "100001"]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(
+        text(&o).contains(
+            "internal journal of 98304 bytes (--journal-size 100001 rounded down to whole \
+             blocks)"
+        ),
+        "{}",
+        text(&o)
+    );
+    let o = jbdev(&[
+        "format",
+        &img("b.img"),
+        "--size",
+        "16M",
+        "--journal-size",
+        "5000",
+    ]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(
+        text(&o).contains(
+            "journal size 5000 (4096 in whole 4096-byte blocks) must be between 16 blocks \
+             (65536 bytes) and 2^32 blocks"
+        ),
+        "{}",
+        text(&o)
+    );
+    let o = jbdev(&[
+        "format",
+        &img("c.img"),
+        "--size",
+        "16M",
+        "--journal-size",
+        "1K",
+    ]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(
+        text(&o).contains("journal size 1024 (0 in whole") && !text(&o).contains("size 0 "),
+        "{}",
+        text(&o)
+    );
+    let o = jbdev(&[
+        "format",
+        &img("d.img"),
+        "--size",
+        "16M",
+        "--journal-size",
+        "64K",
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(!text(&o).contains("rounded"), "{}", text(&o));
+}
+
 /// Report #13: `journal reset --force` says what the old journal held, not
 /// the refusal a reset without --force gives. (The old one printed "it
 /// held: the journal is clean and intact: there is nothing to reset (open

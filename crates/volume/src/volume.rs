@@ -204,14 +204,21 @@ fn plan_layout(f: &FormatOptions) -> Result<(u64, u64, u64)> {
             f.size_bytes
         )));
     }
-    let journal = f
+    let asked = f
         .journal_bytes
         .unwrap_or_else(|| default_journal_bytes(f.size_bytes));
-    let journal = journal / bs * bs;
+    let journal = asked / bs * bs;
     if journal / bs < MIN_JOURNAL_BLOCKS || journal / bs > u64::from(u32::MAX) {
+        // The size asked for, and what whole blocks made of it.
+        let rounded = if journal == asked {
+            String::new()
+        } else {
+            format!(" ({journal} in whole {bs}-byte blocks)")
+        };
         return Err(VolumeError::InvalidArgument(format!(
-            "journal size {journal} must be between {} blocks and 2^32 blocks",
-            MIN_JOURNAL_BLOCKS
+            "journal size {asked}{rounded} must be between {MIN_JOURNAL_BLOCKS} blocks ({} \
+             bytes) and 2^32 blocks",
+            MIN_JOURNAL_BLOCKS * bs
         )));
     }
     let data_offset = match f.journal {
