@@ -25,6 +25,9 @@ static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 static REGISTRY: Mutex<Vec<(u64, Action)>> = Mutex::new(Vec::new());
 static HANDLER: Once = Once::new();
 
+/// Longest wait for a detached loop device to go away.
+const DETACH_WAIT: Duration = Duration::from_secs(5);
+
 /// How long a first signal waits for the normal unwinding before forcing
 /// the teardown.
 const GRACE_PERIOD: Duration = Duration::from_secs(10);
@@ -63,10 +66,21 @@ impl Action {
                 let _ = std::fs::remove_dir(dir);
             }
             Action::DetachLoopsOf(file) => {
-                for dev in loops_of(file) {
+                let devs = loops_of(file);
+                for dev in &devs {
                     if !run_quiet("losetup", &["-d".as_ref(), dev.as_os_str()]) {
                         eprintln!("jbdev bench: could not detach {}", dev.display());
                     }
+                }
+                // A device still open somewhere (udev probing it, a lazy
+                // unmount) is only marked for detaching: wait, bounded,
+                // until it is gone, so "torn down" is true when said.
+                let deadline = std::time::Instant::now() + DETACH_WAIT;
+                while !devs.is_empty()
+                    && loops_of(file).iter().any(|d| devs.contains(d))
+                    && std::time::Instant::now() < deadline
+                {
+                    std::thread::sleep(Duration::from_millis(20));
                 }
             }
             Action::RemoveFile(path) => {
