@@ -4,16 +4,8 @@
 use std::path::Path;
 use std::process::{Command, Output};
 
-fn jbdev(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_jbdev"))
-        .args(args)
-        .output()
-        .expect("run jbdev")
-}
-
-fn text(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stdout).to_string() + &String::from_utf8_lossy(&o.stderr)
-}
+mod cli_common;
+use cli_common::{jbdev, text};
 
 /// Report #4: a `--duration` of 0, below the documented minimum of 0.1 s,
 /// negative, NaN, infinite or above an hour is a usage error (exit 64)
@@ -47,18 +39,25 @@ fn a_duration_outside_its_range_is_a_usage_error() {
         );
     }
     for secs in ["0.1", "2.5"] {
-        let o = bench(secs);
-        assert_eq!(o.status.code(), Some(1), "--duration {secs}: {}", text(&o));
-        assert!(text(&o).contains("no-such-device"), "{}", text(&o));
+        fails_saying(&bench(secs), "no-such-device");
     }
+}
+
+/// Asserts that `o` failed (exit 1, an error) saying `what`.
+fn fails_saying(o: &Output, what: &str) {
+    assert_eq!(o.status.code(), Some(1), "{}", text(o));
+    assert!(text(o).contains(what), "{}", text(o));
 }
 
 /// A scratch file for `--device` in /dev/shm (tmpfs: the kernel's
 /// buffered O_SYNC writes there cost about a microsecond of CPU, so
 /// sync-writers' "CPU us/op vs kernel <= 1x" target is missed by far),
-/// or None where there is no /dev/shm.
+/// or None (the test is skipped, saying so) where there is no /dev/shm.
 fn shm_scratch(bytes: u64) -> Option<(tempfile::TempDir, std::path::PathBuf)> {
-    let dir = tempfile::tempdir_in("/dev/shm").ok()?;
+    let Ok(dir) = tempfile::tempdir_in("/dev/shm") else {
+        eprintln!("SKIP: no /dev/shm");
+        return None;
+    };
     let p = dir.path().join("scratch.img");
     std::fs::File::create(&p).unwrap().set_len(bytes).unwrap();
     Some((dir, p))
@@ -76,6 +75,17 @@ fn zero(scratch: &Path) {
     f.set_len(len).unwrap();
 }
 
+/// `jbdev bench sync-writers --device SCRATCH --no-progress ARGS...` on
+/// `scratch`, zeroed first.
+fn sync_writers_on(scratch: &Path, args: &[&str]) -> Output {
+    zero(scratch);
+    let device = ["bench", "sync-writers", "--no-progress", "--device"];
+    jbdev(&[&device[..], &[scratch.to_str().unwrap()], args].concat())
+}
+
+/// One writer thread, jbdev only, for the shortest run allowed.
+const ONE_SHORT_RUN: [&str; 6] = ["--threads", "1", "--baseline", "none", "--duration", "0.1"];
+
 /// Whether a bench ran on `scratch` (it formats a volume there).
 fn benchmarked(scratch: &Path) -> bool {
     let mut head = [0u8; 8];
@@ -91,28 +101,18 @@ fn benchmarked(scratch: &Path) -> bool {
 #[test]
 fn fail_on_miss_makes_a_missed_target_exit_2() {
     let Some((_dir, scratch)) = shm_scratch(64 << 20) else {
-        eprintln!("SKIP: no /dev/shm");
         return;
     };
-    let bench = |extra: &[&str]| {
-        zero(&scratch);
-        let mut args = vec![
-            "bench",
-            "sync-writers",
-            "--device",
-            scratch.to_str().unwrap(),
-            "--threads",
-            "32",
-            "--duration",
-            "0.3",
-            "--journal-size",
-            "4M",
-            "--no-plots",
-            "--no-progress",
-        ];
-        args.extend_from_slice(extra);
-        jbdev(&args)
-    };
+    let args = [
+        "--threads",
+        "32",
+        "--duration",
+        "0.3",
+        "--journal-size",
+        "4M",
+    ];
+    let bench =
+        |extra: &[&str]| sync_writers_on(&scratch, &[&args[..], &["--no-plots"], extra].concat());
     for (extra, code) in [(&[][..], 0), (&["--fail-on-miss"][..], 2)] {
         let o = bench(extra);
         let (out, err) = (
@@ -140,28 +140,14 @@ fn fail_on_miss_makes_a_missed_target_exit_2() {
 #[test]
 fn output_paths_that_cannot_be_written_fail_the_bench() {
     let Some((dir, scratch)) = shm_scratch(64 << 20) else {
-        eprintln!("SKIP: no /dev/shm");
         return;
     };
+    let args = ONE_SHORT_RUN;
     let bench = |extra: &[&str]| {
-        zero(&scratch);
-        let mut args = vec![
-            "bench",
-            "sync-writers",
-            "--device",
-            scratch.to_str().unwrap(),
-            "--threads",
-            "1",
-            "--baseline",
-            "none",
-            "--duration",
-            "0.1",
-            "--journal-size",
-            "4M",
-            "--no-progress",
-        ];
-        args.extend_from_slice(extra);
-        jbdev(&args)
+        sync_writers_on(
+            &scratch,
+            &[&args[..], &["--journal-size", "4M"], extra].concat(),
+        )
     };
     let o = bench(&["--no-plots", "--json", "/nonexistent-dir/x.json"]);
     assert_eq!(o.status.code(), Some(1), "{}", text(&o));
@@ -172,12 +158,7 @@ fn output_paths_that_cannot_be_written_fail_the_bench() {
     assert!(!benchmarked(&scratch), "the bench ran: {}", text(&o));
 
     let o = bench(&["--plot-dir", "/proc/jbdev-plots"]);
-    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
-    assert!(
-        text(&o).contains("create the plot directory /proc/jbdev-plots"),
-        "{}",
-        text(&o)
-    );
+    fails_saying(&o, "create the plot directory /proc/jbdev-plots");
     assert!(!benchmarked(&scratch), "the bench ran: {}", text(&o));
 
     let plots = dir.path().join("plots");
@@ -211,50 +192,28 @@ fn output_paths_that_cannot_be_written_fail_the_bench() {
 #[test]
 fn a_backing_or_journal_too_small_is_named_as_given() {
     let Some((_dir, scratch)) = shm_scratch(8 << 20) else {
-        eprintln!("SKIP: no /dev/shm");
         return;
     };
-    let bench = |extra: &[&str]| {
-        let mut args = vec![
-            "bench",
-            "sync-writers",
-            "--device",
-            scratch.to_str().unwrap(),
-            "--threads",
-            "1",
-            "--baseline",
-            "none",
-            "--duration",
-            "0.1",
-            "--no-plots",
-            "--no-progress",
-        ];
-        args.extend_from_slice(extra);
-        jbdev(&args)
-    };
-    let o = bench(&[]);
-    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
-    assert!(
-        text(&o).contains(&format!(
+    let args = ONE_SHORT_RUN;
+    let bench =
+        |extra: &[&str]| sync_writers_on(&scratch, &[&args[..], &["--no-plots"], extra].concat());
+    fails_saying(
+        &bench(&[]),
+        &format!(
             "{} (8388608 bytes) is too small: the volume under test needs room beside its \
              67108864-byte journal and the 33554432-byte area of the kernel baselines; give \
              at least 98 MiB",
             scratch.display()
-        )),
-        "{}",
-        text(&o)
+        ),
     );
     let f = std::fs::OpenOptions::new()
         .write(true)
         .open(&scratch)
         .unwrap();
     f.set_len(128 << 20).unwrap();
-    let o = bench(&["--journal-size", "1K"]);
-    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
-    assert!(
-        text(&o).contains("journal size 1024 (0 in whole 4096-byte blocks) must be between"),
-        "{}",
-        text(&o)
+    fails_saying(
+        &bench(&["--journal-size", "1K"]),
+        "journal size 1024 (0 in whole 4096-byte blocks) must be between",
     );
 }
 

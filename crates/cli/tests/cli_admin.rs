@@ -5,16 +5,8 @@ use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::process::{Command, Output};
 
-fn jbdev(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_jbdev"))
-        .args(args)
-        .output()
-        .expect("run jbdev")
-}
-
-fn text(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stdout).to_string() + &String::from_utf8_lossy(&o.stderr)
-}
+mod cli_common;
+use cli_common::{jbdev, text};
 
 fn assert_clean_error(o: &Output, what: &str) {
     let t = text(o);
@@ -33,6 +25,15 @@ fn format_16m(p: &str, extra: &[&str]) -> Output {
     let o = jbdev(&args);
     assert!(o.status.success(), "{}", text(&o));
     o
+}
+
+/// [`format_16m`] of `v.img` with its journal in `j.jnl`, in a new
+/// temporary directory: (the directory, the volume, the journal).
+fn external_16m() -> (tempfile::TempDir, std::path::PathBuf, std::path::PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let (img, jnl) = (dir.path().join("v.img"), dir.path().join("j.jnl"));
+    format_16m(img.to_str().unwrap(), &["--journal", jnl.to_str().unwrap()]);
+    (dir, img, jnl)
 }
 
 #[test]
@@ -1239,11 +1240,8 @@ fn info_and_dump_compare_the_journal_with_the_volume() {
 /// a clean journal, and --journal for an internal one, are refused.
 #[test]
 fn journal_reset_replaces_a_lost_external_journal() {
-    let dir = tempfile::tempdir().unwrap();
-    let img = dir.path().join("v.img");
-    let jnl = dir.path().join("j.jnl");
+    let (dir, img, jnl) = external_16m();
     let (i, j) = (img.to_str().unwrap(), jnl.to_str().unwrap());
-    format_16m(i, &["--journal", j]);
     // Intact and clean: nothing to reset.
     let o = jbdev(&["journal", "reset", i]);
     assert_clean_error(&o, "reset of a clean journal");
@@ -1280,10 +1278,8 @@ fn journal_reset_replaces_a_lost_external_journal() {
 /// 1, and `journal dump` of the garbage journal exited 1.)
 #[test]
 fn info_and_check_of_a_volume_whose_journal_is_missing_say_what_to_do() {
-    let dir = tempfile::tempdir().unwrap();
-    let (img, jnl) = (dir.path().join("v.img"), dir.path().join("j.jnl"));
+    let (_dir, img, jnl) = external_16m();
     let (i, j) = (img.to_str().unwrap(), jnl.to_str().unwrap());
-    format_16m(i, &["--journal", j]);
     let info = |json: bool| {
         let o = jbdev(&[&["info", i][..], if json { &["--json"] } else { &[] }].concat());
         assert!(o.status.success(), "info: {}", text(&o));
@@ -1400,10 +1396,8 @@ fn crash_external(img: &Path, jnl: &Path, writes: u64) {
 /// then said ok and an open replayed what was left, silently.)
 #[test]
 fn journal_reset_of_a_truncated_journal_changes_nothing_unless_forced() {
-    let dir = tempfile::tempdir().unwrap();
-    let (img, jnl) = (dir.path().join("v.img"), dir.path().join("j.jnl"));
+    let (_dir, img, jnl) = external_16m();
     let (i, j) = (img.to_str().unwrap(), jnl.to_str().unwrap());
-    format_16m(i, &["--journal", j]);
     crash_external(&img, &jnl, 20);
     set_len(&jnl, 30 * 4096);
     let before = std::fs::read(&jnl).unwrap();
@@ -1454,59 +1448,39 @@ fn journal_reset_of_a_truncated_journal_changes_nothing_unless_forced() {
 #[test]
 fn format_says_when_it_rounded_a_size() {
     let dir = tempfile::tempdir().unwrap();
-    let img = |n: &str| dir.path().join(n).to_str().unwrap().to_string();
-    let a = img("a.img");
-    let o = jbdev(&["format", &a, "--size", "16M", "--journal-size", "100001"]);
-    assert!(o.status.success(), "{}", text(&o));
+    let format = |name: &str, journal_size: &str| {
+        let img = dir.path().join(name);
+        let args = ["format", img.to_str().unwrap(), "--size", "16M"];
+        let o = jbdev(&[&args[..], &["--journal-size", journal_size]].concat());
+        (o.status.code(), text(&o))
+    };
+    let (code, out) = format("a.img", "100001");
+    assert_eq!(code, Some(0), "{out}");
     assert!(
-        text(&o).contains(
+        out.contains(
             "internal journal of 98304 bytes (--journal-size 100001 rounded down to whole \
              blocks)"
         ),
-        "{}",
-        text(&o)
+        "{out}"
     );
-    let o = jbdev(&[
-        "format",
-        &img("b.img"),
-        "--size",
-        "16M",
-        "--journal-size",
-        "5000",
-    ]);
-    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    let (code, out) = format("b.img", "5000");
+    assert_eq!(code, Some(1), "{out}");
     assert!(
-        text(&o).contains(
+        out.contains(
             "journal size 5000 (4096 in whole 4096-byte blocks) must be between 16 blocks \
              (65536 bytes) and 2^32 blocks"
         ),
-        "{}",
-        text(&o)
+        "{out}"
     );
-    let o = jbdev(&[
-        "format",
-        &img("c.img"),
-        "--size",
-        "16M",
-        "--journal-size",
-        "1K",
-    ]);
-    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    let (code, out) = format("c.img", "1K");
+    assert_eq!(code, Some(1), "{out}");
     assert!(
-        text(&o).contains("journal size 1024 (0 in whole") && !text(&o).contains("size 0 "),
-        "{}",
-        text(&o)
+        out.contains("journal size 1024 (0 in whole") && !out.contains("size 0 "),
+        "{out}"
     );
-    let o = jbdev(&[
-        "format",
-        &img("d.img"),
-        "--size",
-        "16M",
-        "--journal-size",
-        "64K",
-    ]);
-    assert!(o.status.success(), "{}", text(&o));
-    assert!(!text(&o).contains("rounded"), "{}", text(&o));
+    let (code, out) = format("d.img", "64K");
+    assert_eq!(code, Some(0), "{out}");
+    assert!(!out.contains("rounded"), "{out}");
 }
 
 /// Report #13: `journal reset --force` says what the old journal held, not
@@ -1515,10 +1489,8 @@ fn format_says_when_it_rounded_a_size() {
 /// the volume); --force writes a new one anyway".)
 #[test]
 fn a_forced_journal_reset_says_what_the_journal_held() {
-    let dir = tempfile::tempdir().unwrap();
-    let (img, jnl) = (dir.path().join("v.img"), dir.path().join("j.jnl"));
+    let (_dir, img, jnl) = external_16m();
     let (i, j) = (img.to_str().unwrap(), jnl.to_str().unwrap());
-    format_16m(i, &["--journal", j]);
     let reset = || {
         let o = jbdev(&["journal", "reset", i, "--force"]);
         assert!(o.status.success(), "{}", text(&o));
@@ -1593,10 +1565,8 @@ fn bench_with_stdout_gone_stops_at_its_first_line() {
 /// the device has 524288 bytes", no advice.)
 #[test]
 fn check_says_what_to_do_about_a_truncated_external_journal() {
-    let dir = tempfile::tempdir().unwrap();
-    let (img, jnl) = (dir.path().join("v.img"), dir.path().join("j.jnl"));
+    let (_dir, img, jnl) = external_16m();
     let (p, j) = (img.to_str().unwrap(), jnl.to_str().unwrap());
-    format_16m(p, &["--journal", j]);
     set_len(&jnl, 512 << 10);
     let truncate = format!("`truncate -s 1048576 {j}`");
     let check = format!("`jbdev check {p} --journal {j}`");
