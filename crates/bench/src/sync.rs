@@ -484,7 +484,7 @@ fn fs_mark_run(
         .arg("-t")
         .arg(threads.to_string())
         // fs_mark forks a process per thread: its own process group lets
-        // an interrupt stop them all (see `stop_group`).
+        // an interrupt stop them all (see `run_bounded`).
         .process_group(0)
         // fs_mark writes its log (fs_log.txt) into the working directory.
         .current_dir(mnt)
@@ -525,25 +525,38 @@ fn fs_mark_run(
 }
 
 /// Runs fs_mark (spawned as the leader of its own process group) with a
-/// time limit; stops it and the processes it forked ([`stop_group`]) when
-/// the limit passes or the user interrupts.
+/// time limit; when the limit passes or the user interrupts, kills the
+/// group (fs_mark and the process it forks per thread: killing fs_mark
+/// alone left those writing for seconds) and waits for them
+/// ([`cleanup::kill_group`]): their open files would keep the ext4 under
+/// them busy, and its unmount and the loop device's detach would only be
+/// deferred. A forced teardown (a second signal) kills the group too.
 fn run_bounded(mut cmd: Command, limit: Duration) -> Result<String> {
     let mut child = cmd.spawn().map_err(io_err("spawn fs_mark"))?;
+    let pgid = i32::try_from(child.id()).unwrap_or(0);
+    cleanup::set_tool_group(pgid);
     let t0 = Instant::now();
-    loop {
-        match child.try_wait().map_err(io_err("wait for fs_mark"))? {
-            Some(_) => break,
-            None if cleanup::stop_requested() || t0.elapsed() > limit => {
-                stop_group(&mut child);
-                return Err(if cleanup::stop_requested() {
+    let ended = loop {
+        match child.try_wait() {
+            Ok(Some(_)) => break Ok(()),
+            Ok(None) if cleanup::stop_requested() || t0.elapsed() > limit => {
+                if !cleanup::kill_group(pgid) {
+                    let _ = child.kill();
+                }
+                // Reaped only now: until then the group's id stays taken.
+                let _ = child.wait();
+                break Err(if cleanup::stop_requested() {
                     BenchError::Interrupted
                 } else {
                     BenchError::Setup(format!("fs_mark ran longer than {limit:?}; killed"))
                 });
             }
-            None => std::thread::sleep(Duration::from_millis(50)),
+            Ok(None) => std::thread::sleep(Duration::from_millis(50)),
+            Err(e) => break Err(io_err("wait for fs_mark")(e)),
         }
-    }
+    };
+    cleanup::set_tool_group(0);
+    ended?;
     let out = child
         .wait_with_output()
         .map_err(io_err("read fs_mark output"))?;
@@ -555,53 +568,6 @@ fn run_bounded(mut cmd: Command, limit: Duration) -> Result<String> {
         });
     }
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-}
-
-/// Longest wait for fs_mark's forked processes to exit once killed.
-const GROUP_EXIT_WAIT: Duration = Duration::from_secs(5);
-
-/// Kills the process group `child` leads (fs_mark and the process it
-/// forked per thread: killing fs_mark alone left those writing for
-/// seconds) and waits, at most [`GROUP_EXIT_WAIT`], until none of them
-/// runs: their files keep the ext4 under them busy, and its unmount and
-/// the loop device's detach would only be deferred.
-fn stop_group(child: &mut std::process::Child) {
-    let Ok(pgid) = i32::try_from(child.id()) else {
-        let _ = child.kill();
-        let _ = child.wait();
-        return;
-    };
-    let pgid = nix::unistd::Pid::from_raw(pgid);
-    let _ = nix::sys::signal::killpg(pgid, nix::sys::signal::Signal::SIGKILL);
-    // Reaped, its pid (the group's id) stays taken while a member lives.
-    let _ = child.wait();
-    let deadline = Instant::now() + GROUP_EXIT_WAIT;
-    while group_running(pgid.as_raw()) && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
-
-/// Whether a process of group `pgid` is still running (not a zombie:
-/// an orphan waiting for init to reap it holds nothing open).
-fn group_running(pgid: i32) -> bool {
-    let Ok(dir) = std::fs::read_dir("/proc") else {
-        return false;
-    };
-    dir.filter_map(|e| e.ok())
-        .filter(|e| {
-            e.file_name()
-                .to_str()
-                .is_some_and(|n| n.parse::<u32>().is_ok())
-        })
-        .filter_map(|e| std::fs::read_to_string(e.path().join("stat")).ok())
-        .any(|stat| {
-            // "pid (comm) state ppid pgrp ...": comm may hold spaces.
-            let Some((_, rest)) = stat.rsplit_once(')') else {
-                return false;
-            };
-            let f: Vec<&str> = rest.split_whitespace().collect();
-            f.first() != Some(&"Z") && f.get(2).and_then(|g| g.parse().ok()) == Some(pgid)
-        })
 }
 
 /// The Files/sec column of fs_mark's result line(s); averaged if several.
