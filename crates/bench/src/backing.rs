@@ -97,8 +97,8 @@ pub struct BackingConfig {
     pub disk_dir: PathBuf,
     /// Directory of the `ram` backing file (default /dev/shm).
     pub ram_dir: PathBuf,
-    /// Use a user-given device even if it holds a jbdev volume or a file
-    /// system (`--force`). A mounted device is refused regardless.
+    /// Use a user-given device even if it holds a jbdev volume or journal,
+    /// or a file system (`--force`). A mounted device is refused regardless.
     pub force: bool,
     /// Extra time of every fsync/flush on the `slow` backing.
     pub slow_flush: Duration,
@@ -481,12 +481,21 @@ const SIGNATURES: &[(usize, &[u8], &str)] = &[
     (510, &[0x55, 0xAA], "a partition table or boot sector"),
 ];
 
-/// Bytes read from the start of a device to look for [`SIGNATURES`].
-pub(crate) const PROBE_BYTES: usize = 0x10048;
+/// Bytes read from the start of a device to look for [`SIGNATURES`] and a
+/// jbdev journal.
+pub(crate) const PROBE_BYTES: usize = {
+    let signatures = 0x10048;
+    let journal = jbdev_volume::inspect::JOURNAL_PROBE_BYTES;
+    if signatures > journal {
+        signatures
+    } else {
+        journal
+    }
+};
 
-/// What `f` visibly holds (a jbdev volume, a file system, a partition
-/// table ...), or `None` if neither the built-in signatures nor `blkid -p`
-/// recognise anything.
+/// What `f` visibly holds (a jbdev volume or journal, a file system, a
+/// partition table ...), or `None` if neither the built-in signatures nor
+/// `blkid -p` recognise anything.
 pub fn existing_content(f: &mut File, path: &Path) -> Result<Option<String>> {
     let mut head = Vec::with_capacity(PROBE_BYTES);
     f.seek(SeekFrom::Start(0))
@@ -498,16 +507,24 @@ pub fn existing_content(f: &mut File, path: &Path) -> Result<Option<String>> {
         .map_err(io_err(format!("read {}", path.display())))?;
     f.seek(SeekFrom::Start(0))
         .map_err(io_err(format!("seek {}", path.display())))?;
-    Ok(describe_head(&head, Some(path)))
+    Ok(describe_head(&head, path, true))
 }
 
-/// What a device whose first bytes are `head` visibly holds: one of
-/// the known signatures (`SIGNATURES`), or else what `blkid -p` finds on `path` (a local file
-/// or device). `None` when neither recognizes anything.
-pub fn describe_head(head: &[u8], path: Option<&Path>) -> Option<String> {
+/// What a device whose first bytes are `head` visibly holds: one of the
+/// known signatures (`SIGNATURES`), a jbdev journal without a volume
+/// (`jbdev format` refuses it the same way), or else, for a `local` file
+/// or device, what `blkid -p` finds on `path`. `None` when none of them
+/// recognizes anything.
+pub fn describe_head(head: &[u8], path: &Path, local: bool) -> Option<String> {
     match_signature(head)
         .map(str::to_string)
-        .or_else(|| blkid_type(path?).map(|t| format!("a {t} signature (blkid)")))
+        .or_else(|| jbdev_volume::inspect::describe_journal_without_volume(head, path))
+        .or_else(|| {
+            local
+                .then(|| blkid_type(path))
+                .flatten()
+                .map(|t| format!("a {t} signature (blkid)"))
+        })
 }
 
 /// The first of [`SIGNATURES`] found in `head`.

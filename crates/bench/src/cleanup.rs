@@ -12,7 +12,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
 use std::sync::Once;
 use std::time::Duration;
 
@@ -24,6 +24,16 @@ static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 /// Registered teardown actions, in creation order (undone in reverse).
 static REGISTRY: Mutex<Vec<(u64, Action)>> = Mutex::new(Vec::new());
 static HANDLER: Once = Once::new();
+
+/// The process group of the external tool running now (fs_mark, which
+/// leads its own group), 0 for none: a forced teardown kills it first.
+static TOOL_GROUP: AtomicI32 = AtomicI32::new(0);
+
+/// Longest wait for a killed process group's processes to exit.
+const GROUP_EXIT_WAIT: Duration = Duration::from_secs(5);
+
+/// Longest wait for a detached loop device to go away.
+const DETACH_WAIT: Duration = Duration::from_secs(5);
 
 /// How long a first signal waits for the normal unwinding before forcing
 /// the teardown.
@@ -63,10 +73,21 @@ impl Action {
                 let _ = std::fs::remove_dir(dir);
             }
             Action::DetachLoopsOf(file) => {
-                for dev in loops_of(file) {
+                let devs = loops_of(file);
+                for dev in &devs {
                     if !run_quiet("losetup", &["-d".as_ref(), dev.as_os_str()]) {
                         eprintln!("jbdev bench: could not detach {}", dev.display());
                     }
+                }
+                // A device still open somewhere (udev probing it, a lazy
+                // unmount) is only marked for detaching: wait, bounded,
+                // until it is gone, so "torn down" is true when said.
+                let deadline = std::time::Instant::now() + DETACH_WAIT;
+                while !devs.is_empty()
+                    && loops_of(file).iter().any(|d| devs.contains(d))
+                    && std::time::Instant::now() < deadline
+                {
+                    std::thread::sleep(Duration::from_millis(20));
                 }
             }
             Action::RemoveFile(path) => {
@@ -151,8 +172,58 @@ impl Drop for Cleanup {
     }
 }
 
-/// Performs every registered action, newest first.
+/// Registers the process group of the tool running now (a child that
+/// leads its own group: `process_group(0)`), or forgets it (0).
+pub(crate) fn set_tool_group(pgid: i32) {
+    TOOL_GROUP.store(pgid, Ordering::SeqCst);
+}
+
+/// Kills process group `pgid` (SIGKILL) and waits, at most
+/// [`GROUP_EXIT_WAIT`], until none of its processes runs (a zombie holds
+/// nothing open). False, doing nothing, for a `pgid` that names no group
+/// of a child (0 or less: that would be this process's own group).
+pub(crate) fn kill_group(pgid: i32) -> bool {
+    if pgid <= 0 {
+        return false;
+    }
+    let _ = nix::sys::signal::killpg(
+        nix::unistd::Pid::from_raw(pgid),
+        nix::sys::signal::Signal::SIGKILL,
+    );
+    let deadline = std::time::Instant::now() + GROUP_EXIT_WAIT;
+    while running_in_group(pgid) > 0 && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    true
+}
+
+/// How many processes of group `pgid` are running (zombies are not).
+fn running_in_group(pgid: i32) -> usize {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return 0;
+    };
+    dir.filter_map(|e| e.ok())
+        .filter(|e| {
+            e.file_name()
+                .to_str()
+                .is_some_and(|n| n.parse::<u32>().is_ok())
+        })
+        .filter_map(|e| std::fs::read_to_string(e.path().join("stat")).ok())
+        .filter(|stat| {
+            // "pid (comm) state ppid pgrp ...": comm may hold spaces.
+            let Some((_, rest)) = stat.rsplit_once(')') else {
+                return false;
+            };
+            let f: Vec<&str> = rest.split_whitespace().collect();
+            f.first() != Some(&"Z") && f.get(2).and_then(|g| g.parse().ok()) == Some(pgid)
+        })
+        .count()
+}
+
+/// Performs every registered action, newest first, after killing the
+/// tool's process group (whose open files would keep a mount busy).
 fn force_teardown() {
+    kill_group(TOOL_GROUP.swap(0, Ordering::SeqCst));
     loop {
         let next = REGISTRY.lock().pop();
         match next {
@@ -191,4 +262,32 @@ pub fn install_signal_handler() {
 /// Number of registered (not yet torn down) resources; for tests.
 pub fn registered_count() -> usize {
     REGISTRY.lock().len()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::process::CommandExt;
+
+    /// kill_group stops every process of a child's group, the grandchildren
+    /// too (which killing the child alone leaves running), and is back only
+    /// once none runs; it never signals this process's own group.
+    #[test]
+    fn kill_group_stops_the_whole_group_and_waits_for_it() {
+        let mut child = Command::new("sh")
+            .args(["-c", "sleep 60 & sleep 60 & wait"])
+            .process_group(0)
+            .spawn()
+            .unwrap();
+        let pgid = i32::try_from(child.id()).unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while running_in_group(pgid) < 3 {
+            assert!(std::time::Instant::now() < deadline, "sh never forked");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert!(kill_group(pgid));
+        assert_eq!(running_in_group(pgid), 0);
+        assert!(!child.wait().unwrap().success());
+        assert!(!kill_group(0) && !kill_group(-1));
+    }
 }

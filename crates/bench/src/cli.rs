@@ -34,6 +34,21 @@ pub enum BenchCommand {
     All(AllArgs),
 }
 
+impl BenchCommand {
+    /// The options every scenario takes, as given to this one.
+    pub fn common(&self) -> &CommonArgs {
+        match self {
+            BenchCommand::SyncWriters(a) => &a.common,
+            BenchCommand::OsyncWriters(a) => &a.common,
+            BenchCommand::FsyncBatch(a) => &a.common,
+            BenchCommand::MixedIops(a) => &a.common,
+            BenchCommand::ReadLatency(a) => &a.common,
+            BenchCommand::LargeWrites(a) => &a.common,
+            BenchCommand::All(a) => &a.common,
+        }
+    }
+}
+
 /// Options every scenario takes.
 #[derive(clap::Args, Clone, Debug)]
 pub struct CommonArgs {
@@ -50,10 +65,11 @@ pub struct CommonArgs {
     #[arg(long, value_enum, default_value = "ram")]
     pub slow_store: SlowStore,
     /// Benchmark this block device or file instead. ITS CONTENT IS DESTROYED;
-    /// one that holds a jbdev volume or a file system is refused unless --force.
+    /// one that holds a jbdev volume, a jbdev journal or a file system is
+    /// refused unless --force.
     #[arg(long, value_name = "PATH")]
     pub device: Option<PathBuf>,
-    /// Overwrite a --device that holds a jbdev volume or a file system.
+    /// Overwrite a --device that holds a jbdev volume, a jbdev journal or a file system.
     #[arg(long)]
     pub force: bool,
     /// Size of the backing file of ram/disk.
@@ -62,16 +78,20 @@ pub struct CommonArgs {
     /// Directory of the disk backing file.
     #[arg(long, default_value = "/var/tmp")]
     pub backing_dir: PathBuf,
-    /// Seconds per measured run (default 3; 1 with --quick).
-    #[arg(long, value_name = "SECS")]
+    /// Seconds per measured run, 0.1 to 3600 (default 3; 1 with --quick).
+    /// Runs below a second suit smoke tests: their MET/MISS verdicts are
+    /// start-up noise.
+    #[arg(long, value_name = "SECS", value_parser = parse_duration_secs)]
     pub duration: Option<f64>,
     /// Fewer points, samples and seconds.
     #[arg(long)]
     pub quick: bool,
-    /// Write every figure as JSON here.
+    /// Write every figure as JSON here (opened before the run: a path that
+    /// cannot be written fails at once).
     #[arg(long, value_name = "FILE")]
     pub json: Option<PathBuf>,
-    /// Directory of the SVG and PNG plots.
+    /// Directory of the SVG and PNG plots (created before the run; plots
+    /// that fail end the run with an error).
     #[arg(long, default_value = "bench-results")]
     pub plot_dir: PathBuf,
     /// Do not draw plots.
@@ -107,7 +127,19 @@ pub struct CommonArgs {
     /// noise is 10-15%; one round cannot tell 0.95x from 1.05x.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=15))]
     pub rounds: u32,
+    /// Exit with status 2 when a target was missed (a CI gate). Without
+    /// it a bench that ran exits 0 whatever its MET/MISS verdicts: a missed
+    /// target is a finding, not a failure of the tool.
+    #[arg(long)]
+    pub fail_on_miss: bool,
 }
+
+/// The shortest `--duration`, in seconds: shorter runs time a handful of
+/// operations, mostly start-up.
+pub const MIN_RUN_SECS: f64 = 0.1;
+
+/// The longest `--duration`, in seconds.
+pub const MAX_RUN_SECS: f64 = 3600.0;
 
 impl CommonArgs {
     /// Seconds per measured run.
@@ -115,8 +147,26 @@ impl CommonArgs {
         Duration::from_secs_f64(
             self.duration
                 .unwrap_or(if self.quick { 1.0 } else { 3.0 })
-                .clamp(0.05, 3600.0),
+                .clamp(MIN_RUN_SECS, MAX_RUN_SECS),
         )
+    }
+}
+
+/// Parses `--duration`: seconds from [`MIN_RUN_SECS`] to [`MAX_RUN_SECS`]
+/// (refused outside that range, and NaN, rather than clamped: a run of
+/// almost nothing would still print verdicts).
+pub fn parse_duration_secs(s: &str) -> Result<f64, String> {
+    let secs: f64 = s
+        .trim()
+        .parse()
+        .map_err(|_| format!("{s:?} is not a number of seconds"))?;
+    if (MIN_RUN_SECS..=MAX_RUN_SECS).contains(&secs) {
+        Ok(secs)
+    } else {
+        Err(format!(
+            "a measured run lasts from {MIN_RUN_SECS} to {MAX_RUN_SECS} seconds (got {s}): a \
+             shorter one measures start-up, not the steady state"
+        ))
     }
 }
 
@@ -321,5 +371,15 @@ mod tests {
         assert!(parse_size("1.5G").is_err());
         assert!(parse_size("99999999999T").is_err());
         assert!(parse_size("99999999999999999999").is_err());
+    }
+
+    #[test]
+    fn durations_parse_within_their_range() {
+        assert_eq!(parse_duration_secs("0.1"), Ok(0.1));
+        assert_eq!(parse_duration_secs("3"), Ok(3.0));
+        assert_eq!(parse_duration_secs("3600"), Ok(3600.0));
+        for bad in ["0", "-1", "0.05", "NaN", "inf", "3601", "", "3s"] {
+            assert!(parse_duration_secs(bad).is_err(), "{bad}");
+        }
     }
 }

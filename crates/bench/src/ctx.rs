@@ -60,6 +60,35 @@ pub struct Ctx<'a> {
     pub round: u32,
 }
 
+/// The journal of the volume under test when `--journal-size` is not given.
+const DEFAULT_JOURNAL_BYTES: u64 = 64 << 20;
+
+/// Size of the jbdev volume on a backing of `backing_bytes` with a journal
+/// of `journal_bytes` (see [`Ctx::volume_bytes`]); 0 when none fits.
+pub fn volume_bytes(backing_bytes: u64, journal_bytes: Option<u64>) -> u64 {
+    let usable = backing_bytes
+        .saturating_sub(journal_bytes.unwrap_or(DEFAULT_JOURNAL_BYTES))
+        .saturating_sub(KERNEL_AREA_BYTES);
+    (usable / 8 * 7) & !((1u64 << 20) - 1)
+}
+
+/// Fails when a backing of `backing_bytes` (`what`: how the user gave it)
+/// leaves no room for a volume beside its journal and the kernel
+/// baselines' area, saying how big it must be.
+pub fn check_room(what: &str, backing_bytes: u64, journal_bytes: Option<u64>) -> Result<()> {
+    if volume_bytes(backing_bytes, journal_bytes) > 0 {
+        return Ok(());
+    }
+    let journal = journal_bytes.unwrap_or(DEFAULT_JOURNAL_BYTES);
+    // Room for a 1 MiB volume after the eighth left as slack.
+    let least = (journal + KERNEL_AREA_BYTES + (2 << 20)).div_ceil(1 << 20);
+    Err(crate::BenchError::InvalidArgument(format!(
+        "{what} is too small: the volume under test needs room beside its {journal}-byte \
+         journal and the {KERNEL_AREA_BYTES}-byte area of the kernel baselines; give at least \
+         {least} MiB"
+    )))
+}
+
 impl Ctx<'_> {
     /// A load of `threads` threads for the configured duration.
     pub fn spec(&self, threads: usize) -> LoadSpec {
@@ -75,13 +104,7 @@ impl Ctx<'_> {
     /// an eighth of the remainder is left as slack so the figure does not
     /// depend on the engine's exact layout.
     pub fn volume_bytes(&self) -> u64 {
-        let journal = self.cfg.journal_bytes.unwrap_or(64 << 20);
-        let usable = self
-            .backing
-            .size_bytes
-            .saturating_sub(journal)
-            .saturating_sub(KERNEL_AREA_BYTES);
-        (usable / 8 * 7) & !((1u64 << 20) - 1)
+        volume_bytes(self.backing.size_bytes, self.cfg.journal_bytes)
     }
 
     /// Where the raw-device kernel baselines of the synchronous scenarios

@@ -7,13 +7,11 @@ pub type Result<T, E = BenchError> = std::result::Result<T, E>;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum BenchError {
-    /// An I/O call failed; `what` names the call and the path.
-    #[error("{what}: {source}")]
-    Io {
-        what: String,
-        #[source]
-        source: std::io::Error,
-    },
+    /// An I/O call failed; `what` names the call and the path. The OS
+    /// error is in the message, and not also a `source` (an error chain
+    /// printed with `{:#}` would repeat it).
+    #[error("{what}: {error}")]
+    Io { what: String, error: std::io::Error },
     /// The volume under test returned an error.
     #[error(transparent)]
     Volume(#[from] jbdev_volume::VolumeError),
@@ -48,5 +46,5 @@ pub enum BenchError {
 /// Wraps an `io::Error` with what was being done.
 pub(crate) fn io_err(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> BenchError {
     let what = what.into();
-    move |source| BenchError::Io { what, source }
+    move |error| BenchError::Io { what, error }
 }

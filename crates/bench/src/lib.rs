@@ -207,15 +207,7 @@ pub fn plans(cmd: &BenchCommand) -> Result<(Vec<Plan>, &CommonArgs)> {
         }
         BenchCommand::All(a) => all_plans(a.common.quick),
     };
-    let common = match cmd {
-        BenchCommand::SyncWriters(a) => &a.common,
-        BenchCommand::OsyncWriters(a) => &a.common,
-        BenchCommand::FsyncBatch(a) => &a.common,
-        BenchCommand::MixedIops(a) => &a.common,
-        BenchCommand::ReadLatency(a) => &a.common,
-        BenchCommand::LargeWrites(a) => &a.common,
-        BenchCommand::All(a) => &a.common,
-    };
+    let common = cmd.common();
     for p in &plans {
         let threads_ok = match p {
             Plan::SyncWriters(s) => {
@@ -329,6 +321,22 @@ pub fn run_plans(
             "the ram, disk and slow backings need root and loop devices (losetup); run as root or use --device PATH".into(),
         ));
     }
+    if needs_loop {
+        ctx::check_room(
+            &format!("--backing-size {}", common.backing_size),
+            common.backing_size,
+            common.journal_size,
+        )?;
+    }
+    // The output paths first: one that cannot be written fails now, not
+    // after the whole run.
+    let mut json = common.json.as_deref().map(JsonReport::open).transpose()?;
+    if !common.no_plots {
+        std::fs::create_dir_all(&common.plot_dir).map_err(error::io_err(format!(
+            "create the plot directory {}",
+            common.plot_dir.display()
+        )))?;
+    }
     let cfg = RunConfig {
         duration: common.run_duration(),
         quick: common.quick,
@@ -378,6 +386,14 @@ pub fn run_plans(
                 continue;
             }
         };
+        if let Err(e) = ctx::check_room(
+            &format!("{} ({} bytes)", b.path.display(), b.size_bytes),
+            b.size_bytes,
+            common.journal_size,
+        ) {
+            failures.push(format!("backing {}: {e}", kind.name()));
+            continue;
+        }
         for plan in plans {
             // This plan's rounds are the reports pushed from here on.
             let first_round = report.scenarios.len();
@@ -405,7 +421,13 @@ pub fn run_plans(
                 progress.finish();
                 match res {
                     Ok(mut rep) => {
-                        finish_scenario(&mut rep, plan, &b, common, out)?;
+                        if let Some(e) = finish_scenario(&mut rep, plan, &b, common, out)? {
+                            failures.push(format!(
+                                "plots of {} on {}: {e}",
+                                plan.name(),
+                                kind.name()
+                            ));
+                        }
                         report.scenarios.push(rep);
                     }
                     Err(BenchError::Interrupted) => {
@@ -453,13 +475,12 @@ pub fn run_plans(
         };
         outln!(to out, "\ntargets: {met} of {} met{by}", all_targets.len())?;
     }
-    if let Some(path) = &common.json {
-        let f = std::fs::File::create(path)
-            .map_err(error::io_err(format!("create {}", path.display())))?;
-        serde_json::to_writer_pretty(std::io::BufWriter::new(f), &report)?;
-        outln!(to out, "json: {}", path.display())?;
+    if let Some(j) = &mut json {
+        j.write(&report)?;
+        outln!(to out, "json: {}", j.path.display())?;
     }
-    if !common.no_plots && !report.scenarios.is_empty() {
+    let plots_failed = failures.iter().any(|f| f.starts_with("plots of "));
+    if !common.no_plots && !report.scenarios.is_empty() && !plots_failed {
         outln!(to out, "plots: {}", common.plot_dir.display())?;
     }
     if !failures.is_empty() {
@@ -472,15 +493,62 @@ pub fn run_plans(
     Ok(report)
 }
 
+/// The `--json` file, opened before the run, so that a path that cannot be
+/// written fails at once; written (replacing what it held) at the end.
+/// Removed again if this run created it and ends without writing it.
+struct JsonReport {
+    file: std::fs::File,
+    path: std::path::PathBuf,
+    created: bool,
+    written: bool,
+}
+
+impl JsonReport {
+    fn open(path: &Path) -> Result<JsonReport> {
+        let created = std::fs::symlink_metadata(path).is_err();
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(path)
+            .map_err(error::io_err(format!("create {}", path.display())))?;
+        Ok(JsonReport {
+            file,
+            path: path.to_path_buf(),
+            created,
+            written: false,
+        })
+    }
+
+    fn write(&mut self, report: &Report) -> Result<()> {
+        let what = || format!("write {}", self.path.display());
+        self.file.set_len(0).map_err(error::io_err(what()))?;
+        let mut w = std::io::BufWriter::new(&self.file);
+        serde_json::to_writer_pretty(&mut w, report)?;
+        w.flush().map_err(error::io_err(what()))?;
+        self.written = true;
+        Ok(())
+    }
+}
+
+impl Drop for JsonReport {
+    fn drop(&mut self) {
+        if self.created && !self.written {
+            let _ = std::fs::remove_file(&self.path);
+        }
+    }
+}
+
 /// Adds a finished scenario's notes (CPU accounting, the slow backing's
-/// counters) and plots, and prints its tables.
+/// counters) and plots, and prints its tables. Returns why its plots
+/// failed, if they did (the run goes on, and ends with an error).
 fn finish_scenario(
     rep: &mut ScenarioReport,
     plan: &Plan,
     b: &Backing,
     common: &CommonArgs,
     out: &mut dyn Write,
-) -> Result<()> {
+) -> Result<Option<String>> {
     if rep.runs.iter().any(|r| r.cpu_us_per_op.is_some()) {
         rep.notes.push(report::CPU_NOTE.into());
     }
@@ -492,10 +560,14 @@ fn finish_scenario(
             s.delay.as_secs_f64() * 1e3
         ));
     }
+    let mut plots_failed = None;
     if !common.no_plots {
         match write_plots(rep, &common.plot_dir) {
             Ok(files) => rep.plots = files,
-            Err(e) => rep.notes.push(format!("plots failed: {e}")),
+            Err(e) => {
+                rep.notes.push(format!("plots failed: {e}"));
+                plots_failed = Some(e.to_string());
+            }
         }
     }
     out!(to out,
@@ -508,7 +580,7 @@ fn finish_scenario(
     if plan.name() == "large-writes" {
         out!(to out, "{}", large::render(rep))?;
     }
-    Ok(())
+    Ok(plots_failed)
 }
 
 /// Throughput and latency-CDF plots of one scenario.

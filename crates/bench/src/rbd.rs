@@ -14,8 +14,8 @@
 //! 256 KiB region, as in the other sync-writers runs.
 //!
 //! Like `--device`, before anything is created: an image another client
-//! holds is refused, and one that holds a jbdev volume or a file system
-//! (the same probe as `--device`) is refused unless `--force`. Every image
+//! holds is refused, and one that holds a jbdev volume or journal or a
+//! file system (the same probe as `--device`) is refused unless `--force`. Every image
 //! the run creates is registered with the bench's cleanup before it is
 //! created and removed when the run ends — success, error or signal; images
 //! that existed before are left in place.
@@ -71,7 +71,8 @@ fn sibling(target: &str, t: &RbdTarget, suffix: &str) -> String {
 /// Checks the images a run would overwrite, before anything is created:
 /// an image another client holds is refused (even with `--force`, as a
 /// mounted `--device` is), and without `force` so is one that holds a jbdev
-/// volume or a file system (the `--device` probe on its first bytes).
+/// volume or journal or a file system (the `--device` probe on its first
+/// bytes).
 /// Returns, per image, whether it is missing (the run creates it).
 pub fn preflight(images: &[String], force: bool) -> Result<Vec<bool>> {
     let mut missing = Vec::with_capacity(images.len());
@@ -101,7 +102,7 @@ pub fn preflight(images: &[String], force: bool) -> Result<Vec<bool>> {
         let mut head = vec![0u8; n as usize];
         dev.read_at(&mut head, 0)
             .map_err(jbdev_volume::VolumeError::from)?;
-        if let Some(what) = describe_head(&head, None) {
+        if let Some(what) = describe_head(&head, image.as_ref(), false) {
             return Err(BenchError::InvalidArgument(format!(
                 "{} holds {what}; the benchmark would destroy it. Point --target at a scratch \
                  image (a name that does not exist: the benchmark creates IMAGE, IMAGE-jl, \

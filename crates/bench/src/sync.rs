@@ -10,6 +10,7 @@
 //! (fsync-batch: "write, then fsync").
 
 use std::os::unix::fs::FileExt;
+use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::Arc;
@@ -482,6 +483,9 @@ fn fs_mark_run(
         .arg(per_thread.to_string())
         .arg("-t")
         .arg(threads.to_string())
+        // fs_mark forks a process per thread: its own process group lets
+        // an interrupt stop them all (see `run_bounded`).
+        .process_group(0)
         // fs_mark writes its log (fs_log.txt) into the working directory.
         .current_dir(mnt)
         .stdout(Stdio::piped())
@@ -520,26 +524,39 @@ fn fs_mark_run(
     .with_cpu(cpu, per_thread * threads as u64))
 }
 
-/// Runs a command with a time limit; kills it (by its own pid) when the
-/// limit passes or the user interrupts.
+/// Runs fs_mark (spawned as the leader of its own process group) with a
+/// time limit; when the limit passes or the user interrupts, kills the
+/// group (fs_mark and the process it forks per thread: killing fs_mark
+/// alone left those writing for seconds) and waits for them
+/// ([`cleanup::kill_group`]): their open files would keep the ext4 under
+/// them busy, and its unmount and the loop device's detach would only be
+/// deferred. A forced teardown (a second signal) kills the group too.
 fn run_bounded(mut cmd: Command, limit: Duration) -> Result<String> {
     let mut child = cmd.spawn().map_err(io_err("spawn fs_mark"))?;
+    let pgid = i32::try_from(child.id()).unwrap_or(0);
+    cleanup::set_tool_group(pgid);
     let t0 = Instant::now();
-    loop {
-        match child.try_wait().map_err(io_err("wait for fs_mark"))? {
-            Some(_) => break,
-            None if cleanup::stop_requested() || t0.elapsed() > limit => {
-                let _ = child.kill();
+    let ended = loop {
+        match child.try_wait() {
+            Ok(Some(_)) => break Ok(()),
+            Ok(None) if cleanup::stop_requested() || t0.elapsed() > limit => {
+                if !cleanup::kill_group(pgid) {
+                    let _ = child.kill();
+                }
+                // Reaped only now: until then the group's id stays taken.
                 let _ = child.wait();
-                return Err(if cleanup::stop_requested() {
+                break Err(if cleanup::stop_requested() {
                     BenchError::Interrupted
                 } else {
                     BenchError::Setup(format!("fs_mark ran longer than {limit:?}; killed"))
                 });
             }
-            None => std::thread::sleep(Duration::from_millis(50)),
+            Ok(None) => std::thread::sleep(Duration::from_millis(50)),
+            Err(e) => break Err(io_err("wait for fs_mark")(e)),
         }
-    }
+    };
+    cleanup::set_tool_group(0);
+    ended?;
     let out = child
         .wait_with_output()
         .map_err(io_err("read fs_mark output"))?;

@@ -1,5 +1,6 @@
-//! `--device` refuses a device or file that holds a jbdev volume or a file
-//! system unless `force` is set, and leaves the refused content untouched.
+//! `--device` refuses a device or file that holds a jbdev volume, a jbdev
+//! journal or a file system unless `force` is set, and leaves the refused
+//! content untouched.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -8,7 +9,7 @@ mod common;
 
 use jbdev_bench::cli::CommonArgs;
 use jbdev_bench::{run_plans, sync, Plan};
-use jbdev_volume::{BatchPolicy, FormatOptions, OpenOptions, Volume};
+use jbdev_volume::{BatchPolicy, FormatOptions, JournalPlacement, OpenOptions, Volume, WriteFlags};
 
 fn args(device: PathBuf, dir: &Path, force: bool) -> CommonArgs {
     CommonArgs {
@@ -65,6 +66,83 @@ fn refuses_a_jbdev_volume_unless_forced() {
     );
 
     bench(&img, dir.path(), true).expect("--force runs the benchmark");
+}
+
+/// Report #2: a file holding a jbdev external journal whose log still
+/// holds an acknowledged write is refused like a volume (as `jbdev format`
+/// refuses it), and stays as it was: the volume opens and reads the write
+/// back. So is an internal journal whose volume superblock was lost. (The
+/// old bench overwrote the journal: "corrupt journal: journal superblock:
+/// bad jbd2 magic".)
+#[test]
+fn refuses_a_jbdev_journal_unless_forced() {
+    let dir = tempfile::tempdir().unwrap();
+    let (img, jnl) = (dir.path().join("v.img"), dir.path().join("v.jnl"));
+    let mut f = FormatOptions::new(16 << 20);
+    f.journal_bytes = Some(4 << 20);
+    f.journal = JournalPlacement::External(jnl.clone());
+    Volume::create(&img, &f, &OpenOptions::default())
+        .unwrap()
+        .close()
+        .unwrap();
+    // The volume as a crash leaves it: the FUA write is only in the log.
+    let held_off = OpenOptions {
+        checkpoint_interval: jbdev_volume::MAX_WAIT,
+        ..OpenOptions::default()
+    };
+    let v = Volume::open(&img, &held_off).unwrap();
+    v.write_at(&[b'B'; 4096], 0, WriteFlags::FUA).unwrap();
+    let crashed = [&img, &jnl].map(|p| {
+        let c = p.with_extension(format!("{}.crash", p.extension().unwrap().display()));
+        std::fs::copy(p, &c).unwrap();
+        (c, p)
+    });
+    v.close().unwrap();
+    for (c, p) in crashed {
+        std::fs::rename(c, p).unwrap();
+    }
+    // Room for the benchmark; the journal is its first 4 MiB.
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&jnl)
+        .unwrap()
+        .set_len(64 << 20)
+        .unwrap();
+    let before = std::fs::read(&jnl).unwrap();
+
+    let err = bench(&jnl, dir.path(), false).expect_err("a jbdev journal must be refused");
+    assert!(
+        err.contains("holds a jbdev journal (uuid ") && err.contains("needs recovery"),
+        "{err}"
+    );
+    assert!(err.contains("--force"), "{err}");
+    assert!(
+        std::fs::read(&jnl).unwrap() == before,
+        "refused journal was modified"
+    );
+    let v = Volume::open(&img, &OpenOptions::default()).unwrap();
+    assert_eq!(v.recovery_report().transactions_replayed, 1);
+    let mut back = [0u8; 4096];
+    v.read_at(&mut back, 0).unwrap();
+    assert_eq!(back, [b'B'; 4096]);
+    v.close().unwrap();
+
+    bench(&jnl, dir.path(), true).expect("--force runs the benchmark");
+
+    // An internal journal whose volume superblock is gone.
+    let lost = dir.path().join("lost.img");
+    Volume::create(
+        &lost,
+        &FormatOptions::new(64 << 20),
+        &OpenOptions::default(),
+    )
+    .unwrap()
+    .close()
+    .unwrap();
+    let f = std::fs::OpenOptions::new().write(true).open(&lost).unwrap();
+    std::os::unix::fs::FileExt::write_all_at(&f, &[0u8; 4096], 0).unwrap();
+    let err = bench(&lost, dir.path(), false).expect_err("a lost volume must be refused");
+    assert!(err.contains("but no volume superblock"), "{err}");
 }
 
 #[test]

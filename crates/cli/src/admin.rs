@@ -4,7 +4,9 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use indicatif::{ProgressBar, ProgressStyle};
-use jbdev_volume::inspect::{inspect, Inspection};
+use jbdev_volume::inspect::{
+    find_journal_superblock, inspect_volume, journal_state, Inspection, JournalUnavailable,
+};
 use jbdev_volume::journal::format::{self, LogRecord};
 use jbdev_volume::journal::next_pos;
 use jbdev_volume::journal::recovery::{self, ScanEnd};
@@ -23,7 +25,9 @@ pub struct FormatArgs {
     /// superblock and an internal journal).
     #[arg(long, value_parser = parse_size)]
     pub size: Option<u64>,
-    /// Journal size, e.g. 64M (default: 64M or a quarter of the volume, whichever is smaller).
+    /// Journal size, e.g. 64M (default: 64M or a quarter of the volume,
+    /// whichever is smaller); rounded down to whole blocks, which the
+    /// output then says.
     #[arg(long, value_parser = parse_size)]
     pub journal_size: Option<u64>,
     /// Put the journal in this separate file or device, or in a second RBD
@@ -249,32 +253,6 @@ const PROBE_CHUNK_BYTES: u64 = 1 << 20;
 /// tables, file systems and LVM (btrfs keeps its superblock at 64 KiB).
 const SIGNATURE_PROBE_BYTES: u64 = 1 << 20;
 
-/// A jbdev journal superblock in `head` at offset 0 (an external journal)
-/// or one block in, for any block size (an internal journal).
-fn find_journal_superblock(
-    head: &[u8],
-) -> Option<(usize, jbdev_volume::journal::format::JournalSuperblock)> {
-    use jbdev_volume::journal::format::JournalSuperblock;
-    std::iter::once(0)
-        .chain((10..=16).map(|shift| 1usize << shift))
-        .find_map(|off| {
-            let j = JournalSuperblock::decode(head.get(off..)?).ok()?;
-            Some((off, j))
-        })
-}
-
-/// A journal superblock's state, in words.
-fn journal_state(j: &jbdev_volume::journal::format::JournalSuperblock) -> String {
-    if j.is_clean() {
-        format!("clean, next transaction {}", j.sequence)
-    } else {
-        format!(
-            "needs recovery: log starts at block {} with transaction {}",
-            j.start, j.sequence
-        )
-    }
-}
-
 /// Fails when `path` exists and holds a jbdev volume, a jbdev journal, a
 /// known signature in its first MiB, or any non-zero byte in its first
 /// `overwrite_end` bytes (everything format writes there) or in the
@@ -327,30 +305,7 @@ fn refuse_to_overwrite(
             sb.size_bytes
         )));
     }
-    match find_journal_superblock(&head) {
-        Some((0, j)) => {
-            return Err(refuse(format!(
-                "holds a jbdev journal (uuid {}, {})",
-                uuid_str(&j.uuid),
-                journal_state(&j)
-            )))
-        }
-        // IMPORTANT: never taken for an interrupted format. A volume whose
-        // block 0 was lost looks the same, and its journal cannot say
-        // whether data was written (writes of direct_write_threshold bytes
-        // and more go home without a transaction).
-        Some((_, j)) => {
-            return Err(refuse(format!(
-                "holds a jbdev journal (uuid {}, {}) but no volume superblock: an \
-                 interrupted format, or a volume whose first block was lost — `jbdev check \
-                 {p}` tells which journal it is; its data may still be there",
-                uuid_str(&j.uuid),
-                journal_state(&j)
-            )))
-        }
-        None => {}
-    }
-    if let Some(what) = jbdev_bench::backing::describe_head(&head, local.then_some(path)) {
+    if let Some(what) = jbdev_bench::backing::describe_head(&head, path, local) {
         return Err(refuse(format!("holds {what}")));
     }
     // Every byte format writes over, then up to PROBE_BEYOND_BYTES of
@@ -423,8 +378,14 @@ fn format_checked(a: &FormatArgs, f: &FormatOptions) -> anyhow::Result<String> {
             )
         }
     };
+    // A --journal-size that is not a whole number of blocks is rounded down.
+    let rounded = a
+        .journal_size
+        .filter(|j| j % u64::from(a.block_size) != 0)
+        .map(|j| format!(" (--journal-size {j} rounded down to whole blocks)"))
+        .unwrap_or_default();
     let msg = format!(
-        "formatted {}: {size} bytes, {}-byte blocks, {journal}, uuid {}",
+        "formatted {}: {size} bytes, {}-byte blocks, {journal}{rounded}, uuid {}",
         a.path.display(),
         a.block_size,
         uuid_str(&v.superblock().uuid)
@@ -520,14 +481,25 @@ fn journal_geometry_mismatch(
 }
 
 pub fn info(a: InfoArgs) -> anyhow::Result<()> {
-    let (sb, journal_path, journal_superblock, in_use) =
-        match inspect(&a.path, a.journal.as_deref()) {
-            Ok(ins) => (
+    // A journal that cannot be opened is reported with the rest, as one
+    // that cannot be read is: `journal_missing` when nothing is there.
+    let (sb, journal_path, journal_superblock, journal_missing, in_use) =
+        match inspect_volume(&a.path, a.journal.as_deref()) {
+            Ok(Ok(ins)) => (
                 ins.superblock,
                 ins.journal_path,
                 ins.journal_superblock,
+                false,
                 None,
             ),
+            Ok(Err(u)) => {
+                let why = if u.missing {
+                    missing_journal(&a.path, a.journal.as_deref(), u.journal_path.as_deref())
+                } else {
+                    u.error.to_string()
+                };
+                (u.superblock, u.journal_path, Err(why), u.missing, None)
+            }
             Err(jbdev_volume::VolumeError::Device(jbdev_device::DeviceError::Busy(_))) => {
                 let snap = in_use::snapshot(&a.path, a.journal.as_deref())
                     .with_context(|| format!("reading {} (open elsewhere)", a.path.display()))?;
@@ -535,6 +507,7 @@ pub fn info(a: InfoArgs) -> anyhow::Result<()> {
                     snap.superblock,
                     snap.journal_path,
                     snap.journal_superblock,
+                    snap.journal_missing,
                     Some(snap.holder),
                 )
             }
@@ -591,10 +564,19 @@ pub fn info(a: InfoArgs) -> anyhow::Result<()> {
             "home": home_kind,
             "rbd_lock_holder": rbd_holder,
             "journal": { "placement": jkind, "promise": placement, "len_bytes": jlen,
+                "path": journal_path.as_ref().map(|p| p.display().to_string()),
+                "missing": journal_missing,
+                "uuid": jsb.ok().map(|j| uuid_str(&j.uuid)),
+                "expected_uuid": uuid_str(&expect_uuid),
+                "feature_incompat": jsb.map(|j| j.feature_incompat).ok(),
                 "clean": jsb.map(|j| j.is_clean()).ok(),
                 "sequence": jsb.map(|j| j.sequence).ok(),
                 "start": jsb.map(|j| j.start).ok(),
-                "error": jsb.err(),
+                "error": jsb.err().map(|e| if journal_missing {
+                    format!("the external journal is missing: {e}")
+                } else {
+                    e.clone()
+                }),
                 "belongs_to_volume": jsb.ok().map(|j| j.uuid == expect_uuid),
                 "geometry_error": geometry,
                 "session": jsb.map(|j| j.session).ok(),
@@ -685,6 +667,7 @@ pub fn info(a: InfoArgs) -> anyhow::Result<()> {
                 )?;
             }
         }
+        Err(e) if journal_missing => outln!("journal state   MISSING: {e}")?,
         Err(e) => outln!("journal state   UNREADABLE: {e}")?,
     }
     if let Some(g) = &geometry {
@@ -732,6 +715,8 @@ mod in_use {
         pub superblock: VolumeSuperblock,
         pub journal_path: Option<PathBuf>,
         pub journal_superblock: Result<JournalSuperblock, String>,
+        /// No file at `journal_path` (`journal_superblock` says so).
+        pub journal_missing: bool,
         /// Who holds it, as far as /proc tells.
         pub holder: String,
     }
@@ -744,27 +729,39 @@ mod in_use {
         let superblock = VolumeSuperblock::decode(&head).map_err(anyhow::Error::msg)?;
         let bs = superblock.block_size as usize;
         let (jfile, joff, journal_path) = match &superblock.journal {
-            JournalLocation::Internal { offset_bytes, .. } => (f, *offset_bytes, None),
+            JournalLocation::Internal { offset_bytes, .. } => (Ok(f), *offset_bytes, None),
             JournalLocation::External { path_hint, .. } => {
                 let p = journal
                     .map(Path::to_path_buf)
                     .unwrap_or_else(|| PathBuf::from(path_hint));
-                (
-                    File::open(&p).with_context(|| format!("opening journal {}", p.display()))?,
-                    0,
-                    Some(p),
-                )
+                (File::open(&p), 0, Some(p))
             }
         };
+        let journal_missing = matches!(&jfile, Err(e) if e.kind() == std::io::ErrorKind::NotFound);
         let mut block = vec![0u8; bs.max(JournalSuperblock::ENCODED_LEN)];
-        let journal_superblock = jfile
-            .read_exact_at(&mut block, joff)
-            .map_err(|e| e.to_string())
-            .and_then(|()| JournalSuperblock::decode(&block).map_err(|e| e.to_string()));
+        let journal_superblock = match jfile {
+            Ok(jf) => jf
+                .read_exact_at(&mut block, joff)
+                .map_err(|e| e.to_string())
+                .and_then(|()| JournalSuperblock::decode(&block).map_err(|e| e.to_string())),
+            Err(_) if journal_missing => Err(super::missing_journal(
+                path,
+                journal,
+                journal_path.as_deref(),
+            )),
+            Err(e) => Err(format!(
+                "opening the journal {}: {e}",
+                journal_path
+                    .as_ref()
+                    .map(|p| p.display().to_string())
+                    .unwrap_or_default()
+            )),
+        };
         Ok(Snapshot {
             superblock,
             journal_path,
             journal_superblock,
+            journal_missing,
             holder: holder(path),
         })
     }
@@ -855,6 +852,95 @@ fn refuse_unused_journal(
     Ok(())
 }
 
+/// What to say about a volume (`path`) whose external journal is missing
+/// (after "missing: "): nothing at `tried` (`--journal`, `given`, or the path recorded at
+/// format time), and what to do — `jbdev journal reset` creates a new,
+/// empty journal there (it refuses while the volume is open).
+fn missing_journal(
+    path: &std::path::Path,
+    given: Option<&std::path::Path>,
+    tried: Option<&std::path::Path>,
+) -> String {
+    let p = path.display();
+    let at = tried.map(|t| t.display().to_string()).unwrap_or_default();
+    let (where_, reset) = match given {
+        Some(j) => (
+            format!("{at} (--journal)"),
+            format!(
+                "`jbdev journal reset {p} --journal {}` creates a new, empty journal there \
+                 (later opens need that --journal too)",
+                j.display()
+            ),
+        ),
+        None => (
+            format!("{at}, the path recorded at format time"),
+            format!("`jbdev journal reset {p}` creates a new, empty journal there"),
+        ),
+    };
+    format!(
+        "nothing at {where_}. If it moved, give --journal PATH (its new path); if it is lost, {reset}, and the volume then opens with what its home area \
+         holds: every acknowledged write if the journal failed under the running volume and \
+         its log said \"salvage complete\", otherwise without what only the journal held"
+    )
+}
+
+/// [`jbdev_volume::inspect::inspect_unshared`] for `check` and `journal
+/// dump`: a missing external journal is an error that says what to do
+/// ([`missing_journal`]); any other failure is returned for the caller to
+/// judge.
+fn inspect_or_advise(
+    path: &std::path::Path,
+    journal: Option<&std::path::Path>,
+) -> anyhow::Result<Result<Inspection, jbdev_volume::VolumeError>> {
+    Ok(
+        match jbdev_volume::inspect::inspect_volume_unshared(path, journal) {
+            Ok(Ok(ins)) => Ok(ins),
+            Ok(Err(JournalUnavailable {
+                missing: true,
+                journal_path,
+                ..
+            })) => anyhow::bail!(
+                "the external journal is missing: {}",
+                missing_journal(path, journal, journal_path.as_deref())
+            ),
+            Ok(Err(u)) => Err(u.error),
+            Err(e) => Err(e),
+        },
+    )
+}
+
+/// The journal superblock of `ins`, for `check` and `journal dump`, or the
+/// end of the command: one that cannot be decoded is a corrupt journal
+/// (printed, exit 2), except when the block cannot be read at all (a device
+/// error) or a `--journal` given holds no jbdev journal (the wrong
+/// `--journal?`): those are errors (exit 1).
+fn journal_superblock_or_exit(
+    ins: &Inspection,
+    journal: Option<&std::path::Path>,
+) -> anyhow::Result<format::JournalSuperblock> {
+    let e = match &ins.journal_superblock {
+        Ok(j) => return Ok(j.clone()),
+        Err(e) => e,
+    };
+    let first = ins
+        .read_journal_block(0)
+        .context("reading the journal superblock")?;
+    let e = e.strip_prefix("journal superblock: ").unwrap_or(e);
+    if let (Some(j), false) = (journal, first.starts_with(&JBD2_MAGIC)) {
+        let what = if first.starts_with(&jbdev_volume::superblock::VOLUME_MAGIC) {
+            "a jbdev volume"
+        } else {
+            "no jbdev journal"
+        };
+        anyhow::bail!(
+            "--journal {} is {what} ({e}): the wrong --journal?",
+            j.display()
+        );
+    }
+    outln!("journal superblock: CORRUPT: {e}")?;
+    std::process::exit(EXIT_CORRUPT);
+}
+
 /// jbd2's magic, big-endian, at byte 0 of a journal superblock.
 const JBD2_MAGIC: [u8; 4] = [0xc0, 0x3b, 0x39, 0x98];
 
@@ -885,7 +971,7 @@ pub fn check(a: CheckArgs) -> anyhow::Result<()> {
     // Refused, naming the holder, while another client writes an RBD
     // volume: its live log would read as corrupt (a file volume is
     // refused by its lock already).
-    let ins = match jbdev_volume::inspect::inspect_unshared(&a.path, a.journal.as_deref()) {
+    let ins = match inspect_or_advise(&a.path, a.journal.as_deref())? {
         Ok(i) => i,
         Err(VolumeError::NotAVolume(msg)) => match journal_without_volume(&a.path) {
             Some((0, j)) => anyhow::bail!(
@@ -936,30 +1022,7 @@ pub fn check(a: CheckArgs) -> anyhow::Result<()> {
              jbdev: read-write opens are refused, read-only opens work"
         )?;
     }
-    let jsb = match &ins.journal_superblock {
-        Ok(j) => j.clone(),
-        Err(e) => {
-            // Not corruption when the block cannot be read at all (a
-            // device error), or when a --journal given is no journal.
-            let first = ins
-                .read_journal_block(0)
-                .context("reading the journal superblock")?;
-            let e = e.strip_prefix("journal superblock: ").unwrap_or(e);
-            if let (Some(j), false) = (&a.journal, first.starts_with(&JBD2_MAGIC)) {
-                let what = if first.starts_with(&jbdev_volume::superblock::VOLUME_MAGIC) {
-                    "a jbdev volume"
-                } else {
-                    "no jbdev journal"
-                };
-                anyhow::bail!(
-                    "--journal {} is {what} ({e}): the wrong --journal?",
-                    j.display()
-                );
-            }
-            outln!("journal superblock: CORRUPT: {e}")?;
-            std::process::exit(EXIT_CORRUPT);
-        }
-    };
+    let jsb = journal_superblock_or_exit(&ins, a.journal.as_deref())?;
     if jsb.uuid != ins.superblock.journal_uuid() {
         anyhow::bail!(
             "the journal {} belongs to another volume (its uuid is {}, this volume's journal \
@@ -1053,9 +1116,11 @@ pub fn check(a: CheckArgs) -> anyhow::Result<()> {
 pub enum JournalCommand {
     /// Print the blocks of the journal log, from its tail, with each data
     /// block's checksum and each commit's data digest verified. Exit status
-    /// 2 when the journal is corrupt (mid-log damage with committed
-    /// transactions after it, or a geometry that disagrees with the volume),
-    /// 1 for another volume's journal or any error.
+    /// 2 when the journal is corrupt (a journal superblock that does not
+    /// decode, mid-log damage with committed transactions after it, or a
+    /// geometry that disagrees with the volume), as for `check`; 1 for
+    /// another volume's journal, a --journal that is no journal, a missing
+    /// journal or any other error.
     Dump {
         /// Volume image or device.
         path: PathBuf,
@@ -1077,15 +1142,16 @@ pub enum JournalCommand {
     /// open needs --journal PATH if it differs). Refused while the volume
     /// is open, and, without --force, when the journal could still be
     /// replayed by opening the volume, is damaged in the middle, belongs to
-    /// another volume or is something else.
+    /// another volume, is a file shorter than the journal (truncated; --force
+    /// extends it) or is something else. A refused reset changes nothing.
     Reset {
         /// Volume image or device.
         path: PathBuf,
         /// External journal file or device (created if missing).
         #[arg(long)]
         journal: Option<PathBuf>,
-        /// Overwrite a journal that holds transactions, is damaged, belongs
-        /// to another volume or is not a journal.
+        /// Overwrite a journal that holds transactions, is damaged or
+        /// truncated, belongs to another volume or is not a journal.
         #[arg(short, long)]
         force: bool,
     },
@@ -1100,13 +1166,10 @@ pub fn journal(c: JournalCommand) -> anyhow::Result<()> {
             force,
         } => return journal_reset(&path, journal.as_deref(), force),
     };
-    let ins = jbdev_volume::inspect::inspect_unshared(&path, journal.as_deref())
-        .map_err(|e| not_a_volume_hint(&path, e))?;
+    let ins =
+        inspect_or_advise(&path, journal.as_deref())?.map_err(|e| not_a_volume_hint(&path, e))?;
     refuse_unused_journal(&ins.superblock, journal.as_deref())?;
-    let jsb = ins
-        .journal_superblock
-        .clone()
-        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    let jsb = journal_superblock_or_exit(&ins, journal.as_deref())?;
     let foreign = jsb.uuid != ins.superblock.journal_uuid();
     if foreign {
         outln!(

@@ -10,6 +10,10 @@ pub struct BenchArgs {
 
 use jbdev_bench::BenchError;
 
+/// Exit status of `jbdev bench --fail-on-miss` when a target was missed
+/// (the run itself succeeded; an error exits 1).
+const EXIT_TARGET_MISSED: i32 = 2;
+
 /// Runs the chosen scenario(s); tables go to stdout, plots and JSON to the
 /// paths given.
 pub fn run(a: BenchArgs) -> anyhow::Result<()> {
@@ -21,8 +25,12 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
     let report = jbdev_bench::run(&a.scenario).map_err(stdout_error)?;
     let missed = report.final_targets().iter().filter(|t| !t.met).count();
     if missed > 0 {
-        // Informational: a missed target is a finding, not a failure of the tool.
+        // A missed target is a finding, not a failure of the tool: the exit
+        // status says so only when asked (a CI gate).
         eprintln!("jbdev bench: {missed} target(s) missed; see the table above");
+        if a.scenario.common().fail_on_miss {
+            std::process::exit(EXIT_TARGET_MISSED);
+        }
     }
     Ok(())
 }

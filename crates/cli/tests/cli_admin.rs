@@ -5,16 +5,8 @@ use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::process::{Command, Output};
 
-fn jbdev(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_jbdev"))
-        .args(args)
-        .output()
-        .expect("run jbdev")
-}
-
-fn text(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stdout).to_string() + &String::from_utf8_lossy(&o.stderr)
-}
+mod cli_common;
+use cli_common::{jbdev, text};
 
 fn assert_clean_error(o: &Output, what: &str) {
     let t = text(o);
@@ -33,6 +25,15 @@ fn format_16m(p: &str, extra: &[&str]) -> Output {
     let o = jbdev(&args);
     assert!(o.status.success(), "{}", text(&o));
     o
+}
+
+/// [`format_16m`] of `v.img` with its journal in `j.jnl`, in a new
+/// temporary directory: (the directory, the volume, the journal).
+fn external_16m() -> (tempfile::TempDir, std::path::PathBuf, std::path::PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let (img, jnl) = (dir.path().join("v.img"), dir.path().join("j.jnl"));
+    format_16m(img.to_str().unwrap(), &["--journal", jnl.to_str().unwrap()]);
+    (dir, img, jnl)
 }
 
 #[test]
@@ -1239,11 +1240,8 @@ fn info_and_dump_compare_the_journal_with_the_volume() {
 /// a clean journal, and --journal for an internal one, are refused.
 #[test]
 fn journal_reset_replaces_a_lost_external_journal() {
-    let dir = tempfile::tempdir().unwrap();
-    let img = dir.path().join("v.img");
-    let jnl = dir.path().join("j.jnl");
+    let (dir, img, jnl) = external_16m();
     let (i, j) = (img.to_str().unwrap(), jnl.to_str().unwrap());
-    format_16m(i, &["--journal", j]);
     // Intact and clean: nothing to reset.
     let o = jbdev(&["journal", "reset", i]);
     assert_clean_error(&o, "reset of a clean journal");
@@ -1266,6 +1264,260 @@ fn journal_reset_replaces_a_lost_external_journal() {
     let o = jbdev(&["journal", "reset", img2.to_str().unwrap(), "--journal", j]);
     assert_clean_error(&o, "--journal for an internal journal");
     assert!(text(&o).contains("internal"), "{}", text(&o));
+}
+
+/// Report #6: `info` of a volume whose external journal file is missing
+/// prints the volume's superblock and says the journal is missing, where,
+/// and what to do (`jbdev journal reset PATH`), exit 0 as for an unreadable
+/// journal; `info --json` has it as fields (`journal.missing`,
+/// `journal.path`, `journal.error`, the journal's `uuid` when there is
+/// one). `check` and `journal dump` fail with the same advice, which works
+/// as given. For a journal of random bytes, `check` and `journal dump`
+/// both exit 2 (corruption, as the README says). (The old `info` printed
+/// only "jbdev: error: reading v.img: open failed on .../j.jnl ...", exit
+/// 1, and `journal dump` of the garbage journal exited 1.)
+#[test]
+fn info_and_check_of_a_volume_whose_journal_is_missing_say_what_to_do() {
+    let (_dir, img, jnl) = external_16m();
+    let (i, j) = (img.to_str().unwrap(), jnl.to_str().unwrap());
+    let info = |json: bool| {
+        let o = jbdev(&[&["info", i][..], if json { &["--json"] } else { &[] }].concat());
+        assert!(o.status.success(), "info: {}", text(&o));
+        o
+    };
+    let v: serde_json::Value = serde_json::from_slice(&info(true).stdout).unwrap();
+    let (uuid, journal_uuid) = (v["uuid"].clone(), v["journal"]["uuid"].clone());
+    assert!(journal_uuid.is_string(), "{v}");
+    assert_eq!(v["journal"]["path"], j, "{v}");
+    assert_eq!(v["journal"]["missing"], false, "{v}");
+    let shown = String::from_utf8_lossy(&info(false).stdout).to_string();
+    assert!(
+        shown.contains(&format!("uuid {}", journal_uuid.as_str().unwrap())),
+        "{shown}"
+    );
+
+    std::fs::remove_file(&jnl).unwrap();
+    let advice = format!(
+        "nothing at {j}, the path recorded at format time. If it moved, give --journal \
+         PATH (its new path); if it is lost, `jbdev journal reset {i}` creates a new, empty journal there"
+    );
+    let shown = String::from_utf8_lossy(&info(false).stdout).to_string();
+    assert!(
+        shown.contains(&format!("uuid            {}", uuid.as_str().unwrap()))
+            && shown.contains("size            16777216 bytes")
+            && shown.contains(&format!("journal         external ({j})"))
+            && shown.contains(&format!("journal state   MISSING: {advice}")),
+        "{shown}"
+    );
+    let v: serde_json::Value = serde_json::from_slice(&info(true).stdout).unwrap();
+    assert_eq!(v["uuid"], uuid, "{v}");
+    assert_eq!(v["journal"]["path"], j, "{v}");
+    assert_eq!(v["journal"]["missing"], true, "{v}");
+    assert_eq!(v["journal"]["uuid"], serde_json::Value::Null, "{v}");
+    assert_eq!(v["journal"]["expected_uuid"], journal_uuid, "{v}");
+    assert!(
+        v["journal"]["error"].as_str().is_some_and(|e| e
+            .starts_with("the external journal is missing: ")
+            && e.contains(&advice)),
+        "{v}"
+    );
+    for cmd in [&["check", i][..], &["journal", "dump", i][..]] {
+        let o = jbdev(cmd);
+        assert_eq!(o.status.code(), Some(1), "{cmd:?}: {}", text(&o));
+        assert!(
+            text(&o).contains(&format!("the external journal is missing: {advice}")),
+            "{cmd:?}: {}",
+            text(&o)
+        );
+    }
+    // The advice, as given.
+    let reset = advice.split('`').nth(1).unwrap();
+    let args: Vec<&str> = reset.split(' ').collect();
+    assert_eq!(args[0], "jbdev");
+    let o = jbdev(&args[1..]);
+    assert!(o.status.success(), "{}", text(&o));
+    let o = jbdev(&["check", i]);
+    assert!(o.status.success(), "{}", text(&o));
+
+    // Random bytes where the journal should be: corruption for both.
+    let noise: Vec<u8> = (0..1u32 << 20)
+        .map(|x| (x.wrapping_mul(2_654_435_761) >> 13) as u8)
+        .collect();
+    std::fs::write(&jnl, noise).unwrap();
+    for cmd in [&["check", i][..], &["journal", "dump", i][..]] {
+        let o = jbdev(cmd);
+        assert_eq!(o.status.code(), Some(2), "{cmd:?}: {}", text(&o));
+        assert!(
+            text(&o).contains("journal superblock: CORRUPT: bad jbd2 magic"),
+            "{cmd:?}: {}",
+            text(&o)
+        );
+    }
+}
+
+/// A crash of the volume `img` with its external journal `jnl`: opened
+/// with checkpoints held off, `writes` FUA blocks written (one committed
+/// transaction each, at blocks 0, 1, ...), both files copied while it is
+/// open and put back after the close, as a crash leaves them: the writes
+/// are only in the journal's log.
+fn crash_external(img: &Path, jnl: &Path, writes: u64) {
+    let opts = jbdev_volume::OpenOptions {
+        checkpoint_interval: jbdev_volume::MAX_WAIT,
+        ..Default::default()
+    };
+    let v = jbdev_volume::Volume::open(img, &opts).unwrap();
+    for b in 0..writes {
+        v.write_at(
+            &[b as u8 + 1; 4096],
+            b * 4096,
+            jbdev_volume::WriteFlags::FUA,
+        )
+        .unwrap();
+    }
+    let copies = [img, jnl].map(|p| {
+        let mut c = p.as_os_str().to_owned();
+        c.push(".crash");
+        std::fs::copy(p, &c).unwrap();
+        (c, p)
+    });
+    v.close().unwrap();
+    for (c, p) in copies {
+        std::fs::rename(c, p).unwrap();
+    }
+}
+
+/// Report #3: `journal reset` of a volume whose external journal file was
+/// truncated says so, and the refused reset changes nothing: every byte
+/// and the length of the file stay, and `check` still reports it. With
+/// `--force` the file is extended and gets a new journal; the volume then
+/// checks ok. (The old reset refused for the wrong reason, "the journal
+/// holds 9 committed transaction(s) that opening the volume replays: open
+/// it instead", after padding the file back to 1 MiB with zeroes: `check`
+/// then said ok and an open replayed what was left, silently.)
+#[test]
+fn journal_reset_of_a_truncated_journal_changes_nothing_unless_forced() {
+    let (_dir, img, jnl) = external_16m();
+    let (i, j) = (img.to_str().unwrap(), jnl.to_str().unwrap());
+    crash_external(&img, &jnl, 20);
+    set_len(&jnl, 30 * 4096);
+    let before = std::fs::read(&jnl).unwrap();
+    let checked = jbdev(&["check", i]);
+    assert_eq!(checked.status.code(), Some(2), "{}", text(&checked));
+
+    let o = jbdev(&["journal", "reset", i]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(
+        text(&o).contains(&format!(
+            "the external journal file {j} holds 122880 bytes, less than the journal's \
+             1048576: it was truncated"
+        )) && text(&o).contains(&format!("`jbdev journal reset --force {i}`")),
+        "{}",
+        text(&o)
+    );
+    assert!(
+        std::fs::read(&jnl).unwrap() == before,
+        "a refused reset changed the journal file (now {} bytes)",
+        std::fs::metadata(&jnl).unwrap().len()
+    );
+    let o = jbdev(&["check", i]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert_eq!(text(&o), text(&checked));
+
+    let o = jbdev(&["journal", "reset", i, "--force"]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(
+        text(&o)
+            .contains("it held: a truncated journal file (122880 of the journal's 1048576 bytes"),
+        "{}",
+        text(&o)
+    );
+    assert_eq!(std::fs::metadata(&jnl).unwrap().len(), 1 << 20);
+    let o = jbdev(&["check", i]);
+    assert!(text(&o).contains("journal: clean"), "{}", text(&o));
+    jbdev_volume::Volume::open(&img, &jbdev_volume::OpenOptions::default())
+        .unwrap()
+        .close()
+        .unwrap();
+}
+
+/// Report #15: a `--journal-size` that is not a whole number of blocks is
+/// rounded down, and `format` says so; an error quotes the size asked for
+/// (and what whole blocks made of it), never a rounded "journal size 0".
+/// (The old format rounded silently, and said "journal size 4096 must be
+/// between 16 blocks ..." for 5000.)
+#[test]
+fn format_says_when_it_rounded_a_size() {
+    let dir = tempfile::tempdir().unwrap();
+    let format = |name: &str, journal_size: &str| {
+        let img = dir.path().join(name);
+        let args = ["format", img.to_str().unwrap(), "--size", "16M"];
+        let o = jbdev(&[&args[..], &["--journal-size", journal_size]].concat());
+        (o.status.code(), text(&o))
+    };
+    let (code, out) = format("a.img", "100001");
+    assert_eq!(code, Some(0), "{out}");
+    assert!(
+        out.contains(
+            "internal journal of 98304 bytes (--journal-size 100001 rounded down to whole \
+             blocks)"
+        ),
+        "{out}"
+    );
+    let (code, out) = format("b.img", "5000");
+    assert_eq!(code, Some(1), "{out}");
+    assert!(
+        out.contains(
+            "journal size 5000 (4096 in whole 4096-byte blocks) must be between 16 blocks \
+             (65536 bytes) and 2^32 blocks"
+        ),
+        "{out}"
+    );
+    let (code, out) = format("c.img", "1K");
+    assert_eq!(code, Some(1), "{out}");
+    assert!(
+        out.contains("journal size 1024 (0 in whole") && !out.contains("size 0 "),
+        "{out}"
+    );
+    let (code, out) = format("d.img", "64K");
+    assert_eq!(code, Some(0), "{out}");
+    assert!(!out.contains("rounded"), "{out}");
+}
+
+/// Report #13: `journal reset --force` says what the old journal held, not
+/// the refusal a reset without --force gives. (The old one printed "it
+/// held: the journal is clean and intact: there is nothing to reset (open
+/// the volume); --force writes a new one anyway".)
+#[test]
+fn a_forced_journal_reset_says_what_the_journal_held() {
+    let (_dir, img, jnl) = external_16m();
+    let (i, j) = (img.to_str().unwrap(), jnl.to_str().unwrap());
+    let reset = || {
+        let o = jbdev(&["journal", "reset", i, "--force"]);
+        assert!(o.status.success(), "{}", text(&o));
+        let out = String::from_utf8_lossy(&o.stdout).to_string();
+        assert!(
+            !out.contains("--force") && !out.contains("nothing to reset"),
+            "{out}"
+        );
+        out
+    };
+    let out = reset();
+    assert!(
+        out.starts_with(&format!(
+            "{i}: new empty journal ({j}); it held: a clean, intact journal (next \
+             transaction "
+        )),
+        "{out}"
+    );
+    crash_external(&img, &jnl, 3);
+    let out = reset();
+    assert!(
+        out.contains(
+            "it held: 3 committed transaction(s) that opening the volume would have \
+             replayed; they are discarded"
+        ),
+        "{out}"
+    );
 }
 
 /// `jbdev bench` with stdout gone stops at its first line instead of
@@ -1313,10 +1565,8 @@ fn bench_with_stdout_gone_stops_at_its_first_line() {
 /// the device has 524288 bytes", no advice.)
 #[test]
 fn check_says_what_to_do_about_a_truncated_external_journal() {
-    let dir = tempfile::tempdir().unwrap();
-    let (img, jnl) = (dir.path().join("v.img"), dir.path().join("j.jnl"));
+    let (_dir, img, jnl) = external_16m();
     let (p, j) = (img.to_str().unwrap(), jnl.to_str().unwrap());
-    format_16m(p, &["--journal", j]);
     set_len(&jnl, 512 << 10);
     let truncate = format!("`truncate -s 1048576 {j}`");
     let check = format!("`jbdev check {p} --journal {j}`");

@@ -22,9 +22,34 @@ pub struct Inspection {
     pub journal_superblock: std::result::Result<JournalSuperblock, String>,
 }
 
+/// A volume whose external journal could not be opened (a deleted or
+/// truncated file, a dead device): what can still be read of it.
+#[derive(Debug)]
+pub struct JournalUnavailable {
+    /// The volume's superblock (read and checked).
+    pub superblock: VolumeSuperblock,
+    /// The journal path tried: `--journal`, or the one recorded at format
+    /// time (`None` when neither exists).
+    pub journal_path: Option<PathBuf>,
+    /// Nothing is there: no file, device or RBD image at `journal_path`.
+    pub missing: bool,
+    /// Why it could not be opened.
+    pub error: crate::VolumeError,
+}
+
 /// Opens `path` read-only (shared lock: fails with a clear error while a
 /// writer has the volume open) and reads both superblocks.
 pub fn inspect(path: &Path, journal_path: Option<&Path>) -> Result<Inspection> {
+    inspect_volume(path, journal_path)?.map_err(|u| u.error)
+}
+
+/// [`inspect`], except that a volume whose external journal cannot be
+/// opened is not an error but a [`JournalUnavailable`]: its superblock is
+/// still there to show (`jbdev info`), and what to do depends on why.
+pub fn inspect_volume(
+    path: &Path,
+    journal_path: Option<&Path>,
+) -> Result<std::result::Result<Inspection, JournalUnavailable>> {
     let dopts = jbdev_device::OpenOptions {
         read_only: true,
         ..Default::default()
@@ -43,14 +68,31 @@ pub fn inspect(path: &Path, journal_path: Option<&Path>) -> Result<Inspection> {
             path_hint,
             ..
         } => {
-            let (jp, jdev) = crate::volume::open_external_journal(
+            match crate::volume::open_external_journal(
                 path,
                 path_hint,
                 journal_path,
                 *len_bytes,
                 &dopts,
-            )?;
-            (jdev, 0, *len_bytes, Some(jp))
+            ) {
+                Ok((jp, jdev)) => (jdev, 0, *len_bytes, Some(jp)),
+                Err(error) => {
+                    let tried = journal_path
+                        .map(Path::to_path_buf)
+                        .or_else(|| (!path_hint.as_os_str().is_empty()).then(|| path_hint.clone()));
+                    let missing = matches!(
+                        &error,
+                        crate::VolumeError::Device(jbdev_device::DeviceError::Io { error, .. })
+                            if error.kind() == std::io::ErrorKind::NotFound
+                    );
+                    return Ok(Err(JournalUnavailable {
+                        superblock,
+                        journal_path: tried,
+                        missing,
+                        error,
+                    }));
+                }
+            }
         }
     };
     let region = JournalRegion::new(
@@ -61,14 +103,14 @@ pub fn inspect(path: &Path, journal_path: Option<&Path>) -> Result<Inspection> {
         (jlen / u64::from(bs)) as u32,
     )?;
     let journal_superblock = region.read_superblock().map_err(|e| e.to_string());
-    Ok(Inspection {
+    Ok(Ok(Inspection {
         path: path.to_path_buf(),
         device,
         superblock,
         journal_path: jpath,
         region,
         journal_superblock,
-    })
+    }))
 }
 
 /// [`inspect`] for `check` and `journal dump`, which read the journal: an
@@ -78,8 +120,16 @@ pub fn inspect(path: &Path, journal_path: Option<&Path>) -> Result<Inspection> {
 /// that is not there. `inspect` itself lets `info` read a held RBD
 /// volume's superblocks.
 pub fn inspect_unshared(path: &Path, journal_path: Option<&Path>) -> Result<Inspection> {
+    inspect_volume_unshared(path, journal_path)?.map_err(|u| u.error)
+}
+
+/// [`inspect_volume`] with the refusal of [`inspect_unshared`].
+pub fn inspect_volume_unshared(
+    path: &Path,
+    journal_path: Option<&Path>,
+) -> Result<std::result::Result<Inspection, JournalUnavailable>> {
     crate::volume::refuse_held_rbd(path)?;
-    inspect(path, journal_path)
+    inspect_volume(path, journal_path)
 }
 
 impl Inspection {
@@ -95,4 +145,66 @@ impl Inspection {
         self.region.read_blocks(pos, &mut buf)?;
         Ok(buf)
     }
+}
+
+/// A jbdev journal superblock in `head` (the first bytes of a device or
+/// file) where no volume superblock is: at offset 0 (an external journal)
+/// or one block in, for any block size (an internal journal whose volume
+/// superblock is gone). Returns its offset and the superblock. `None` when
+/// `head` starts with a volume superblock's magic (a volume's own internal
+/// journal is not "a journal without a volume").
+pub fn find_journal_superblock(head: &[u8]) -> Option<(usize, JournalSuperblock)> {
+    if head.starts_with(&crate::superblock::VOLUME_MAGIC) {
+        return None;
+    }
+    std::iter::once(0)
+        .chain((10..=16).map(|shift| 1usize << shift))
+        .find_map(|off| {
+            let j = JournalSuperblock::decode(head.get(off..)?).ok()?;
+            Some((off, j))
+        })
+}
+
+/// Bytes from the start of a device that [`find_journal_superblock`] needs
+/// to see every place it looks (a journal superblock 64 KiB in).
+pub const JOURNAL_PROBE_BYTES: usize = (1 << 16) + JournalSuperblock::ENCODED_LEN;
+
+/// A journal superblock's state, in words.
+pub fn journal_state(j: &JournalSuperblock) -> String {
+    if j.is_clean() {
+        format!("clean, next transaction {}", j.sequence)
+    } else {
+        format!(
+            "needs recovery: log starts at block {} with transaction {}",
+            j.start, j.sequence
+        )
+    }
+}
+
+/// What a device whose first bytes are `head` holds when that is a jbdev
+/// journal without a volume ([`find_journal_superblock`]), in words for a
+/// command that refuses to overwrite it: "a jbdev journal (uuid …, needs
+/// recovery: …)", or for a journal one block in, why it may still hold a
+/// volume's data (`path` is named in the advice).
+pub fn describe_journal_without_volume(head: &[u8], path: &Path) -> Option<String> {
+    let (off, j) = find_journal_superblock(head)?;
+    let what = format!(
+        "a jbdev journal (uuid {}, {})",
+        uuid::Uuid::from_bytes(j.uuid).hyphenated(),
+        journal_state(&j)
+    );
+    Some(if off == 0 {
+        what
+    } else {
+        // IMPORTANT: never taken for an interrupted format. A volume whose
+        // block 0 was lost looks the same, and its journal cannot say
+        // whether data was written (writes of direct_write_threshold bytes
+        // and more go home without a transaction).
+        format!(
+            "{what} but no volume superblock: an interrupted format, or a volume whose first \
+             block was lost — `jbdev check {}` tells which journal it is; its data may still \
+             be there",
+            path.display()
+        )
+    })
 }

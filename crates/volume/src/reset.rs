@@ -18,8 +18,8 @@ use jbdev_journal::JournalRegion;
 
 use crate::superblock::{JournalLocation, VolumeSuperblock};
 use crate::volume::{
-    file_format_would_create, read_volume_superblock, refuse_same_target, remove_created,
-    write_empty_journal,
+    file_format_would_create, rbd_image_absent, read_volume_superblock, refuse_same_target,
+    remove_created, truncated_journal_file, write_empty_journal,
 };
 use crate::{Result, VolumeError};
 
@@ -31,14 +31,17 @@ pub struct JournalReset {
     pub location: String,
     /// The external journal file did not exist and was created.
     pub created: bool,
-    /// What was there before, in words ("missing", "clean", "damaged: …").
+    /// What was there before, in words ("missing", "a clean, intact journal
+    /// (next transaction 7)", "3 committed transaction(s) that ...").
     pub previous: String,
 }
 
 /// Writes a new, empty journal for the volume at `path` (its external
 /// journal at `journal`, or at the path recorded at format time; a missing
 /// file is created). Takes the volume's lock like an open: refused while
-/// the volume is open anywhere.
+/// the volume is open anywhere. An external journal file shorter than the
+/// journal (truncated) is refused without `force`, and with it extended
+/// and rewritten; a refused reset leaves every byte as it was.
 pub fn reset_journal(path: &Path, journal: Option<&Path>, force: bool) -> Result<JournalReset> {
     let dopts = jbdev_device::OpenOptions::default();
     let dev = open_device(path, &dopts)?.device;
@@ -68,21 +71,43 @@ pub fn reset_journal(path: &Path, journal: Option<&Path>, force: bool) -> Result
         }
     };
     refuse_same_target(path, &jp)?;
-    let created = file_format_would_create(&jp);
-    let res = (|| {
-        let jdev = open_device(
+    // Only a missing journal is created, and an existing one is extended
+    // only once the reset goes ahead: a refused reset changes nothing.
+    let created =
+        file_format_would_create(&jp).or_else(|| rbd_image_absent(&jp).then(|| jp.clone()));
+    let open = |create: bool| {
+        open_device(
             &jp,
             &jbdev_device::OpenOptions {
-                create_size: Some(*len_bytes),
+                create_size: create.then_some(*len_bytes),
                 ..Default::default()
             },
-        )?
-        .device;
-        let mut r = reset_journal_device(dev, Some(jdev), force)?;
+        )
+    };
+    let res = (|| {
+        let mut opened = open(created.is_some())?;
+        let held = opened.device.size_bytes();
+        // A file or RBD image shorter than the journal (a block device
+        // cannot grow: reset_journal_device refuses it).
+        let truncated =
+            held < *len_bytes && (opened.watch.is_some() || jbdev_device::is_rbd_target(&jp));
+        if truncated {
+            if !force {
+                return Err(truncated_journal_file(path, &jp, held, *len_bytes));
+            }
+            drop(opened);
+            opened = open(true)?;
+        }
+        let mut r = reset_journal_device(dev, Some(opened.device), force)?;
         r.location = jp.display().to_string();
         r.created = created.is_some();
         if r.created {
             r.previous = "missing".into();
+        } else if truncated {
+            r.previous = format!(
+                "a truncated journal file ({held} of the journal's {len_bytes} bytes; it \
+                 was extended)"
+            );
         }
         Ok(r)
     })();
@@ -133,7 +158,7 @@ pub fn reset_journal_device(
     };
     let uuid = sb.journal_uuid();
     let previous = describe_old_journal(&jdev, joff, jlen, &sb)?;
-    if let Old::Refused(why) = &previous {
+    if let Old::Refused { why, .. } = &previous {
         if !force {
             return Err(VolumeError::InvalidArgument(why.clone()));
         }
@@ -143,18 +168,19 @@ pub fn reset_journal_device(
         location,
         created: false,
         previous: match previous {
-            Old::Refused(why) => why,
-            Old::Replaceable(what) => what,
+            Old::Refused { held, .. } | Old::Replaceable(held) => held,
         },
     })
 }
 
 /// What the journal area holds now.
 enum Old {
-    /// Nothing an open could use: replaced without `force`.
+    /// Nothing an open could use: replaced without `force` (what it held).
     Replaceable(String),
-    /// Something a reset would destroy: only with `force` (the reason).
-    Refused(String),
+    /// Something a reset would destroy: only with `force`. What it held
+    /// (for [`JournalReset::previous`]), and why a reset without `force`
+    /// is refused.
+    Refused { held: String, why: String },
 }
 
 fn describe_old_journal(
@@ -180,10 +206,13 @@ fn describe_old_journal(
             return Ok(if region_is_zero(jdev, joff, jlen)? {
                 Old::Replaceable("empty (all zero)".into())
             } else {
-                Old::Refused(format!(
-                    "the journal area holds no usable journal ({e}) but is not empty either: \
-                     check it is the right one; --force overwrites it"
-                ))
+                Old::Refused {
+                    held: format!("no usable journal ({e}), and not all zero"),
+                    why: format!(
+                        "the journal area holds no usable journal ({e}) but is not empty \
+                         either: check it is the right one; --force overwrites it"
+                    ),
+                }
             })
         }
     };
@@ -192,31 +221,50 @@ fn describe_old_journal(
         // wanted, and opening refuses it.
         return Ok(Old::Replaceable(why));
     }
+    let sequence = scan.superblock.sequence;
     if scan.superblock.uuid != uuid {
-        return Ok(Old::Refused(
-            "this journal belongs to another volume (its uuid differs): the wrong --journal? \
-             --force overwrites it"
+        return Ok(Old::Refused {
+            held: format!(
+                "another volume's journal (uuid {})",
+                uuid::Uuid::from_bytes(scan.superblock.uuid).hyphenated()
+            ),
+            why: "this journal belongs to another volume (its uuid differs): the wrong \
+                  --journal? --force overwrites it"
                 .into(),
-        ));
+        });
     }
+    let n = scan.txns.len();
     Ok(match scan.end {
-        ScanEnd::CleanJournal => Old::Refused(
-            "the journal is clean and intact: there is nothing to reset (open the volume); \
-             --force writes a new one anyway"
+        ScanEnd::CleanJournal => Old::Refused {
+            held: format!("a clean, intact journal (next transaction {sequence})"),
+            why: "the journal is clean and intact: there is nothing to reset (open the \
+                  volume); --force writes a new one anyway"
                 .into(),
-        ),
+        },
         ScanEnd::CorruptMiddle {
             sequence, reason, ..
-        } => Old::Refused(format!(
-            "the journal is damaged in the middle (transaction {sequence}: {reason}); committed \
-             transactions after the damage would be lost with it. Rescue data first with a \
-             read-only open (`jbdev serve --read-only`); --force discards the journal"
-        )),
-        _ => Old::Refused(format!(
-            "the journal holds {} committed transaction(s) that opening the volume replays: \
-             open it instead (`jbdev check` shows them); --force discards them",
-            scan.txns.len()
-        )),
+        } => Old::Refused {
+            held: format!(
+                "a journal damaged in the middle (transaction {sequence}: {reason}), with \
+                 committed transactions after the damage; they are discarded"
+            ),
+            why: format!(
+                "the journal is damaged in the middle (transaction {sequence}: {reason}); \
+                 committed transactions after the damage would be lost with it. Rescue data \
+                 first with a read-only open (`jbdev serve --read-only`); --force discards \
+                 the journal"
+            ),
+        },
+        _ => Old::Refused {
+            held: format!(
+                "{n} committed transaction(s) that opening the volume would have replayed; \
+                 they are discarded"
+            ),
+            why: format!(
+                "the journal holds {n} committed transaction(s) that opening the volume \
+                 replays: open it instead (`jbdev check` shows them); --force discards them"
+            ),
+        },
     })
 }
 

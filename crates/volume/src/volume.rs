@@ -213,14 +213,21 @@ fn plan_layout(f: &FormatOptions) -> Result<(u64, u64, u64)> {
             f.size_bytes
         )));
     }
-    let journal = f
+    let asked = f
         .journal_bytes
         .unwrap_or_else(|| default_journal_bytes(f.size_bytes));
-    let journal = journal / bs * bs;
+    let journal = asked / bs * bs;
     if journal / bs < MIN_JOURNAL_BLOCKS || journal / bs > u64::from(u32::MAX) {
+        // The size asked for, and what whole blocks made of it.
+        let rounded = if journal == asked {
+            String::new()
+        } else {
+            format!(" ({journal} in whole {bs}-byte blocks)")
+        };
         return Err(VolumeError::InvalidArgument(format!(
-            "journal size {journal} must be between {} blocks and 2^32 blocks",
-            MIN_JOURNAL_BLOCKS
+            "journal size {asked}{rounded} must be between {MIN_JOURNAL_BLOCKS} blocks ({} \
+             bytes) and 2^32 blocks",
+            MIN_JOURNAL_BLOCKS * bs
         )));
     }
     let data_offset = match f.journal {
@@ -354,20 +361,9 @@ fn open_external_journal_watched(
     refuse_same_target(home, &jp)?;
     match open_device(&jp, dopts) {
         // `watch`: a regular file, which can have been truncated.
-        Ok(o) if o.watch.is_some() && o.device.size_bytes() < len_bytes => {
-            Err(VolumeError::Truncated(format!(
-                "the external journal file {} holds {} bytes, less than the journal's \
-                 {len_bytes}: it was truncated. If it was truncated under the running \
-                 volume and its log said \"salvage complete\", every acknowledged write is \
-                 on the volume: `jbdev journal reset --force {}` gives it a new journal. \
-                 Otherwise acknowledged writes that were only in the cut-off part (not yet \
-                 written home) are lost; to open the volume with what is left, {}",
-                jp.display(),
-                o.device.size_bytes(),
-                home.display(),
-                truncated_journal_advice(home, &jp, len_bytes)
-            )))
-        }
+        Ok(o) if o.watch.is_some() && o.device.size_bytes() < len_bytes => Err(
+            truncated_journal_file(home, &jp, o.device.size_bytes(), len_bytes),
+        ),
         Ok(o) => Ok((jp, o.device, o.watch)),
         Err(jbdev_device::DeviceError::Io { op, what, error }) if recorded => {
             Err(jbdev_device::DeviceError::Io {
@@ -513,6 +509,30 @@ impl WatchedJournal {
     }
 }
 
+/// The error for an external journal file `journal` of the volume `home`
+/// that holds `held` bytes, less than the journal's `len_bytes`: what
+/// happened, and both ways on (a new journal, or what is left of the log).
+/// Every open refuses it, and so does `jbdev journal reset` without
+/// `--force`.
+pub(crate) fn truncated_journal_file(
+    home: &Path,
+    journal: &Path,
+    held: u64,
+    len_bytes: u64,
+) -> VolumeError {
+    VolumeError::Truncated(format!(
+        "the external journal file {} holds {held} bytes, less than the journal's \
+         {len_bytes}: it was truncated. If it was truncated under the running volume and \
+         its log said \"salvage complete\", every acknowledged write is on the volume: \
+         `jbdev journal reset --force {}` gives it a new journal. Otherwise acknowledged \
+         writes that were only in the cut-off part (not yet written home) are lost; to open \
+         the volume with what is left, {}",
+        journal.display(),
+        home.display(),
+        truncated_journal_advice(home, journal, len_bytes)
+    ))
+}
+
 /// What to do about the external journal file `journal` of the volume
 /// `home`, truncated below the journal's end at `region_end`, so that the
 /// volume opens again with what is left: the same steps from the journal
@@ -590,7 +610,7 @@ fn same_rbd_image(a: &Path, b: &Path) -> bool {
 /// may remove it again on failure). `false` when that cannot be told (a
 /// missing pool, an unreachable cluster): such an image is never removed.
 #[cfg(feature = "rbd")]
-fn rbd_image_absent(p: &Path) -> bool {
+pub(crate) fn rbd_image_absent(p: &Path) -> bool {
     use jbdev_device::rbd::{image_exists, RbdTarget};
     p.to_str()
         .and_then(|s| RbdTarget::parse(s).ok())
@@ -598,7 +618,7 @@ fn rbd_image_absent(p: &Path) -> bool {
 }
 
 #[cfg(not(feature = "rbd"))]
-fn rbd_image_absent(_p: &Path) -> bool {
+pub(crate) fn rbd_image_absent(_p: &Path) -> bool {
     false
 }
 

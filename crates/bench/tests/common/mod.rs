@@ -31,6 +31,7 @@ pub fn common(device: PathBuf, dir: &Path, plots: bool) -> CommonArgs {
         no_progress: true,
         rounds: 1,
         force: false,
+        fail_on_miss: false,
     }
 }
 
