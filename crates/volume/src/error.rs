@@ -49,8 +49,12 @@ pub enum VolumeError {
     /// The volume was opened read-only.
     #[error("the volume is open read-only")]
     ReadOnly,
-    /// An earlier journal write or flush failed; the volume refuses writes until reopened.
-    #[error("the journal was aborted after an I/O error ({reason}); close and reopen the volume")]
+    /// An earlier write or flush failed (or an engine thread hit a bug);
+    /// the volume refuses writes until reopened.
+    #[error(
+        "the journal was aborted ({reason}): every write fails until the volume is closed and \
+         opened again, which replays what the journal holds"
+    )]
     Aborted {
         /// What failed, with the device's error.
         reason: String,

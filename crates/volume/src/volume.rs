@@ -816,15 +816,31 @@ impl Volume {
         }
         let res = (|| {
             let dev = open_device(path, &dopts(needed))?.device;
-            let jdev = match &fopts.journal {
-                JournalPlacement::Internal => None,
+            let (jdev, watch) = match &fopts.journal {
+                JournalPlacement::Internal => (None, None),
                 JournalPlacement::External(p) => {
                     refuse_same_target(path, p)?;
-                    Some(open_device(p, &dopts(journal_bytes))?.device)
+                    let o = open_device(p, &dopts(journal_bytes))?;
+                    let watch = o.watch.map(|file| WatchedJournal {
+                        file,
+                        path: p.clone(),
+                        home: path.to_path_buf(),
+                        region_end: journal_bytes,
+                    });
+                    (Some(o.device), watch)
                 }
             };
             Self::format_device(dev.clone(), jdev.clone(), fopts)?;
-            Self::open_device(dev, jdev, oopts)
+            let vol = Self::open_device(dev, jdev, oopts)?;
+            // Watched like an opened volume's (found by a C ABI pass: a
+            // created volume went on acknowledging writes with its journal
+            // file deleted).
+            if let Some(watched) = watch {
+                if !oopts.read_only {
+                    vol.watch_journal_file(watched)?;
+                }
+            }
+            Ok(vol)
         })();
         if res.is_err() {
             for p in &created {

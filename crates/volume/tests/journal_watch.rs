@@ -221,3 +221,25 @@ fn an_untouched_external_journal_closes_cleanly() {
     ro.read_at(&mut back, 0).unwrap();
     assert_eq!(back, vec![1u8; 4096]);
 }
+
+/// A volume just made with `Volume::create` (the C ABI's `jbdev_create`)
+/// is watched like an opened one: before, only `Volume::open` started the
+/// watch, and a created volume went on acknowledging FUA writes with its
+/// journal file deleted (found by the session 19 C ABI pass).
+#[test]
+fn a_created_volume_watches_its_journal_file_too() {
+    let dir = tempfile::tempdir().unwrap();
+    let (home, jnl) = (dir.path().join("v.img"), dir.path().join("j.jnl"));
+    let mut f = FormatOptions::new(8 << 20);
+    f.journal_bytes = Some(2 << 20);
+    f.journal = JournalPlacement::External(jnl.clone());
+    let v = Volume::create(&home, &f, &OpenOptions::default()).unwrap();
+    v.write_at(&[1u8; 4096], 0, WriteFlags::FUA).unwrap();
+    std::fs::remove_file(&jnl).unwrap();
+    let why = abort_message(&v).why;
+    assert!(
+        why.contains("was deleted while the volume was open"),
+        "{why}"
+    );
+    assert!(v.close().is_err());
+}
