@@ -8,7 +8,7 @@
 
 mod common;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -29,18 +29,7 @@ const DATA_OFF: u64 = BS;
 /// A volume with an external journal, both on fault devices:
 /// (home, journal).
 fn devices() -> (Arc<FaultDevice>, Arc<FaultDevice>) {
-    let home = Arc::new(FaultDevice::new(DATA + BS, SECTOR as u32));
-    let jnl = Arc::new(FaultDevice::new(JOURNAL, SECTOR as u32));
-    let mut f = FormatOptions::new(DATA);
-    f.journal_bytes = Some(JOURNAL);
-    f.journal = JournalPlacement::External("/nonexistent/j".into());
-    Volume::format_device(
-        home.clone() as Arc<dyn BlockDevice>,
-        Some(jnl.clone() as Arc<dyn BlockDevice>),
-        &f,
-    )
-    .expect("format");
-    (home, jnl)
+    common::external_journal_devices(DATA, JOURNAL)
 }
 
 fn open(home: &Arc<FaultDevice>, jnl: &Arc<FaultDevice>) -> Volume {
@@ -86,6 +75,20 @@ fn salvage_outcome(v: &Volume) -> Stats {
     }
 }
 
+/// A closed volume in `dir` with its journal in a file beside it:
+/// (image, journal file).
+fn file_volume(dir: &Path) -> (PathBuf, PathBuf) {
+    let (img, jpath) = (dir.join("v.img"), dir.join("j.jnl"));
+    let mut f = FormatOptions::new(DATA);
+    f.journal_bytes = Some(JOURNAL);
+    f.journal = JournalPlacement::External(jpath.clone());
+    Volume::create(&img, &f, &OpenOptions::default())
+        .unwrap()
+        .close()
+        .unwrap();
+    (img, jpath)
+}
+
 /// What the home device durably holds of `blocks`, by block.
 fn home_holds(home: &FaultDevice, acked: &[(u64, Vec<u8>)]) -> Vec<u64> {
     let image = home.durable_image();
@@ -126,11 +129,7 @@ fn a_failed_journal_write_leaves_every_acknowledged_write_durable_at_home() {
     assert!(v.close().is_err(), "close reports the abort");
     // And the journal, readable again, replays the same data over it.
     let v = open(&home, &jnl);
-    for (b, data) in &acked {
-        let mut back = vec![0u8; BS as usize];
-        v.read_at(&mut back, b * BS).unwrap();
-        assert_eq!(&back, data, "block {b} after replay");
-    }
+    common::assert_reads(&v, &acked, "after replay");
     v.close().unwrap();
 }
 
@@ -153,11 +152,7 @@ fn a_failing_home_device_stops_the_salvage_and_the_journal_keeps_everything() {
         "nothing salvaged after the home failed"
     );
     let v = open(&home, &jnl);
-    for (b, data) in &acked {
-        let mut back = vec![0u8; BS as usize];
-        v.read_at(&mut back, b * BS).unwrap();
-        assert_eq!(&back, data, "block {b} after replay");
-    }
+    common::assert_reads(&v, &acked, "after replay");
     v.close().unwrap();
 }
 
@@ -168,14 +163,7 @@ fn a_failing_home_device_stops_the_salvage_and_the_journal_keeps_everything() {
 #[test]
 fn a_deleted_journal_file_loses_no_acknowledged_write() {
     let dir = tempfile::tempdir().unwrap();
-    let (img, jpath) = (dir.path().join("v.img"), dir.path().join("j.jnl"));
-    let mut f = FormatOptions::new(DATA);
-    f.journal_bytes = Some(JOURNAL);
-    f.journal = JournalPlacement::External(jpath.clone());
-    Volume::create(&img, &f, &OpenOptions::default())
-        .unwrap()
-        .close()
-        .unwrap();
+    let (img, jpath) = file_volume(dir.path());
     let v = Volume::open(&img, &quiet_open_options()).unwrap();
     let acked = acknowledged(&v);
     std::fs::remove_file(&jpath).unwrap();
@@ -236,14 +224,7 @@ fn home_file_blocks(img: &Path, acked: &[(u64, Vec<u8>)]) -> Vec<u64> {
 #[test]
 fn a_volume_whose_journal_file_was_deleted_opens_again_after_a_journal_reset() {
     let dir = tempfile::tempdir().unwrap();
-    let (img, jpath) = (dir.path().join("v.img"), dir.path().join("j.jnl"));
-    let mut f = FormatOptions::new(DATA);
-    f.journal_bytes = Some(JOURNAL);
-    f.journal = JournalPlacement::External(jpath.clone());
-    Volume::create(&img, &f, &OpenOptions::default())
-        .unwrap()
-        .close()
-        .unwrap();
+    let (img, jpath) = file_volume(dir.path());
     let v = Volume::open(&img, &quiet_open_options()).unwrap();
     let acked = acknowledged(&v);
     // While open, a reset is refused (the volume's lock).
@@ -277,11 +258,7 @@ fn a_volume_whose_journal_file_was_deleted_opens_again_after_a_journal_reset() {
     assert!(r.created, "{r:?}");
     assert_eq!(r.previous, "missing");
     let v = Volume::open(&img, &quiet_open_options()).unwrap();
-    for (b, data) in &acked {
-        let mut back = vec![0u8; BS as usize];
-        v.read_at(&mut back, b * BS).unwrap();
-        assert_eq!(&back, data, "block {b}");
-    }
+    common::assert_reads(&v, &acked, "after the reset");
     v.close().unwrap();
 }
 

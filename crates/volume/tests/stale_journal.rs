@@ -13,25 +13,14 @@ use std::sync::Arc;
 use common::{quiet_open_options, stamped, SECTOR};
 use jbdev_device::fault::FaultDevice;
 use jbdev_device::BlockDevice;
-use jbdev_volume::{FormatOptions, JournalPlacement, OpenOptions, Volume, WriteFlags};
+use jbdev_volume::{OpenOptions, Volume, WriteFlags};
 
 const BS: u64 = 4096;
 const DATA: u64 = 1 << 20;
 const JOURNAL: u64 = 1 << 20;
 
 fn devices() -> (Arc<FaultDevice>, Arc<FaultDevice>) {
-    let home = Arc::new(FaultDevice::new(DATA + BS, SECTOR as u32));
-    let jnl = Arc::new(FaultDevice::new(JOURNAL, SECTOR as u32));
-    let mut f = FormatOptions::new(DATA);
-    f.journal_bytes = Some(JOURNAL);
-    f.journal = JournalPlacement::External("/nonexistent/j".into());
-    Volume::format_device(
-        home.clone() as Arc<dyn BlockDevice>,
-        Some(jnl.clone() as Arc<dyn BlockDevice>),
-        &f,
-    )
-    .expect("format");
-    (home, jnl)
+    common::external_journal_devices(DATA, JOURNAL)
 }
 
 fn open_with(

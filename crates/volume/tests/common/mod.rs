@@ -683,3 +683,25 @@ pub fn flags(fua: bool) -> WriteFlags {
 pub fn as_dev(d: &Arc<FaultDevice>) -> Arc<dyn BlockDevice> {
     d.clone()
 }
+
+/// A volume of `data` bytes formatted on a fault device with its journal
+/// of `journal` bytes on a second one (external): (home, journal).
+pub fn external_journal_devices(data: u64, journal: u64) -> (Arc<FaultDevice>, Arc<FaultDevice>) {
+    let home = Arc::new(FaultDevice::new(data + 4096, SECTOR as u32));
+    let jnl = Arc::new(FaultDevice::new(journal, SECTOR as u32));
+    let mut f = FormatOptions::new(data);
+    f.journal_bytes = Some(journal);
+    f.journal = jbdev_volume::JournalPlacement::External("/nonexistent/j".into());
+    Volume::format_device(as_dev(&home), Some(as_dev(&jnl)), &f).expect("format");
+    (home, jnl)
+}
+
+/// Asserts that `v` reads every block of `blocks` (4 KiB block number,
+/// data) as given; `when` names the moment in the failure message.
+pub fn assert_reads(v: &Volume, blocks: &[(u64, Vec<u8>)], when: &str) {
+    for (b, data) in blocks {
+        let mut back = vec![0u8; data.len()];
+        v.read_at(&mut back, b * 4096).unwrap();
+        assert!(&back == data, "block {b} {when}: not what was acknowledged");
+    }
+}
