@@ -926,7 +926,10 @@ fn journal_superblock_or_exit(
         .read_journal_block(0)
         .context("reading the journal superblock")?;
     let e = e.strip_prefix("journal superblock: ").unwrap_or(e);
-    if let (Some(j), false) = (journal, first.starts_with(&JBD2_MAGIC)) {
+    if let (Some(j), false) = (
+        journal,
+        first.starts_with(&format::JBD2_MAGIC.to_be_bytes()),
+    ) {
         let what = if first.starts_with(&jbdev_volume::superblock::VOLUME_MAGIC) {
             "a jbdev volume"
         } else {
@@ -940,9 +943,6 @@ fn journal_superblock_or_exit(
     outln!("journal superblock: CORRUPT: {e}")?;
     std::process::exit(EXIT_CORRUPT);
 }
-
-/// jbd2's magic, big-endian, at byte 0 of a journal superblock.
-const JBD2_MAGIC: [u8; 4] = [0xc0, 0x3b, 0x39, 0x98];
 
 /// An inspection's error, with what a path that is not a volume holds when
 /// that is a jbdev journal (`info`, `journal dump`; `check` says it its way).

@@ -9,7 +9,7 @@
 //! is the way to use it. A damaged one, another volume's, or anything else
 //! found where the journal should be is only overwritten with `force`.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 
 use jbdev_device::{open_device, BlockDevice, FlushCoalescer};
@@ -18,8 +18,8 @@ use jbdev_journal::JournalRegion;
 
 use crate::superblock::{JournalLocation, VolumeSuperblock};
 use crate::volume::{
-    file_format_would_create, rbd_image_absent, read_volume_superblock, refuse_same_target,
-    remove_created, truncated_journal_file, write_empty_journal,
+    external_journal_path, file_format_would_create, rbd_image_absent, read_volume_superblock,
+    refuse_unused_journal_path, remove_created, truncated_journal_file, write_empty_journal,
 };
 use crate::{Result, VolumeError};
 
@@ -52,25 +52,10 @@ pub fn reset_journal(path: &Path, journal: Option<&Path>, force: bool) -> Result
         ..
     } = &sb.journal
     else {
-        if let Some(j) = journal {
-            return Err(VolumeError::InvalidArgument(format!(
-                "--journal {} given, but this volume's journal is internal: leave it out",
-                j.display()
-            )));
-        }
+        refuse_unused_journal_path(path, journal)?;
         return reset_journal_device(dev, None, force);
     };
-    let jp: PathBuf = match journal {
-        Some(p) => p.to_path_buf(),
-        None if !path_hint.as_os_str().is_empty() => path_hint.clone(),
-        None => {
-            return Err(VolumeError::InvalidArgument(
-                "this volume has an external journal and no recorded path: give --journal PATH"
-                    .into(),
-            ))
-        }
-    };
-    refuse_same_target(path, &jp)?;
+    let (jp, _) = external_journal_path(path, path_hint, journal)?;
     // Only a missing journal is created, and an existing one is extended
     // only once the reset goes ahead: a refused reset changes nothing.
     let created =

@@ -342,13 +342,14 @@ pub(crate) fn open_external_journal(
 
 /// [`open_external_journal`], also returning the descriptor to watch for a
 /// regular file (see [`WatchedJournal`]).
-fn open_external_journal_watched(
+/// Where a volume's external journal is: `given` (`--journal`), else the
+/// path recorded at format time (`path_hint`; the bool says it was that
+/// one). Never the volume's own file or device.
+pub(crate) fn external_journal_path(
     home: &Path,
     path_hint: &Path,
     given: Option<&Path>,
-    len_bytes: u64,
-    dopts: &jbdev_device::OpenOptions,
-) -> Result<(PathBuf, Arc<dyn BlockDevice>, Option<std::fs::File>)> {
+) -> Result<(PathBuf, bool)> {
     let (jp, recorded) = match given {
         Some(p) => (p.to_path_buf(), false),
         None if !path_hint.as_os_str().is_empty() => (path_hint.to_path_buf(), true),
@@ -359,6 +360,17 @@ fn open_external_journal_watched(
         }
     };
     refuse_same_target(home, &jp)?;
+    Ok((jp, recorded))
+}
+
+fn open_external_journal_watched(
+    home: &Path,
+    path_hint: &Path,
+    given: Option<&Path>,
+    len_bytes: u64,
+    dopts: &jbdev_device::OpenOptions,
+) -> Result<(PathBuf, Arc<dyn BlockDevice>, Option<std::fs::File>)> {
+    let (jp, recorded) = external_journal_path(home, path_hint, given)?;
     match open_device(&jp, dopts) {
         // `watch`: a regular file, which can have been truncated.
         Ok(o) if o.watch.is_some() && o.device.size_bytes() < len_bytes => Err(
@@ -550,8 +562,8 @@ fn truncated_journal_advice(home: &Path, journal: &Path, region_end: u64) -> Str
 /// Fails when `opts` names a journal for the volume `home`, whose journal
 /// is internal: refused rather than ignored, as the command line refuses
 /// `--journal` there (the caller meant another volume, or another path).
-fn refuse_unused_journal_path(home: &Path, opts: &OpenOptions) -> Result<()> {
-    match &opts.journal_path {
+pub(crate) fn refuse_unused_journal_path(home: &Path, given: Option<&Path>) -> Result<()> {
+    match given {
         Some(j) => Err(VolumeError::InvalidArgument(format!(
             "a journal path ({}) was given, but the journal of {} is internal: leave it out \
              (or name the volume it belongs to)",
@@ -790,7 +802,7 @@ impl Volume {
         let (journal_bytes, needed, _) = plan_layout(fopts)?;
         oopts.validate()?;
         if matches!(fopts.journal, JournalPlacement::Internal) {
-            refuse_unused_journal_path(path, oopts)?;
+            refuse_unused_journal_path(path, oopts.journal_path.as_deref())?;
         }
         let dopts = |create: u64| jbdev_device::OpenOptions {
             backend: oopts.backend,
@@ -869,7 +881,7 @@ impl Volume {
         let sb = read_volume_superblock(dev.as_ref(), &path.display().to_string())?;
         let (jdev, watch) = match &sb.journal {
             JournalLocation::Internal { .. } => {
-                refuse_unused_journal_path(path, opts)?;
+                refuse_unused_journal_path(path, opts.journal_path.as_deref())?;
                 (None, None)
             }
             JournalLocation::External {

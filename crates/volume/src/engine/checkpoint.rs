@@ -279,16 +279,7 @@ impl Engine {
                 }
             };
         }
-        let bs = self.bs;
-        let mut writes: BTreeMap<Lba, (u64, BlockRef)> = BTreeMap::new();
-        for t in batch {
-            for (b, v, r) in &t.blocks {
-                writes.insert(*b, (*v, r.clone()));
-            }
-        }
-        // The newest version of each block in the batch, in block order.
-        let all: Vec<(Lba, u64, BlockRef)> =
-            writes.into_iter().map(|(b, (v, r))| (b, v, r)).collect();
+        let all = newest_blocks(batch);
         let mut written = 0u64;
         let mut superseded = 0u64;
         for chunk in all.chunks(CHECKPOINT_CHUNK_BLOCKS) {
@@ -309,8 +300,7 @@ impl Engine {
                         superseded += 1;
                         return false;
                     }
-                    let sh = self.overlay.lock_block(*b);
-                    sh.map.get(b).is_some_and(|e| *v >= e.cancel_below)
+                    self.not_cancelled(*b, *v)
                 })
                 .collect();
             // IMPORTANT: a copy is only skippable because a direct write
@@ -323,12 +313,7 @@ impl Engine {
             } else {
                 IoPriority::Background
             };
-            let runs = runs(&todo, bs);
-            let res = match queue {
-                HomeQueue::Ready(q) => self.write_streamed(q.as_mut(), &todo, &runs, prio),
-                _ => self.write_batched(&todo, &runs, prio),
-            };
-            if let Err(e) = res {
+            if let Err(e) = self.write_chunk(queue, &todo, prio) {
                 if matches!(queue, HomeQueue::Ready(q) if q.in_flight() > 0) {
                     // Only when the queue itself failed: dropping it waits
                     // for what the device still has, before the home lock
@@ -383,7 +368,7 @@ impl Engine {
             jsb.sequence = tail_seq;
             // IMPORTANT: the new tail must be durable before the space it
             // frees is reused, or recovery would start in overwritten log.
-            let journal_failed = |_: &_| self.abort.journal_failed.store(true, Ordering::Release);
+            let journal_failed = |_: &_| self.note_journal_failed();
             self.log
                 .region
                 .update_superblock(&jsb)
@@ -435,16 +420,7 @@ impl Engine {
     /// journal's tail is not moved and nothing is forgotten: the next open
     /// replays whatever the journal still holds, the same data again.
     pub(super) fn salvage<'a>(&'a self, queue: &mut HomeQueue<'a>) {
-        let all: Vec<(Lba, u64, BlockRef)> = {
-            let q = self.log.committed.lock();
-            let mut newest: BTreeMap<Lba, (u64, BlockRef)> = BTreeMap::new();
-            for t in q.iter() {
-                for (b, v, r) in &t.blocks {
-                    newest.insert(*b, (*v, r.clone()));
-                }
-            }
-            newest.into_iter().map(|(b, (v, r))| (b, v, r)).collect()
-        };
+        let all = newest_blocks(self.log.committed.lock().iter());
         tracing::warn!(
             "the journal failed: writing the {} block(s) of its committed transactions home from memory",
             all.len()
@@ -462,19 +438,9 @@ impl Engine {
             }
             let todo: Vec<&(Lba, u64, BlockRef)> = chunk
                 .iter()
-                .filter(|(b, v, _)| {
-                    let sh = self.overlay.lock_block(*b);
-                    sh.map.get(b).is_some_and(|e| *v >= e.cancel_below)
-                })
+                .filter(|(b, v, _)| self.not_cancelled(*b, *v))
                 .collect();
-            let runs = runs(&todo, self.bs);
-            let res = match queue {
-                HomeQueue::Ready(q) => {
-                    self.write_streamed(q.as_mut(), &todo, &runs, IoPriority::Urgent)
-                }
-                _ => self.write_batched(&todo, &runs, IoPriority::Urgent),
-            };
-            if let Err(e) = res {
+            if let Err(e) = self.write_chunk(queue, &todo, IoPriority::Urgent) {
                 self.note_home_failed();
                 return stopped(format!("a home write failed: {e}"));
             }
@@ -493,6 +459,29 @@ impl Engine {
             "salvage complete: {written} block(s) written home and flushed; every write \
              acknowledged before the journal failed is durable on the home device"
         );
+    }
+
+    /// Whether version `v` of block `b` is still to go home: no direct
+    /// write superseded it (`cancel_below`). Valid under the home lock held
+    /// exclusively (see `Engine::direct`).
+    fn not_cancelled(&self, b: Lba, v: u64) -> bool {
+        let sh = self.overlay.lock_block(b);
+        sh.map.get(&b).is_some_and(|e| v >= e.cancel_below)
+    }
+
+    /// Writes a validated chunk home: through the queue when there is one,
+    /// else as one device batch.
+    fn write_chunk(
+        &self,
+        queue: &mut HomeQueue<'_>,
+        todo: &[&(Lba, u64, BlockRef)],
+        prio: IoPriority,
+    ) -> Result<()> {
+        let runs = runs(todo, self.bs);
+        match queue {
+            HomeQueue::Ready(q) => self.write_streamed(q.as_mut(), todo, &runs, prio),
+            _ => self.write_batched(todo, &runs, prio),
+        }
     }
 
     /// Writes a chunk's runs through the queue, keeping it full: a run is
@@ -596,6 +585,20 @@ impl Engine {
         self.home.dev.write_batch(&reqs, prio)?;
         Ok(())
     }
+}
+
+/// The newest version of each block of `txns` (oldest first), in block
+/// order: what a checkpoint or a salvage writes home.
+fn newest_blocks<'a>(
+    txns: impl IntoIterator<Item = &'a CommittedTxn>,
+) -> Vec<(Lba, u64, BlockRef)> {
+    let mut newest: BTreeMap<Lba, (u64, BlockRef)> = BTreeMap::new();
+    for t in txns {
+        for (b, v, r) in &t.blocks {
+            newest.insert(*b, (*v, r.clone()));
+        }
+    }
+    newest.into_iter().map(|(b, (v, r))| (b, v, r)).collect()
 }
 
 /// Splits a chunk (blocks in ascending order) into runs of consecutive

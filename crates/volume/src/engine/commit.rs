@@ -413,7 +413,7 @@ impl Engine {
                         // revokes was noted as the home's, and vetoes the
                         // salvage): what was committed before it is written
                         // home from memory (`Engine::salvage`).
-                        self.abort.journal_failed.store(true, Ordering::Release);
+                        self.note_journal_failed();
                         // IMPORTANT: recorded under the same lock hold that
                         // ends the commit, before anything could publish past it.
                         self.record_abort(

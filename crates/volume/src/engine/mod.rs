@@ -765,8 +765,14 @@ impl Engine {
     /// device: what was committed is written home from memory before the
     /// checkpoint thread exits ([`Engine::salvage`]).
     pub fn abort_journal(&self, cause: AbortCause) {
-        self.abort.journal_failed.store(true, Ordering::Release);
+        self.note_journal_failed();
         self.abort_with(cause);
+    }
+
+    /// Records that the failure about to abort the volume is the journal's
+    /// (before the abort is raised: [`Engine::salvage_due`] reads it after).
+    fn note_journal_failed(&self) {
+        self.abort.journal_failed.store(true, Ordering::Release);
     }
 
     /// Records that a home write or flush failed: no salvage after that.
