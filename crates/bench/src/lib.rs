@@ -208,6 +208,17 @@ pub fn plans(cmd: &BenchCommand) -> Result<(Vec<Plan>, &CommonArgs)> {
         BenchCommand::All(a) => all_plans(a.common.quick),
     };
     let common = cmd.common();
+    if let Some(j) = common.journal_size {
+        // The volume under test has 4 KiB blocks; refused here, not once
+        // the backing is set up.
+        let blocks = j / 4096;
+        if !(jbdev_volume::MIN_JOURNAL_BLOCKS..=u64::from(u32::MAX)).contains(&blocks) {
+            return Err(BenchError::InvalidArgument(format!(
+                "--journal-size {j} must be between {} KiB and 16 TiB in whole 4 KiB blocks",
+                jbdev_volume::MIN_JOURNAL_BLOCKS * 4
+            )));
+        }
+    }
     for p in &plans {
         let threads_ok = match p {
             Plan::SyncWriters(s) => {

@@ -133,7 +133,7 @@ fn open_to_size(path: &std::path::Path) -> jbdev_device::Result<jbdev_device::Op
 
 pub fn format(a: FormatArgs) -> anyhow::Result<()> {
     let bs = u64::from(a.block_size);
-    anyhow::ensure!(
+    usage_ensure!(
         a.block_size.is_power_of_two() && (1024..=65536).contains(&a.block_size),
         "--block-size must be a power of two from 1024 to 65536 (got {})",
         a.block_size
@@ -152,14 +152,15 @@ pub fn format(a: FormatArgs) -> anyhow::Result<()> {
             whole(dev.device.size_bytes())?
         }
         None => {
-            let meta = std::fs::metadata(&a.path).with_context(|| {
-                format!(
+            let meta = match std::fs::metadata(&a.path) {
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => usage_bail!(
                     "{} does not exist: give --size to create an image file",
                     a.path.display()
-                )
-            })?;
+                ),
+                r => r.with_context(|| format!("{}", a.path.display()))?,
+            };
             use std::os::unix::fs::FileTypeExt;
-            anyhow::ensure!(
+            usage_ensure!(
                 meta.file_type().is_block_device(),
                 "--size is required for an image file (e.g. --size 1G)"
             );
@@ -167,7 +168,7 @@ pub fn format(a: FormatArgs) -> anyhow::Result<()> {
             whole(dev.device.size_bytes())?
         }
     };
-    anyhow::ensure!(
+    usage_ensure!(
         size > 0 && size % bs == 0,
         "--size must be a positive multiple of the {bs}-byte block size"
     );
@@ -177,7 +178,11 @@ pub fn format(a: FormatArgs) -> anyhow::Result<()> {
     if let Some(j) = &a.journal {
         f.journal = JournalPlacement::External(j.clone());
     }
-    let layout = jbdev_volume::format_layout(&f)?;
+    // Its refusals are of the flags given (block size, sizes): usage errors.
+    let layout = jbdev_volume::format_layout(&f).map_err(|e| match e {
+        jbdev_volume::VolumeError::InvalidArgument(m) => anyhow::Error::new(crate::UsageError(m)),
+        e => e.into(),
+    })?;
     for (p, label) in
         std::iter::once((&a.path, "")).chain(a.journal.iter().map(|j| (j, "--journal ")))
     {

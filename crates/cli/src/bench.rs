@@ -22,6 +22,11 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
             return rbd_sync_writers(target, s);
         }
     }
+    // The flags are checked before anything is set up: their refusals are
+    // usage errors (exit 64), not failures of a run.
+    if let Err(BenchError::InvalidArgument(m)) = jbdev_bench::plans(&a.scenario) {
+        usage_bail!("{m}");
+    }
     let report = jbdev_bench::run(&a.scenario).map_err(stdout_error)?;
     let missed = report.final_targets().iter().filter(|t| !t.met).count();
     if missed > 0 {

@@ -18,6 +18,37 @@ use jbdev_device::stdout::StdoutError;
 /// from `check`'s 2 (corruption found) and the 1 of every other failure.
 const EXIT_USAGE: i32 = 64;
 
+/// A command-line mistake found after parsing: a value clap cannot judge on
+/// its own (a size against the block size, a flag that needs another, an
+/// `--export` spec). `main` exits [`EXIT_USAGE`] for it, like for clap's own
+/// usage errors, so a script can tell a typo from a failure.
+#[derive(Debug)]
+pub struct UsageError(pub String);
+
+impl std::fmt::Display for UsageError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for UsageError {}
+
+/// `anyhow::bail!` for a [`UsageError`] (exit 64).
+macro_rules! usage_bail {
+    ($($arg:tt)+) => {
+        return Err(anyhow::Error::new($crate::UsageError(format!($($arg)+))))
+    };
+}
+
+/// `anyhow::ensure!` for a [`UsageError`] (exit 64).
+macro_rules! usage_ensure {
+    ($cond:expr, $($arg:tt)+) => {
+        if !$cond {
+            usage_bail!($($arg)+);
+        }
+    };
+}
+
 /// Exit status after stdout went away (a closed pipe): what a shell
 /// reports for a command killed by SIGPIPE (128 + 13).
 const EXIT_BROKEN_PIPE: i32 = 141;
@@ -105,6 +136,7 @@ fn main() {
             std::process::exit(EXIT_BROKEN_PIPE);
         }
         eprintln!("jbdev: error: {e:#}");
-        std::process::exit(1);
+        let usage = e.chain().any(|c| c.is::<UsageError>());
+        std::process::exit(if usage { EXIT_USAGE } else { 1 });
     }
 }

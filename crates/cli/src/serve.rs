@@ -156,15 +156,17 @@ pub struct ServeArgs {
 fn tls_config(a: &ServeArgs) -> anyhow::Result<Option<Arc<TlsConfig>>> {
     let mode = tls_mode(a);
     if a.tls_verify_peer && a.tls_certificates.is_none() {
-        bail!("--tls-verify-peer checks client certificates: it needs --tls-certificates DIR (PSK clients have no certificate)");
+        usage_bail!("--tls-verify-peer checks client certificates: it needs --tls-certificates DIR (PSK clients have no certificate)");
     }
     let cfg = match (mode, &a.tls_certificates, &a.tls_psk) {
         (TlsMode::Off, None, None) => return Ok(None),
         (TlsMode::Off, _, _) => {
-            bail!("--tls=off with TLS credentials: drop the credentials or use --tls=on|require")
+            usage_bail!(
+                "--tls=off with TLS credentials: drop the credentials or use --tls=on|require"
+            )
         }
         (_, None, None) => {
-            bail!(
+            usage_bail!(
                 "--tls={} needs --tls-certificates DIR or --tls-psk FILE",
                 mode_name(mode)
             )
@@ -225,14 +227,14 @@ fn check_limits(a: &ServeArgs) -> anyhow::Result<()> {
         ("--send-timeout", a.send_timeout),
     ] {
         if v == 0 {
-            bail!("{flag} must be at least 1");
+            usage_bail!("{flag} must be at least 1");
         }
     }
     if let Some(n) = a.threads.filter(|&n| n == 0) {
-        bail!("--threads must be at least 1 (got {n})");
+        usage_bail!("--threads must be at least 1 (got {n})");
     }
     if let Some(n) = a.net_threads.filter(|&n| n == 0) {
-        bail!("--net-threads must be at least 1 (got {n})");
+        usage_bail!("--net-threads must be at least 1 (got {n})");
     }
     Ok(())
 }
@@ -255,7 +257,7 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
         named.push(parse_export(spec)?);
     }
     if named.is_empty() {
-        bail!("nothing to serve: give a volume PATH or --export NAME=PATH (create one with `jbdev format PATH --size 1G`)");
+        usage_bail!("nothing to serve: give a volume PATH or --export NAME=PATH (create one with `jbdev format PATH --size 1G`)");
     }
 
     // One open volume per file, shared by every export that names it.
@@ -422,22 +424,24 @@ struct ExportSpec {
 /// the end of the argument, so it may itself contain commas.
 fn parse_export(spec: &str) -> anyhow::Result<ExportSpec> {
     let Some((name, rest)) = spec.split_once('=') else {
-        bail!("--export wants NAME=PATH[,description=TEXT], got {spec:?}");
+        usage_bail!("--export wants NAME=PATH[,description=TEXT], got {spec:?}");
     };
     if name.is_empty() {
-        bail!("--export {spec:?}: the name is empty (the default export is the PATH argument)");
+        usage_bail!(
+            "--export {spec:?}: the name is empty (the default export is the PATH argument)"
+        );
     }
     let (path, description) = match rest.split_once(",description=") {
         Some((p, d)) => (p, d.to_string()),
         None => (rest, String::new()),
     };
     let (path, journal) = match path.split_once(",journal=") {
-        Some((_, "")) => bail!("--export {spec:?}: the journal path is empty"),
+        Some((_, "")) => usage_bail!("--export {spec:?}: the journal path is empty"),
         Some((p, j)) => (p, Some(PathBuf::from(j))),
         None => (path, None),
     };
     if path.is_empty() {
-        bail!("--export {spec:?}: the path is empty");
+        usage_bail!("--export {spec:?}: the path is empty");
     }
     Ok(ExportSpec {
         name: name.to_string(),

@@ -43,6 +43,53 @@ fn a_duration_outside_its_range_is_a_usage_error() {
     }
 }
 
+/// Values the scenarios refuse (thread counts, a journal too small for a
+/// volume) are usage errors found before anything is set up: exit 64, and
+/// the missing `--device` is never reached. They exited 1.
+#[test]
+fn scenario_values_out_of_range_are_usage_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("no-such-device");
+    let m = missing.to_str().unwrap();
+    for (args, want) in [
+        (
+            &["sync-writers", "--threads", "0"][..],
+            "thread counts must be 1..=1024",
+        ),
+        (
+            &["osync-writers", "--threads", "2000"][..],
+            "thread counts must be 1..=1024",
+        ),
+        (
+            &["sync-writers", "--journal-size", "60K"][..],
+            "--journal-size 61440 must be between 64 KiB",
+        ),
+        (
+            &["read-latency", "--write-size", "1000"][..],
+            "--write-size must be a multiple of 4096",
+        ),
+    ] {
+        let mut a = vec!["bench"];
+        a.extend(args);
+        a.extend([
+            "--no-plots",
+            "--no-progress",
+            "--duration",
+            "0.1",
+            "--device",
+            m,
+        ]);
+        let o = jbdev(&a);
+        assert_eq!(o.status.code(), Some(64), "{args:?}: {}", text(&o));
+        assert!(text(&o).contains(want), "{args:?}: {}", text(&o));
+        assert!(
+            !text(&o).contains("no-such-device"),
+            "{args:?}: {}",
+            text(&o)
+        );
+    }
+}
+
 /// Asserts that `o` failed (exit 1, an error) saying `what`.
 fn fails_saying(o: &Output, what: &str) {
     assert_eq!(o.status.code(), Some(1), "{}", text(o));
@@ -211,9 +258,14 @@ fn a_backing_or_journal_too_small_is_named_as_given() {
         .open(&scratch)
         .unwrap();
     f.set_len(128 << 20).unwrap();
-    fails_saying(
-        &bench(&["--journal-size", "1K"]),
-        "journal size 1024 (0 in whole 4096-byte blocks) must be between",
+    // Refused before the backing is set up, as a usage error (it exited 1
+    // once the volume under test was being formatted).
+    let o = bench(&["--journal-size", "1K"]);
+    assert_eq!(o.status.code(), Some(64), "{}", text(&o));
+    assert!(
+        text(&o).contains("--journal-size 1024 must be between 64 KiB"),
+        "{}",
+        text(&o)
     );
 }
 

@@ -880,6 +880,31 @@ fn usage_errors_exit_64() {
         let o = jbdev(args);
         assert_eq!(o.status.code(), Some(64), "{args:?}: {}", text(&o));
     }
+    // Values clap cannot judge alone, refused by `format` itself before it
+    // creates anything: usage errors too (they exited 1).
+    let dir = tempfile::tempdir().unwrap();
+    let img = dir.path().join("u.img");
+    let i = img.to_str().unwrap();
+    for (args, want) in [
+        (
+            &["format", i, "--size", "0"][..],
+            "--size must be a positive multiple",
+        ),
+        (
+            &["format", i, "--size", "64M", "--block-size", "512"][..],
+            "--block-size must be a power of two",
+        ),
+        (
+            &["format", i, "--size", "64M", "--journal-size", "1K"][..],
+            "journal size 1024",
+        ),
+        (&["format", i][..], "give --size"),
+    ] {
+        let o = jbdev(args);
+        assert_eq!(o.status.code(), Some(64), "{args:?}: {}", text(&o));
+        assert!(text(&o).contains(want), "{args:?}: {}", text(&o));
+        assert!(!img.exists(), "{args:?} created the image");
+    }
     assert_eq!(jbdev(&["check", "--help"]).status.code(), Some(0));
     assert_eq!(jbdev(&["--version"]).status.code(), Some(0));
 }
@@ -1463,8 +1488,9 @@ fn format_says_when_it_rounded_a_size() {
         ),
         "{out}"
     );
+    // A size out of range is a usage error (exit 64).
     let (code, out) = format("b.img", "5000");
-    assert_eq!(code, Some(1), "{out}");
+    assert_eq!(code, Some(64), "{out}");
     assert!(
         out.contains(
             "journal size 5000 (4096 in whole 4096-byte blocks) must be between 16 blocks \
@@ -1473,7 +1499,7 @@ fn format_says_when_it_rounded_a_size() {
         "{out}"
     );
     let (code, out) = format("c.img", "1K");
-    assert_eq!(code, Some(1), "{out}");
+    assert_eq!(code, Some(64), "{out}");
     assert!(
         out.contains("journal size 1024 (0 in whole") && !out.contains("size 0 "),
         "{out}"

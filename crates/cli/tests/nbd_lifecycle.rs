@@ -211,8 +211,13 @@ fn conflicting_or_zero_flags_are_refused_before_serving() {
             vec![i, "--threads", "0", "--listen", "127.0.0.1:0"],
             "--threads must be at least 1",
         ),
+        (vec!["--listen", "127.0.0.1:0"], "nothing to serve"),
+        (
+            vec!["--export", "foo", "--listen", "127.0.0.1:0"],
+            "--export wants NAME=PATH",
+        ),
     ] {
-        assert_serve_refuses(&args, want);
+        assert_serve_usage_error(&args, want);
     }
 }
 

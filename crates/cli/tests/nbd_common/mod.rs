@@ -96,6 +96,21 @@ pub fn assert_serve_refuses(args: &[&str], want: &str) {
     assert!(!err.contains("listening on"), "{args:?} served: {err}");
 }
 
+/// [`assert_serve_refuses`], for a mistake in the flags themselves: the
+/// exit status is 64 (EX_USAGE), as for clap's own usage errors.
+pub fn assert_serve_usage_error(args: &[&str], want: &str) {
+    assert_serve_refuses(args, want);
+    let mut a = vec!["serve"];
+    a.extend(args);
+    let out = run_tool(JBDEV, &a, 30);
+    assert_eq!(
+        out.status.code(),
+        Some(64),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 /// Formats a volume with the CLI.
 pub fn format_volume(path: &Path, size: &str) {
     let p = path.to_str().expect("utf-8 path");
