@@ -484,9 +484,11 @@ impl WatchedJournal {
                      written home are now written there from memory: once the log says \
                      \"salvage complete\", every one is on the volume, and after the volume is \
                      closed `jbdev journal reset {h}` gives it a new journal. If the salvage \
-                     cannot finish, copy the journal back with `cp /proc/{pid}/fd/{fd} {j}` \
-                     (this process, pid {pid}, still holds it) before the volume is closed \
-                     (before `jbdev serve` stops), and the next open replays it",
+                     cannot finish, the close saves the journal's content back to {j} (beside \
+                     it if that path is taken again) and the next open replays it. A process \
+                     killed before its close cannot: a copy taken now with \
+                     `cp /proc/{pid}/fd/{fd} {j}` (this process, pid {pid}, still holds it) \
+                     does not depend on the close",
                     h = self.home.display()
                 )
             }
@@ -501,6 +503,89 @@ impl WatchedJournal {
                 h = self.home.display()
             ),
         }
+    }
+
+    /// Saves the content of the deleted journal file, still reachable
+    /// through the watch's descriptor, to a new file: at its old path if
+    /// that is free (the next open then finds it and replays it), else
+    /// beside it, `PATH.rescued-PID`. Never overwrites anything; a copy
+    /// that fails part way is removed. Returns where it went.
+    fn rescue(&self) -> std::io::Result<PathBuf> {
+        use std::io::{Read, Write};
+        use std::os::unix::fs::OpenOptionsExt;
+        use std::os::unix::io::AsRawFd;
+        // The descriptor is O_PATH: /proc reopens the inode, linked or not.
+        let mut src = std::fs::File::open(format!("/proc/self/fd/{}", self.file.as_raw_fd()))?;
+        let create = |p: &Path| {
+            std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(p)
+        };
+        let (target, mut out) = match create(&self.path) {
+            Ok(f) => (self.path.clone(), f),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                let mut name = self.path.clone().into_os_string();
+                name.push(format!(".rescued-{}", std::process::id()));
+                let t = PathBuf::from(name);
+                let f = create(&t)?;
+                (t, f)
+            }
+            Err(e) => return Err(e),
+        };
+        let copied = (|| {
+            let mut buf = vec![0u8; 1 << 20];
+            let mut left = self.region_end;
+            while left > 0 {
+                let want = left.min(buf.len() as u64) as usize;
+                src.read_exact(&mut buf[..want])?;
+                out.write_all(&buf[..want])?;
+                left -= want as u64;
+            }
+            out.sync_all()?;
+            if let Some(dir) = target.parent().filter(|d| !d.as_os_str().is_empty()) {
+                std::fs::File::open(dir)?.sync_all()?;
+            }
+            Ok(())
+        })();
+        match copied {
+            Ok(()) => Ok(target),
+            Err(e) => {
+                let _ = std::fs::remove_file(&target);
+                Err(e)
+            }
+        }
+    }
+
+    /// The close's error for a deleted journal file whose acknowledged
+    /// writes did not all reach home (the salvage could not run or finish,
+    /// `why`): the journal is saved first ([`WatchedJournal::rescue`]),
+    /// since closing drops the last reference to its content.
+    fn rescue_at_close(&self, why: &str) -> VolumeError {
+        let (j, h) = (self.path.display(), self.home.display());
+        let what = format!(
+            "the external journal file {j} was deleted while the volume was open, and not \
+             every acknowledged write could be written home ({why})"
+        );
+        let msg = match self.rescue() {
+            Ok(t) if t == self.path => format!(
+                "{what}. Its content was saved back to {j} before the close: the next open of \
+                 {h} replays it"
+            ),
+            Ok(t) => format!(
+                "{what}. Its content was saved to {t} before the close ({j} exists again and \
+                 was left alone): open the volume with `--journal {t}` (or move it to {j}) and \
+                 the open replays it",
+                t = t.display()
+            ),
+            Err(e) => format!(
+                "{what}. Saving its content before the close failed ({e}): the acknowledged \
+                 writes that only it held are lost"
+            ),
+        };
+        tracing::error!("{msg}");
+        VolumeError::JournalFileLost(msg)
     }
 
     /// The message when the problem is first seen at close, after the
@@ -1839,7 +1924,24 @@ impl Volume {
         for t in threads {
             join(t);
         }
-        flushed?;
+        if let Err(e) = flushed {
+            // A deleted journal file whose writes are not all home: the
+            // descriptors closing now are the last way to its content.
+            if let Some(w) = watch.as_deref() {
+                let home_has_all = self.engine.stats.lock().salvage_complete;
+                if !home_has_all && matches!(w.problem(), Some(JournalFileProblem::Deleted)) {
+                    let why = match &e {
+                        // Its text is the deletion's own message.
+                        VolumeError::JournalFileLost(_) => {
+                            "the salvage could not finish: see the log".to_string()
+                        }
+                        e => e.to_string(),
+                    };
+                    return Err(w.rescue_at_close(&why));
+                }
+            }
+            return Err(e);
+        }
         let res = self.engine.mark_clean();
         if let Some(w) = watch.as_deref() {
             if let Some(p) = w.problem() {
@@ -2221,6 +2323,117 @@ mod tests {
             other => panic!("expected the abort, got {other:?}"),
         }
         let _ = v.close();
+    }
+
+    /// A volume with its journal in the file `j.jnl` beside `v.img` in
+    /// `dir`, opened by path (so its journal file is watched), whose first
+    /// checkpoint round panics: acknowledged writes then stay in the
+    /// journal only, and nothing salvages them. (volume, home, journal,
+    /// the value each of blocks 0..16 last acknowledged, and the block and
+    /// value of the write that failed: it may or may not have landed.)
+    #[allow(clippy::type_complexity)]
+    fn journal_only_writes(dir: &Path) -> (Volume, PathBuf, PathBuf, Vec<u8>, (usize, u8)) {
+        let (home, jnl) = (dir.join("v.img"), dir.join("j.jnl"));
+        let mut f = FormatOptions::new(8 << 20);
+        f.journal_bytes = Some(2 << 20);
+        f.journal = JournalPlacement::External(jnl.clone());
+        Volume::create(&home, &f, &OpenOptions::default())
+            .unwrap()
+            .close()
+            .unwrap();
+        let v = Volume::open(&home, &OpenOptions::default()).unwrap();
+        v.engine
+            .panic_next_checkpoint
+            .store(true, std::sync::atomic::Ordering::Release);
+        // FUA writes until one fails: the checkpoint's first round (its
+        // interval, or the log filling up) panics and aborts the volume.
+        let mut acked = vec![0u8; 16];
+        let mut failed = (0, 0);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        for i in 0u64.. {
+            let value = (i % 250) as u8 + 1;
+            if v.write_at(&[value; 4096], (i % 16) * 4096, WriteFlags::FUA)
+                .is_err()
+            {
+                failed = ((i % 16) as usize, value);
+                break;
+            }
+            acked[(i % 16) as usize] = value;
+            assert!(std::time::Instant::now() < deadline, "no abort within 60 s");
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        assert!(!v.stats().salvage_complete);
+        (v, home, jnl, acked, failed)
+    }
+
+    /// Asserts that blocks 0..16 of `v` read as `acked` (0: never
+    /// written), or as the `failed` write.
+    fn reads_acked(v: &Volume, acked: &[u8], failed: (usize, u8)) {
+        for (b, &want) in acked.iter().enumerate() {
+            let mut back = vec![0u8; 4096];
+            v.read_at(&mut back, b as u64 * 4096).unwrap();
+            let is = |x: u8| back.iter().all(|&y| y == x);
+            assert!(
+                is(want) || (b == failed.0 && is(failed.1)),
+                "block {b}: want {want}, got {}",
+                back[0]
+            );
+        }
+    }
+
+    /// A journal file deleted while acknowledged writes are only in it, and
+    /// the salvage cannot run (here: the checkpoint thread panicked): the
+    /// close saves the journal back to its path before its last descriptor
+    /// goes, says so, and the next open replays every acknowledged write.
+    /// Before, the close repeated the abort's advice to copy the file back
+    /// through /proc "before the volume is closed" — too late by then —
+    /// and the writes were lost with the descriptor.
+    #[test]
+    fn a_deleted_journal_is_saved_back_at_close_when_the_salvage_could_not_run() {
+        let dir = tempfile::tempdir().unwrap();
+        let (v, home, jnl, acked, failed) = journal_only_writes(dir.path());
+        std::fs::remove_file(&jnl).unwrap();
+        let err = v.close().unwrap_err();
+        assert!(matches!(err, VolumeError::JournalFileLost(_)), "{err:?}");
+        let msg = err.to_string();
+        assert!(msg.contains("checkpoint panicked"), "{msg}");
+        assert!(
+            msg.contains(&format!(
+                "Its content was saved back to {} before the close",
+                jnl.display()
+            )),
+            "{msg}"
+        );
+        assert!(!msg.contains("/proc"), "{msg}");
+        let v = Volume::open(&home, &OpenOptions::default()).unwrap();
+        assert!(!v.recovery_report().was_clean);
+        reads_acked(&v, &acked, failed);
+        v.close().unwrap();
+    }
+
+    /// The same, with another file at the journal's path by the time of the
+    /// close: that file is left alone, the journal goes beside it, and an
+    /// open given the saved file replays it.
+    #[test]
+    fn a_deleted_journal_is_saved_beside_a_file_that_took_its_path() {
+        let dir = tempfile::tempdir().unwrap();
+        let (v, home, jnl, acked, failed) = journal_only_writes(dir.path());
+        std::fs::remove_file(&jnl).unwrap();
+        std::fs::write(&jnl, b"someone else's").unwrap();
+        let msg = v.close().unwrap_err().to_string();
+        let saved = PathBuf::from(format!("{}.rescued-{}", jnl.display(), std::process::id()));
+        assert!(
+            msg.contains(&format!("`--journal {}`", saved.display())),
+            "{msg}"
+        );
+        assert_eq!(std::fs::read(&jnl).unwrap(), b"someone else's");
+        let opts = OpenOptions {
+            journal_path: Some(saved),
+            ..OpenOptions::default()
+        };
+        let v = Volume::open(&home, &opts).unwrap();
+        reads_acked(&v, &acked, failed);
+        v.close().unwrap();
     }
 
     #[test]
