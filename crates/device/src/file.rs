@@ -303,8 +303,10 @@ fn lock_loop_backing(file: &File, what: &str, read_only: bool) -> Result<Option<
 /// for a read-only open, exclusive otherwise. `held` names what is locked,
 /// for the `Busy` error when another open holds it.
 ///
-/// A lock held by a live process fails at once. One whose every holder has
-/// exited (`/proc/locks`) is waited for, up to
+/// A lock held by a live process fails at once, and so does one whose
+/// listed holders have exited while a live process still has the file open
+/// (it inherited the locked descriptor: [`crate::open::live_openers_of`]).
+/// One whose every holder has exited (`/proc/locks`) is waited for, up to
 /// [`DEAD_HOLDER_WAIT`](crate::open::DEAD_HOLDER_WAIT), saying so. Why: a
 /// process killed with SIGKILL keeps its flock until the kernel has released
 /// every reference to its open file, and io_uring instances are torn down
@@ -329,18 +331,34 @@ fn flock_file(file: &File, path: &Path, read_only: bool, held: impl Fn() -> Stri
         if e.raw_os_error() != Some(libc::EWOULDBLOCK) {
             return Err(DeviceError::io("flock", held(), e));
         }
-        let holders = file.metadata().ok().and_then(|m| {
-            crate::open::flock_holders_of(
+        let id = file.metadata().ok().map(|m| {
+            (
                 crate::open::dev_major(m.dev()),
                 crate::open::dev_minor(m.dev()),
                 m.ino(),
             )
         });
-        let Some(holders) = holders else {
+        let holders = id.and_then(|(ma, mi, ino)| crate::open::flock_holders_of(ma, mi, ino));
+        let (Some(holders), Some((ma, mi, ino))) = (holders, id) else {
             return Err(DeviceError::Busy(held()));
         };
         if holders.iter().any(|&pid| crate::open::pid_alive(pid)) {
             return Err(DeviceError::Busy(held()));
+        }
+        if deadline.is_none() {
+            // Listed holders all dead, but a live process has the file open:
+            // it holds the lock through a descriptor it inherited (a shell's
+            // `flock -x FD`), and no wait will end that. Once: a killed
+            // holder's descriptors are gone from /proc at once.
+            let live = crate::open::live_openers_of(ma, mi, ino, 4);
+            if !live.is_empty() {
+                let pids: Vec<String> = live.iter().map(i64::to_string).collect();
+                let note = format!(
+                    "pid {} has it open, and the lock with it: the process that took the lock has exited",
+                    pids.join(", ")
+                );
+                return Err(DeviceError::Busy(with_note(held(), &note)));
+            }
         }
         // All holders have exited, or none is listed any more (the lock
         // went away between our attempt and the look): retry.
@@ -358,6 +376,15 @@ fn flock_file(file: &File, path: &Path, read_only: bool, held: impl Fn() -> Stri
             return Err(DeviceError::Busy(held()));
         }
         std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// `held` (a name, perhaps with who may hold it in parentheses) with `note`
+/// in its parentheses.
+fn with_note(held: String, note: &str) -> String {
+    match held.strip_suffix(')') {
+        Some(h) => format!("{h}; {note})"),
+        None => format!("{held} ({note})"),
     }
 }
 

@@ -202,6 +202,46 @@ pub(crate) fn flock_holders_of(major: u64, minor: u64, ino: u64) -> Option<Vec<i
     Some(parse_proc_locks(&locks, major, minor, ino))
 }
 
+/// Live processes other than this one with a descriptor of the inode
+/// (`/proc/PID/fd`), at most `max` of them. A flock belongs to an open file,
+/// not to a process: `flock -x FD` in a shell takes the lock in the `flock`
+/// process, which exits and leaves it held through the shell's descriptor,
+/// so `/proc/locks` names a dead pid for a lock a live process holds. A
+/// lock whose listed holders are dead while such a process exists is held
+/// by it, not left over from a killed one.
+pub(crate) fn live_openers_of(major: u64, minor: u64, ino: u64, max: usize) -> Vec<i64> {
+    use std::os::unix::fs::MetadataExt;
+    let me = i64::from(std::process::id());
+    let mut out = Vec::new();
+    let Ok(procs) = std::fs::read_dir("/proc") else {
+        return out;
+    };
+    for p in procs.flatten() {
+        let Some(pid) = p.file_name().to_str().and_then(|s| s.parse::<i64>().ok()) else {
+            continue;
+        };
+        if pid == me || !pid_alive(pid) {
+            continue;
+        }
+        let Ok(fds) = std::fs::read_dir(p.path().join("fd")) else {
+            continue;
+        };
+        let holds = fds.flatten().any(|fd| {
+            // stat through the magic link: the file itself, not the link.
+            std::fs::metadata(fd.path()).is_ok_and(|m| {
+                m.ino() == ino && dev_major(m.dev()) == major && dev_minor(m.dev()) == minor
+            })
+        });
+        if holds {
+            out.push(pid);
+            if out.len() >= max {
+                break;
+            }
+        }
+    }
+    out
+}
+
 /// The glibc/Linux encoding of `dev_t`.
 pub(crate) fn dev_major(dev: u64) -> u64 {
     ((dev >> 32) & 0xffff_f000) | ((dev >> 8) & 0xfff)

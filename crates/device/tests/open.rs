@@ -277,24 +277,54 @@ fn a_loop_device_and_its_backing_file_exclude_each_other() {
     drop(open_device(&file, &rw).unwrap());
 }
 
-/// A process holding `file`'s lock as a jbdev open would (`flock(1)`),
-/// whose lock outlives it once it is killed: the command it runs (which
-/// inherits the locked descriptor) goes on for `linger` seconds, as an
-/// io_uring torn down after a kill -9 keeps the open file for a moment.
-/// Returns once the lock is held; `None` (printed) without flock(1).
-fn lingering_holder(file: &std::path::Path, linger: u32) -> Option<std::process::Child> {
+/// A process holding `file`'s lock as a jbdev open would (`flock(1)`); the
+/// command it runs inherits the locked descriptor and goes on for `linger`
+/// seconds after `flock` itself is killed. Returns once the lock is held;
+/// `None` (printed) without flock(1).
+fn flock_holder(file: &std::path::Path, linger: u32) -> Option<std::process::Child> {
+    use std::process::Command;
+    let mut cmd = Command::new("flock");
+    cmd.arg("--exclusive").arg(file).args([
+        "sh",
+        "-c",
+        &format!("echo locked; exec sleep {linger}"),
+    ]);
+    spawn_until_locked(cmd, "flock(1) (util-linux)")
+}
+
+/// A lock whose owner is dead while no live process has the file open, as
+/// after `kill -9` of a process whose io_uring the kernel is still tearing
+/// down: a child takes the lock, passes its descriptor over a unix socket
+/// and exits; the descriptor, in flight in the socket's queue, keeps the
+/// lock until the parent exits `linger` seconds later. `None` (printed)
+/// without python3.
+fn in_flight_holder(file: &std::path::Path, linger: u32) -> Option<std::process::Child> {
+    const SCRIPT: &str = r#"
+import fcntl, os, socket, sys, time
+a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+pid = os.fork()
+if pid == 0:
+    fd = os.open(sys.argv[1], os.O_RDWR)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    socket.send_fds(a, [b"x"], [fd])
+    os._exit(0)
+os.waitpid(pid, 0)
+a.close()
+print("locked", flush=True)
+time.sleep(float(sys.argv[2]))
+"#;
+    let mut cmd = std::process::Command::new("python3");
+    cmd.args(["-c", SCRIPT]).arg(file).arg(linger.to_string());
+    spawn_until_locked(cmd, "python3")
+}
+
+/// Spawns `cmd` and waits for its "locked" line.
+fn spawn_until_locked(mut cmd: std::process::Command, what: &str) -> Option<std::process::Child> {
     use std::io::BufRead;
-    use std::process::{Command, Stdio};
-    let mut child = match Command::new("flock")
-        .arg("--exclusive")
-        .arg(file)
-        .args(["sh", "-c", &format!("echo locked; exec sleep {linger}")])
-        .stdout(Stdio::piped())
-        .spawn()
-    {
+    let mut child = match cmd.stdout(std::process::Stdio::piped()).spawn() {
         Ok(c) => c,
         Err(e) => {
-            println!("SKIP: cannot run flock(1) (util-linux): {e}");
+            println!("SKIP: cannot run {what}: {e}");
             return None;
         }
     };
@@ -302,7 +332,7 @@ fn lingering_holder(file: &std::path::Path, linger: u32) -> Option<std::process:
     std::io::BufReader::new(child.stdout.take().unwrap())
         .read_line(&mut line)
         .unwrap();
-    assert_eq!(line, "locked\n", "flock(1) did not take the lock");
+    assert_eq!(line, "locked\n", "{what} did not take the lock");
     Some(child)
 }
 
@@ -312,6 +342,11 @@ fn lingering_holder(file: &std::path::Path, linger: u32) -> Option<std::process:
 /// device failed at once with "/dev/loopN is backed by FILE, which is
 /// already open" (/work/s18/fail/loop_alias.sh), while the file's own path
 /// waited.
+///
+/// A lock that a live process holds through a descriptor it inherited from
+/// the process that took it (a shell's `flock -x FD`, here flock(1) killed
+/// while its command runs on) is refused at once too, naming that process.
+/// Before, it passed for a dead holder's: the open waited 10 s first.
 #[test]
 fn a_dead_holders_lock_is_waited_for_through_a_loop_device_too() {
     let Some(lo) = LoopDevice::new(4 << 20, 512) else {
@@ -320,8 +355,7 @@ fn a_dead_holders_lock_is_waited_for_through_a_loop_device_too() {
     let rw = opts(Backend::Pread);
     for target in [&lo.backing, &lo.path] {
         let case = target.display();
-        // Lingers 3 s after the kill; an open waits up to DEAD_HOLDER_WAIT.
-        let Some(mut holder) = lingering_holder(&lo.backing, 3) else {
+        let Some(mut holder) = flock_holder(&lo.backing, 30) else {
             return;
         };
         match open_device(target, &rw) {
@@ -329,14 +363,43 @@ fn a_dead_holders_lock_is_waited_for_through_a_loop_device_too() {
             Err(e) => panic!("{case}, live holder: unexpected error {e}"),
             Ok(_) => panic!("{case}: opened while a live process holds the file"),
         }
-        holder.kill().unwrap(); // SIGKILL
+        holder.kill().unwrap(); // SIGKILL of flock(1); its `sleep` goes on
         holder.wait().unwrap();
+        let sleeper = match open_device(target, &rw) {
+            Err(DeviceError::Busy(m)) => {
+                let pid = m
+                    .split("pid ")
+                    .nth(1)
+                    .and_then(|r| r.split(' ').next())
+                    .and_then(|p| p.parse::<i32>().ok())
+                    .unwrap_or_else(|| panic!("{case}: no pid named: {m}"));
+                assert!(
+                    m.contains("the process that took the lock has exited"),
+                    "{m}"
+                );
+                pid
+            }
+            Err(e) => panic!("{case}, inherited holder: unexpected error {e}"),
+            Ok(_) => panic!("{case}: opened while a live process holds the lock"),
+        };
+        // The sleep the message named (our grandchild).
+        let killed = std::process::Command::new("kill")
+            .args(["-KILL", &sleeper.to_string()])
+            .status()
+            .unwrap();
+        assert!(killed.success());
+        // Lingers 3 s with its owner dead and no process holding the file;
+        // an open waits up to DEAD_HOLDER_WAIT.
+        let Some(mut holder) = in_flight_holder(&lo.backing, 3) else {
+            return;
+        };
         let dev = open_device(target, &rw)
-            .unwrap_or_else(|e| panic!("{case}, after the holder was killed: {e}"));
+            .unwrap_or_else(|e| panic!("{case}, after the holder died: {e}"));
         dev.device
             .write_at(&[5u8; 4096], 0, IoPriority::Urgent)
             .unwrap();
         drop(dev);
+        holder.wait().unwrap();
     }
 }
 
