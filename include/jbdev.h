@@ -53,7 +53,9 @@
  *    every committed write is first written home from memory (the
  *    salvage, in the background): jbdev_get_stats() shows
  *    salvage_running = 1 while it goes on, then salvage_complete = 1 once
- *    every acknowledged write is on the volume's own device.
+ *    every committed write (every write a flush or FUA acknowledged) is
+ *    on the volume's own device; plain writes no flush covered yet are
+ *    not (salvage_uncommitted_blocks counts them).
  *    jbdev_close() waits for it and its message says how it ended. A
  *    volume whose journal file is lost then opens again after
  *    `jbdev journal reset PATH`, which gives it a new, empty journal.
@@ -253,8 +255,9 @@ typedef struct jbdev_stats {
   // volume's own device fails meanwhile, with both 0 (the journal then
   // keeps what it holds for the next open).
   uint32_t salvage_running;
-  // 1 once that salvage is complete: every write acknowledged before
-  // the journal failed is durable on the volume's own device, and after
+  // 1 once that salvage is complete: every write committed before the
+  // journal failed (every write a flush or FUA acknowledged) is durable
+  // on the volume's own device, and after
   // `jbdev_close` the command `jbdev journal reset PATH` gives the
   // volume a new journal.
   uint32_t salvage_complete;
@@ -266,6 +269,10 @@ typedef struct jbdev_stats {
   uint64_t salvaged_blocks;
   // Checkpoint attempts that found the backing store full since open.
   uint64_t store_full_attempts;
+  // Blocks the salvage could not take home because no commit had made
+  // them durable (plain writes no flush or FUA covered yet): readable
+  // until `jbdev_close`, lost then.
+  uint64_t salvage_uncommitted_blocks;
 } jbdev_stats;
 
 #ifdef __cplusplus

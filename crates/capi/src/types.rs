@@ -193,8 +193,9 @@ pub struct jbdev_stats {
     /// volume's own device fails meanwhile, with both 0 (the journal then
     /// keeps what it holds for the next open).
     pub salvage_running: u32,
-    /// 1 once that salvage is complete: every write acknowledged before
-    /// the journal failed is durable on the volume's own device, and after
+    /// 1 once that salvage is complete: every write committed before the
+    /// journal failed (every write a flush or FUA acknowledged) is durable
+    /// on the volume's own device, and after
     /// `jbdev_close` the command `jbdev journal reset PATH` gives the
     /// volume a new journal.
     pub salvage_complete: u32,
@@ -206,6 +207,10 @@ pub struct jbdev_stats {
     pub salvaged_blocks: u64,
     /// Checkpoint attempts that found the backing store full since open.
     pub store_full_attempts: u64,
+    /// Blocks the salvage could not take home because no commit had made
+    /// them durable (plain writes no flush or FUA covered yet): readable
+    /// until `jbdev_close`, lost then.
+    pub salvage_uncommitted_blocks: u64,
 }
 
 /// Size of version 1 of each struct: the smallest `struct_size` accepted.
@@ -364,6 +369,7 @@ impl jbdev_stats {
             store_full: u32::from(s.store_full),
             salvaged_blocks: s.salvaged_blocks,
             store_full_attempts: s.store_full_attempts,
+            salvage_uncommitted_blocks: s.salvage_uncommitted_blocks,
         }
     }
 }

@@ -915,9 +915,16 @@ impl Collector_ {
         family(
             enc,
             "jbdev_salvage_complete",
-            "1 once a salvage after a journal failure has written every committed block home and flushed it: every acknowledged write is then durable on the home device.",
+            "1 once a salvage after a journal failure has written every committed block home and flushed it: every write committed before the failure (every write a flush or FUA acknowledged) is then durable on the home device.",
             MetricType::Gauge,
             &gauge(|s| f64::from(u8::from(s.salvage_complete))),
+        )?;
+        family(
+            enc,
+            "jbdev_salvage_uncommitted_blocks",
+            "Blocks a salvage after a journal failure could not take home because no commit had made them durable (plain writes no flush or FUA covered yet): lost when the volume closes.",
+            MetricType::Gauge,
+            &gauge(|s| s.salvage_uncommitted_blocks as f64),
         )?;
         family(
             enc,

@@ -324,6 +324,14 @@ fn volume_state(now: &Scrape, v: &str) -> (String, Option<String>) {
         return ("-".into(), None);
     };
     let salvaged = num(sum(now, "jbdev_salvaged_blocks_total", &vol), 0);
+    let lost = match sum(now, "jbdev_salvage_uncommitted_blocks", &vol) {
+        Some(n) if n > 0.0 => format!(
+            " ({} block(s) of plain writes no flush or FUA covered were never committed and \
+             are lost)",
+            num(Some(n), 0)
+        ),
+        _ => String::new(),
+    };
     let name = printable(v);
     if aborted {
         return if flag("jbdev_salvage_complete") == Some(true) {
@@ -331,7 +339,8 @@ fn volume_state(now: &Scrape, v: &str) -> (String, Option<String>) {
                 "ABORTED,salvaged".into(),
                 Some(format!(
                     "{name}: journal ABORTED; salvage complete ({salvaged} block(s) written \
-                     home): every acknowledged write is on the volume; see the server's log"
+                     home): every committed write (every write a flush or FUA acknowledged) is \
+                     on the volume{lost}; see the server's log"
                 )),
             )
         } else if flag("jbdev_salvage_running") == Some(true) {

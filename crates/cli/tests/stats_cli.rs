@@ -123,7 +123,9 @@ fn stats_of_a_real_server_show_names_on_one_row_and_an_aborted_volume() {
     );
     assert!(
         out.contains("v.img: journal ABORTED; salvage complete (")
-            && out.contains("every acknowledged write is on the volume"),
+            && out.contains(
+                "every committed write (every write a flush or FUA acknowledged) is on the volume"
+            ),
         "{out}"
     );
     // The other volume is fine.

@@ -115,10 +115,14 @@ pub struct Stats {
     pub aborted: bool,
     /// Blocks written home from memory after the journal failed (its
     /// device, or its file deleted or truncated), and whether that salvage
-    /// finished: every write acknowledged before the failure is then on
-    /// the home device and durable.
+    /// finished: every write committed before the failure (every write a
+    /// flush or FUA acknowledged) is then on the home device and durable.
     pub salvaged_blocks: u64,
     pub salvage_complete: bool,
+    /// Blocks that salvage could not take home because no commit had made
+    /// them durable (plain writes no flush or FUA covered yet, still in
+    /// the running transaction or in a commit that failed): lost at close.
+    pub salvage_uncommitted_blocks: u64,
     /// That salvage is due or under way: `salvage_complete` follows, unless
     /// a home write or flush fails, which stops it (both false then; the
     /// journal keeps what it holds for the next open).
@@ -480,9 +484,10 @@ impl WatchedJournal {
                 use std::os::unix::io::AsRawFd;
                 let (pid, fd) = (std::process::id(), self.file.as_raw_fd());
                 format!(
-                    "{what}: writes are refused from now on. Acknowledged writes not yet \
-                     written home are now written there from memory: once the log says \
-                     \"salvage complete\", every one is on the volume, and after the volume is \
+                    "{what}: writes are refused from now on. Committed writes not yet written \
+                     home (every write a flush or FUA acknowledged) are now written there from \
+                     memory: once the log says \"salvage complete\", every one is on the \
+                     volume (plain writes no flush covered yet are not), and after the volume is \
                      closed `jbdev journal reset {h}` gives it a new journal. If the salvage \
                      cannot finish, the close saves the journal's content back to {j} (beside \
                      it if that path is taken again) and the next open replays it. A process \
@@ -493,9 +498,10 @@ impl WatchedJournal {
                 )
             }
             JournalFileProblem::Truncated { .. } => format!(
-                "{what}: writes are refused from now on. Acknowledged writes not yet written \
-                 home are now written there from memory: once the log says \"salvage \
-                 complete\", every one is on the volume, and after the volume is closed \
+                "{what}: writes are refused from now on. Committed writes not yet written home \
+                 (every write a flush or FUA acknowledged) are now written there from memory: \
+                 once the log says \"salvage complete\", every one is on the volume (plain \
+                 writes no flush covered yet are not), and after the volume is closed \
                  `jbdev journal reset --force {h}` gives it a new journal. If the salvage \
                  cannot finish, writes only in the cut-off part are lost; to open the volume \
                  again with what is left, {}",
@@ -1869,6 +1875,7 @@ impl Volume {
             locked_reads: s.locked_reads,
             aborted,
             salvaged_blocks: s.salvaged_blocks,
+            salvage_uncommitted_blocks: s.salvage_uncommitted_blocks,
             salvage_complete: s.salvage_complete,
             salvage_running: salvage_due && !s.salvage_complete,
             write_buffers_allocated: pool.allocated,

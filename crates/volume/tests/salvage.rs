@@ -300,3 +300,53 @@ fn a_journal_reset_refuses_a_usable_journal_without_force() {
     assert!(back.iter().all(|&x| x == 0), "the discarded write is gone");
     v.close().unwrap();
 }
+
+/// Plain writes that no commit made durable yet (no flush, no FUA, the
+/// commit interval far away) when the journal file is deleted: the salvage
+/// takes home every committed write and counts those it cannot — no
+/// journal protects them any more — and they are not at home afterwards.
+/// (Found by an adversarial pass: the salvage wrote 0 blocks of 100 plain
+/// writes and logged that "every write acknowledged before the journal
+/// failed is durable on the home device"; `jbdev stats` said the same.)
+#[test]
+fn the_salvage_counts_the_plain_writes_no_commit_made_durable() {
+    let dir = tempfile::tempdir().unwrap();
+    let (img, jpath) = file_volume(dir.path());
+    let v = Volume::open(&img, &quiet_open_options()).unwrap();
+    let acked = acknowledged(&v);
+    // Blocks 40..50: plain writes, in the running transaction (the commit
+    // interval is an hour), so no commit covers them.
+    let plain: Vec<(u64, Vec<u8>)> = (40..50u64)
+        .map(|b| (b, stamped(5000 + b, b * BS, BS as usize)))
+        .collect();
+    for (b, data) in &plain {
+        v.write_at(data, b * BS, WriteFlags::NONE).unwrap();
+    }
+    std::fs::remove_file(&jpath).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while v
+        .write_at(&[7u8; BS as usize], 60 * BS, WriteFlags::NONE)
+        .is_ok()
+    {
+        assert!(
+            Instant::now() < deadline,
+            "no abort a minute after the delete"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let s = salvage_outcome(&v);
+    assert!(s.salvage_complete, "{s:?}");
+    // The ten plain writes; block 60's writes (the last one failed) too.
+    assert!(
+        (10..=11).contains(&s.salvage_uncommitted_blocks),
+        "{}",
+        s.salvage_uncommitted_blocks
+    );
+    assert!(v.close().is_err());
+    let held = home_file_blocks(&img, &acked);
+    assert_eq!(held.len(), acked.len(), "committed writes not at home");
+    assert!(
+        home_file_blocks(&img, &plain).is_empty(),
+        "uncommitted blocks went home"
+    );
+}

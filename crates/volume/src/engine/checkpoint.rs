@@ -419,12 +419,29 @@ impl Engine {
     /// cancelled are then only in the journal, which is left as it is. The
     /// journal's tail is not moved and nothing is forgotten: the next open
     /// replays whatever the journal still holds, the same data again.
+    ///
+    /// What no commit made durable (plain writes in the running
+    /// transaction, or in a commit that failed or was in flight) is not
+    /// written: no journal protects it any more, so a failure while it went
+    /// home could leave a write half-applied, and replaying the journal
+    /// over it later could roll part of it back. Those writes were never
+    /// promised durability (a flush or FUA would have failed); they are
+    /// counted (`salvage_uncommitted_blocks`) and named in the log.
     pub(super) fn salvage<'a>(&'a self, queue: &mut HomeQueue<'a>) {
         let all = newest_blocks(self.log.committed.lock().iter());
+        let uncommitted = self.uncommitted_blocks(&all);
+        self.stats.lock().salvage_uncommitted_blocks = uncommitted;
         tracing::warn!(
             "the journal failed: writing the {} block(s) of its committed transactions home from memory",
             all.len()
         );
+        if uncommitted > 0 {
+            tracing::warn!(
+                "{uncommitted} block(s) of writes no commit had made durable (plain writes that no \
+                 flush or FUA covered yet) cannot be salvaged: they stay readable until the \
+                 volume is closed, and are lost then"
+            );
+        }
         let stopped = |why: String| {
             tracing::error!(
                 "salvage stopped: {why}; writes acknowledged before the journal failed may \
@@ -457,8 +474,30 @@ impl Engine {
         };
         tracing::warn!(
             "salvage complete: {written} block(s) written home and flushed; every write \
-             acknowledged before the journal failed is durable on the home device"
+             committed before the journal failed (every write a flush or FUA acknowledged) is \
+             durable on the home device"
         );
+    }
+
+    /// Blocks whose newest version no committed transaction in `committed`
+    /// (the salvage's list) holds and no direct write superseded: written,
+    /// but never made durable.
+    fn uncommitted_blocks(&self, committed: &[(Lba, u64, BlockRef)]) -> u64 {
+        let have: HashMap<Lba, u64> = committed.iter().map(|(b, v, _)| (*b, *v)).collect();
+        let mut n = 0;
+        for i in 0..crate::overlay::SHARDS {
+            let sh = self.overlay.lock(i);
+            n += sh
+                .map
+                .iter()
+                .filter(|(b, e)| {
+                    e.newest.as_ref().is_some_and(|v| {
+                        v.ver >= e.cancel_below && have.get(b).is_none_or(|&c| c < v.ver)
+                    })
+                })
+                .count() as u64;
+        }
+        n
     }
 
     /// Whether version `v` of block `b` is still to go home: no direct

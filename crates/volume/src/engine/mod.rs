@@ -317,6 +317,10 @@ pub struct StatsInner {
     /// (every committed block home and flushed).
     pub salvaged_blocks: u64,
     pub salvage_complete: bool,
+    /// Blocks the salvage could not take home because no commit had made
+    /// them durable: plain writes still in the running transaction, or in
+    /// a commit that failed or was in flight when the journal failed.
+    pub salvage_uncommitted_blocks: u64,
 }
 
 /// Receives the outcome of a request that did not wait for durability
@@ -662,6 +666,7 @@ impl Engine {
                 read_retries: 0,
                 locked_reads: 0,
                 salvaged_blocks: 0,
+                salvage_uncommitted_blocks: 0,
                 salvage_complete: false,
             }),
         }
