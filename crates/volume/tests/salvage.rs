@@ -204,6 +204,22 @@ fn a_deleted_journal_file_loses_no_acknowledged_write() {
     );
 }
 
+/// Plain writes of block `b` until one fails: the journal watch (every
+/// 250 ms) saw the journal file deleted and aborted the volume.
+fn plain_writes_until_the_abort(v: &Volume, b: u64) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while v
+        .write_at(&[7u8; BS as usize], b * BS, WriteFlags::NONE)
+        .is_ok()
+    {
+        assert!(
+            Instant::now() < deadline,
+            "no abort a minute after the delete"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// The blocks of `acked` the image file holds.
 fn home_file_blocks(img: &Path, acked: &[(u64, Vec<u8>)]) -> Vec<u64> {
     use std::os::unix::fs::FileExt;
@@ -237,17 +253,7 @@ fn a_volume_whose_journal_file_was_deleted_opens_again_after_a_journal_reset() {
         "{busy:?}"
     );
     std::fs::remove_file(&jpath).unwrap();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while v
-        .write_at(&[7u8; BS as usize], 50 * BS, WriteFlags::NONE)
-        .is_ok()
-    {
-        assert!(
-            Instant::now() < deadline,
-            "no abort a minute after the delete"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    plain_writes_until_the_abort(&v, 50);
     assert!(salvage_outcome(&v).salvage_complete);
     assert!(v.close().is_err());
     assert!(
@@ -323,17 +329,7 @@ fn the_salvage_counts_the_plain_writes_no_commit_made_durable() {
         v.write_at(data, b * BS, WriteFlags::NONE).unwrap();
     }
     std::fs::remove_file(&jpath).unwrap();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while v
-        .write_at(&[7u8; BS as usize], 60 * BS, WriteFlags::NONE)
-        .is_ok()
-    {
-        assert!(
-            Instant::now() < deadline,
-            "no abort a minute after the delete"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    plain_writes_until_the_abort(&v, 60);
     let s = salvage_outcome(&v);
     assert!(s.salvage_complete, "{s:?}");
     // The ten plain writes; block 60's writes (the last one failed) too.
