@@ -290,3 +290,74 @@ fn thread_count_does_not_depend_on_the_number_of_connections() {
     first.disconnect().unwrap();
     assert!(srv.stop(), "server did not stop cleanly");
 }
+
+/// `jbdev_nbd_requests_total` of READs on the default export.
+fn reads_run(m: &std::collections::HashMap<String, f64>) -> f64 {
+    m.get(r#"jbdev_nbd_requests_total{export="",command="read"}"#)
+        .copied()
+        .unwrap_or(0.0)
+}
+
+/// A client that pipelines 16 MiB READs and never reads a reply is dropped
+/// at the send timeout; from then on none of its requests is carried out
+/// and its connection slot is free. Before, the reader went on parsing what
+/// the client sent (Linux still takes data on a socket whose read side is
+/// shut down) and the server read ~50 GiB for a dropped client, with the
+/// connection counted open, for as long as the client kept sending.
+#[test]
+fn a_dropped_client_s_requests_are_not_carried_out() {
+    let dir = TempDir::new("dropped");
+    let img = dir.path("a.img");
+    format_volume(&img, "256M");
+    let srv = ServerProc::start(
+        &[
+            img.to_str().unwrap(),
+            "--send-timeout",
+            "2",
+            "--metrics",
+            "127.0.0.1:0",
+        ],
+        None,
+    );
+    let url = srv.metrics_url();
+    let sock = TcpStream::connect(srv.tcp.clone().unwrap()).unwrap();
+    let mut deaf = Client::handshake(
+        Box::new(sock.try_clone().unwrap()),
+        Box::new(sock.try_clone().unwrap()),
+        "",
+    )
+    .unwrap();
+    // Sends until the server closes the connection (bounded).
+    let sender = std::thread::spawn(move || {
+        let mut sent = 0u64;
+        for i in 0..1_000_000u64 {
+            let queued = deaf
+                .writer
+                .queue(CMD_READ, 0, i, (i % 16) << 24, 16 << 20, &[]);
+            if queued.is_err() || deaf.writer.flush().is_err() {
+                break;
+            }
+            sent += 1;
+        }
+        sent
+    });
+    srv.wait_for_log("dropping client: reply write failed");
+    let open = || scrape_metrics(&url)["jbdev_nbd_connections_open"];
+    assert!(
+        poll_until(Duration::from_secs(60), || open() == 0.0),
+        "the dropped client's connection is still open; {} reads run so far",
+        reads_run(&scrape_metrics(&url))
+    );
+    let at_close = reads_run(&scrape_metrics(&url));
+    let sent = sender.join().unwrap();
+    let after = reads_run(&scrape_metrics(&url));
+    eprintln!("client sent {sent} reads; the server ran {after}");
+    assert_eq!(at_close, after, "reads ran after the connection closed");
+    // What ran is what the client's in-flight limit (64 MiB: 4 reads) and
+    // the socket buffers let through before the drop.
+    assert!(
+        after < 64.0,
+        "{after} reads of 16 MiB were run for a client that never read a reply"
+    );
+    assert!(srv.stop(), "server did not stop cleanly");
+}

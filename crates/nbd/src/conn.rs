@@ -187,6 +187,9 @@ pub struct ReplySink {
     gate: Arc<InflightGate>,
     control: Arc<dyn StreamControl>,
     send_timeout: Duration,
+    /// Turns true when the writing task gives up on the client (see
+    /// [`ReplySink::is_broken`]); the reading task selects on it.
+    broken_tx: watch::Sender<bool>,
 }
 
 /// Most messages written in one `writev` batch.
@@ -209,7 +212,14 @@ impl ReplySink {
             gate,
             control,
             send_timeout,
+            broken_tx: watch::Sender::new(false),
         }
+    }
+
+    /// The writing task gave up on this client (a reply write failed or
+    /// timed out): nothing more is read, executed or answered on it.
+    pub fn is_broken(&self) -> bool {
+        *self.broken_tx.borrow()
     }
 
     fn release(&self, msgs: &[OutMsg]) {
@@ -286,6 +296,13 @@ impl ReplySink {
                     st.queue.drain(..).collect()
                 };
                 self.release(&dropped);
+                // The reading task stops at once (it selects on this and
+                // checks it per request), and requests still queued for a
+                // worker are skipped: a dropped client's requests are not
+                // carried out. (Shutting the socket's read side is not
+                // enough: Linux still takes, and the reader would still
+                // parse, what the client sends afterwards.)
+                self.broken_tx.send_replace(true);
                 self.control.shutdown();
                 return;
             }
@@ -717,6 +734,9 @@ fn block_status_reply(
 /// Why the reader stopped.
 type Ended = String;
 
+/// The reader's end when the writing task dropped the client.
+const DROPPED: &str = "the client was dropped (its replies could not be sent)";
+
 /// The connection's buffered input: bytes read ahead during the handshake
 /// belong to the first requests.
 pub(crate) type Input = BufReader<AsyncIn>;
@@ -791,7 +811,15 @@ pub(crate) async fn serve(
         bulk_writes: false,
         stopped_by_shutdown: false,
     };
-    let reason = reader.run().await;
+    let mut broken = conn.sink.broken_tx.subscribe();
+    // `biased`: once the writer has given up, the reader is dropped at its
+    // next wait (a socket read, the in-flight gate, the buffer pool), even
+    // if more requests are buffered (`run` checks per request as well).
+    let reason = tokio::select! {
+        biased;
+        _ = broken.wait_for(|b| *b) => DROPPED.into(),
+        r = reader.run() => r,
+    };
     tracing::debug!("connection ending: {reason}");
     let linger = reader.stopped_by_shutdown;
     let mut input = reader.input;
@@ -840,6 +868,11 @@ impl Reader<'_> {
         let header_bytes = self.session.header_mode.request_header_bytes();
         let mut hb = [0u8; 32];
         loop {
+            // The reply side gave up on this client: requests it sent (or
+            // the read buffer holds) are neither parsed nor carried out.
+            if self.conn.sink.is_broken() {
+                return DROPPED.into();
+            }
             let hb = &mut hb[..header_bytes];
             match self.read_header(hb).await {
                 Ok(true) => {}
@@ -1080,15 +1113,26 @@ impl Reader<'_> {
                 if let Err((payload, done)) = tried {
                     // The worker hands the payload buffer itself over: a
                     // large write goes home from it without a copy.
-                    self.res.workers.submit(move || match payload {
-                        Some(buf) => backend.write_owned_then(buf, offset, fua, done),
-                        None => backend.write_at_then(&[], offset, fua, done),
+                    let conn = self.conn.clone();
+                    self.res.workers.submit(move || {
+                        if conn.sink.is_broken() {
+                            return; // dropped client: `done` releases its gate
+                        }
+                        match payload {
+                            Some(buf) => backend.write_owned_then(buf, offset, fua, done),
+                            None => backend.write_at_then(&[], offset, fua, done),
+                        }
                     });
                 }
             }
             Command::Flush => {
                 if let Err(done) = backend.try_flush_then(answer_when_done(pending, req)) {
-                    self.res.workers.submit(move || backend.flush_then(done));
+                    let conn = self.conn.clone();
+                    self.res.workers.submit(move || {
+                        if !conn.sink.is_broken() {
+                            backend.flush_then(done);
+                        }
+                    });
                 }
             }
             Command::Read { offset, length, df } if length > 0 => {
@@ -1109,6 +1153,9 @@ impl Reader<'_> {
                         pending.answer(parts);
                     }
                     None => self.res.workers.submit(move || {
+                        if pending.conn.sink.is_broken() {
+                            return; // dropped client: not read for nobody
+                        }
                         let parts = match backend.read_at(&mut data, offset) {
                             Ok(()) => data_reply(&pending.conn, req.cookie, offset, df, data),
                             Err(e) => error_reply(&pending.conn, &req, e.errno, &e.message),
