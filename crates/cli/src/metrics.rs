@@ -1058,6 +1058,13 @@ impl Collector_ {
                 MetricType::Gauge,
                 &[(no_labels.clone(), Level(n))],
             )?;
+            family(
+                enc,
+                "jbdev_nbd_payload_buffer_bytes",
+                "Bytes of NBD payload buffers (write data, read replies) in use now, over all connections.",
+                MetricType::Gauge,
+                &[(no_labels.clone(), Level(h.payload_buffer_bytes() as f64))],
+            )?;
         }
         let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
         let field = |key: &str| -> Option<f64> {

@@ -26,8 +26,10 @@
 //!   `max_inflight_bytes` payload bytes outstanding; when it is full the
 //!   reading task stops reading and TCP pushes back on the client;
 //! * payload buffers come from the server-wide [`BufferPool`], whose byte
-//!   budget holds across all connections; a write's buffer is filled as its
-//!   bytes arrive, within `payload_timeout`;
+//!   budget holds across all connections; each connection has a share of
+//!   it that the others cannot take, so its small requests are served
+//!   whatever they hold; a write's buffer is filled as its bytes arrive,
+//!   within `payload_timeout`;
 //! * READ/WRITE up to [`MAX_PAYLOAD_BYTES`] are served; longer ones are
 //!   answered `EOVERFLOW` and the connection stays usable (a write's payload
 //!   is read and dropped up to [`MAX_DRAIN_BYTES`]; beyond that the
@@ -42,7 +44,7 @@ use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWriteExt, BufRead
 use tokio::sync::{watch, Notify};
 
 use crate::backend::{Backend, BackendError, Done, OwnedPayload};
-use crate::buffers::{BufferPool, PooledBuf};
+use crate::buffers::{BufferPool, PooledBuf, Share};
 use crate::codec::{self, ChunkStyle, Command, ExportContext, HeaderMode, Request};
 use crate::handshake::Session;
 use crate::pool::WorkerPool;
@@ -409,6 +411,9 @@ struct ConnShared {
     backend: Arc<dyn Backend>,
     sink: ReplySink,
     buffers: Arc<BufferPool>,
+    /// This connection's guaranteed part of the buffer budget: what other
+    /// connections hold never stalls its small requests.
+    share: Arc<Share>,
     structured: bool,
     /// Extended headers: every reply is an extended chunk.
     extended: bool,
@@ -544,7 +549,7 @@ fn execute(conn: &ConnShared, req: &Request, cmd: Command) -> Vec<Part> {
 
 /// A pooled buffer holding `length` bytes read from the backend at `offset`.
 fn read_data(conn: &ConnShared, offset: u64, length: u32) -> Result<PooledBuf, BackendError> {
-    let mut data = conn.buffers.take(length as usize);
+    let mut data = conn.buffers.take_for(Some(&conn.share), length as usize);
     data.vec().resize(length as usize, 0);
     conn.backend.read_at(&mut data, offset)?;
     Ok(data)
@@ -786,6 +791,7 @@ pub(crate) async fn serve(
         backend: backend.clone(),
         sink: ReplySink::new(gate.clone(), control.clone(), wake, limits.send_timeout),
         buffers: res.buffers.clone(),
+        share: Arc::new(Share::default()),
         structured: session.structured_replies,
         extended: session.header_mode == HeaderMode::Extended,
     });
@@ -1065,7 +1071,11 @@ impl Reader<'_> {
             if u64::from(length) >= DIRECT_PAYLOAD_MIN_BYTES);
         let payload = match cmd {
             Command::Write { length, .. } => {
-                let mut buf = self.res.buffers.take_async(length as usize).await;
+                let mut buf = self
+                    .res
+                    .buffers
+                    .take_async_for(Some(&self.conn.share), length as usize)
+                    .await;
                 if let Err(e) = self.read_payload(length.into(), Some(buf.vec())).await {
                     drop(pending);
                     return Err(format!("truncated write payload: {e}"));
@@ -1136,7 +1146,11 @@ impl Reader<'_> {
                 }
             }
             Command::Read { offset, length, df } if length > 0 => {
-                let mut data = self.res.buffers.take_async(length as usize).await;
+                let mut data = self
+                    .res
+                    .buffers
+                    .take_async_for(Some(&self.conn.share), length as usize)
+                    .await;
                 data.vec().resize(length as usize, 0);
                 let tried = if length <= INLINE_MAX_BYTES {
                     backend.try_read_at(&mut data, offset)
@@ -1165,6 +1179,9 @@ impl Reader<'_> {
                 }
             }
             _ => self.res.workers.submit(move || {
+                if pending.conn.sink.is_broken() {
+                    return;
+                }
                 let parts = execute(&pending.conn, &req, cmd);
                 pending.answer(parts);
             }),
