@@ -463,6 +463,24 @@ fn error_reply(conn: &ConnShared, req: &Request, errno: u32, message: &str) -> V
     })]
 }
 
+/// The message of a structured error reply to a request refused before it
+/// ran. The 64 MiB maximum is sent in `NBD_INFO_BLOCK_SIZE` only to clients
+/// that ask for it (ARCHITECTURE 29), so the EOVERFLOW text names the
+/// maximum instead of calling it advertised. `ENOSPC` is what `validate`
+/// answers a WRITE or WRITE_ZEROES past the end of the export.
+fn reject_message(errno: u32) -> &'static str {
+    const _: () = assert!(
+        MAX_PAYLOAD_BYTES == 64 << 20,
+        "reword the EOVERFLOW message"
+    );
+    match errno {
+        EOVERFLOW => "request longer than the server's maximum payload of 64 MiB",
+        ENOSPC => "request reaches past the end of the export",
+        ESHUTDOWN => "the server is shutting down",
+        _ => "invalid request",
+    }
+}
+
 /// Success without data: a simple reply, or (extended headers, where simple
 /// replies are not allowed) a final NONE chunk.
 fn ok_reply(conn: &ConnShared, req: &Request) -> Vec<Part> {
@@ -1034,11 +1052,7 @@ impl Reader<'_> {
             .map_err(|e| format!("read failed: {e}"))?;
         self.gate.acquire(0).await;
         self.conn.backend.rejected(req.kind, errno);
-        let msg = match errno {
-            EOVERFLOW => "request longer than the advertised maximum payload",
-            ESHUTDOWN => "the server is shutting down",
-            _ => "invalid request",
-        };
+        let msg = reject_message(errno);
         self.conn.sink.send(OutMsg {
             parts: error_reply(&self.conn, req, errno, msg),
             cost: 0,
@@ -1049,7 +1063,7 @@ impl Reader<'_> {
     fn warn_oversize(&mut self, req: &Request) {
         if !std::mem::replace(&mut self.warned_oversize, true) {
             tracing::warn!(
-                "client sent a {}-byte request, above the {MAX_PAYLOAD_BYTES}-byte maximum it was told; answered EOVERFLOW",
+                "client sent a {}-byte request, above the server's {MAX_PAYLOAD_BYTES}-byte maximum payload; answered EOVERFLOW",
                 req.length
             );
         }
