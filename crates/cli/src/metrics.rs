@@ -17,18 +17,21 @@
 //!   uncontended atomic adds.
 //! * The metrics hold volumes weakly, so they never keep a volume open: a
 //!   scrape that finds its volume gone reports nothing for it.
-//! * The HTTP side is bounded: one thread answers one connection at a time,
-//!   each within one deadline for the whole exchange (not a timeout per
-//!   read, which a client sending a byte every few seconds would renew for
-//!   ever) and with a cap on the request size, so a slow or hostile client
-//!   can delay a scrape by at most [`HTTP_TIMEOUT`] and never grow memory
-//!   or threads. It is HTTP/1.0 by hand (GET only, `Connection: close`):
+//! * The HTTP side is bounded and concurrent: one thread (a single-threaded
+//!   tokio runtime) answers up to [`MAX_HTTP_CONNECTIONS`] connections at
+//!   once, each within one deadline from its accept for the whole exchange
+//!   (not a timeout per read, which a client sending a byte every few
+//!   seconds would renew for ever) and with a cap on the request size;
+//!   connections beyond the cap are closed at once. So idle or slow
+//!   clients never delay a scrape (before session 20 connections were
+//!   answered one at a time, and each idle one held every scrape behind it
+//!   for [`HTTP_TIMEOUT`]), and they never grow memory or threads. It is
+//!   HTTP/1.0 by hand (GET only, `Connection: close`):
 //!   one path, one verb, no keep-alive — a full HTTP stack would add
 //!   dependencies and threads for nothing the endpoint needs.
 
 use std::fmt;
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpListener};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
@@ -41,6 +44,8 @@ use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, NoLabelSet};
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
 
 /// Parses `--metrics`: `ADDR:PORT`, or a bare `PORT` on 127.0.0.1.
 pub fn parse_metrics_addr(s: &str) -> Result<SocketAddr, String> {
@@ -507,32 +512,64 @@ impl Metrics {
     ) -> std::io::Result<SocketAddr> {
         let listener = TcpListener::bind(addr)?;
         let local = listener.local_addr()?;
+        listener.set_nonblocking(true)?;
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_io()
+            .enable_time()
+            .build()?;
         *lock(&self.server) = Some(server);
         let me = self.clone();
         std::thread::Builder::new()
             .name("jbdev-metrics".into())
-            .spawn(move || {
-                for conn in listener.incoming() {
-                    match conn {
-                        Ok(s) => {
-                            if let Err(e) = me.answer(s) {
-                                tracing::debug!("metrics request: {e}");
-                            }
-                        }
-                        Err(e) => {
-                            tracing::warn!("metrics accept: {e}");
-                            std::thread::sleep(Duration::from_millis(100));
-                        }
-                    }
-                }
-            })?;
+            .spawn(move || rt.block_on(me.accept_loop(listener)))?;
         Ok(local)
     }
 
+    /// Accepts scrapers for the life of the process; each connection is a
+    /// task of this thread, at most [`MAX_HTTP_CONNECTIONS`] at once.
+    async fn accept_loop(self: Arc<Self>, listener: TcpListener) {
+        let listener = match tokio::net::TcpListener::from_std(listener) {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::warn!("metrics: cannot listen: {e}");
+                return;
+            }
+        };
+        let slots = Arc::new(tokio::sync::Semaphore::new(MAX_HTTP_CONNECTIONS));
+        loop {
+            let s = match listener.accept().await {
+                Ok((s, _)) => s,
+                Err(e) => {
+                    tracing::warn!("metrics accept: {e}");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            };
+            let Ok(slot) = slots.clone().try_acquire_owned() else {
+                tracing::debug!(
+                    "metrics: {MAX_HTTP_CONNECTIONS} connections open; closing a new one"
+                );
+                continue;
+            };
+            let me = self.clone();
+            tokio::spawn(async move {
+                // One deadline from accept for the whole exchange.
+                let answered = tokio::time::timeout(HTTP_TIMEOUT, me.answer(s)).await;
+                match answered {
+                    Ok(Ok(())) => {}
+                    Ok(Err(e)) => tracing::debug!("metrics request: {e}"),
+                    Err(_) => tracing::debug!(
+                        "metrics request: not completed within {HTTP_TIMEOUT:?}; closed"
+                    ),
+                }
+                drop(slot);
+            });
+        }
+    }
+
     /// Answers one HTTP request on `s` and closes it.
-    fn answer(self: &Arc<Self>, mut s: TcpStream) -> std::io::Result<()> {
-        let deadline = Instant::now() + HTTP_TIMEOUT;
-        let head = read_request_head(&mut s, deadline)?;
+    async fn answer(self: &Arc<Self>, mut s: TcpStream) -> std::io::Result<()> {
+        let head = read_request_head(&mut s).await?;
         let (status, ctype, body) = match parse_request_line(&head) {
             Some(("GET", "/metrics")) => match self.render() {
                 Ok(text) => ("200 OK", OPENMETRICS_TYPE, text),
@@ -556,49 +593,27 @@ impl Metrics {
             body.len()
         );
         reply.push_str(&body);
-        write_all_by(&mut s, reply.as_bytes(), deadline)
+        s.write_all(reply.as_bytes()).await?;
+        s.shutdown().await
     }
 }
 
-/// What one HTTP exchange (request and reply) may take in all.
+/// What one HTTP exchange (request and reply) may take in all, from accept.
 const HTTP_TIMEOUT: Duration = Duration::from_secs(5);
+/// Metrics connections answered at once (more are closed at accept).
+const MAX_HTTP_CONNECTIONS: usize = 32;
 
-/// The time left before `deadline` as a socket timeout, or `TimedOut`.
-fn time_left(deadline: Instant) -> std::io::Result<Duration> {
-    let left = deadline.saturating_duration_since(Instant::now());
-    if left.is_zero() {
-        return Err(std::io::Error::new(
-            std::io::ErrorKind::TimedOut,
-            "the client did not finish its request in time",
-        ));
-    }
-    Ok(left)
-}
-
-/// `write_all` that gives up at `deadline`.
-fn write_all_by(s: &mut TcpStream, mut data: &[u8], deadline: Instant) -> std::io::Result<()> {
-    while !data.is_empty() {
-        s.set_write_timeout(Some(time_left(deadline)?))?;
-        match s.write(data) {
-            Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
-            Ok(n) => data = data.get(n..).unwrap_or_default(),
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(())
-}
 /// Largest request head read; scrapers send a few hundred bytes.
 const MAX_REQUEST_HEAD_BYTES: usize = 8 << 10;
 const OPENMETRICS_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
-/// Reads up to the blank line ending the request head (or the cap).
-fn read_request_head(s: &mut TcpStream, deadline: Instant) -> std::io::Result<Vec<u8>> {
+/// Reads up to the blank line ending the request head (or the cap); the
+/// caller bounds the time.
+async fn read_request_head(s: &mut TcpStream) -> std::io::Result<Vec<u8>> {
     let mut head = Vec::with_capacity(512);
     let mut buf = [0u8; 1024];
     while head.len() < MAX_REQUEST_HEAD_BYTES && !head.windows(4).any(|w| w == b"\r\n\r\n") {
-        s.set_read_timeout(Some(time_left(deadline)?))?;
-        let n = s.read(&mut buf)?;
+        let n = s.read(&mut buf).await?;
         if n == 0 {
             break;
         }
@@ -1064,6 +1079,13 @@ impl Collector_ {
                 "NBD connections open now.",
                 MetricType::Gauge,
                 &[(no_labels.clone(), Level(n))],
+            )?;
+            family(
+                enc,
+                "jbdev_nbd_payload_buffer_bytes",
+                "Bytes of NBD payload buffers (write data, read replies) in use now, over all connections.",
+                MetricType::Gauge,
+                &[(no_labels.clone(), Level(h.payload_buffer_bytes() as f64))],
             )?;
         }
         let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();

@@ -44,7 +44,10 @@ pub struct ServeArgs {
     pub socket: Option<PathBuf>,
     /// Additional named export (repeatable); `journal=JPATH` names its
     /// external journal (default: the path recorded at format time); the
-    /// description, if given, is what clients listing exports see.
+    /// description, if given, is what clients listing exports see, and runs
+    /// to the end of the argument (it may hold commas). Any other `,KEY=`
+    /// (a misspelt key) is refused, unless the whole PATH (or JPATH)
+    /// with it exists as a file, so a path may still contain commas.
     #[arg(long, value_name = "NAME=PATH[,journal=JPATH][,description=TEXT]")]
     pub export: Vec<String>,
     /// Description of the default export shown to clients (none by default;
@@ -420,9 +423,32 @@ struct ExportSpec {
     description: String,
 }
 
+/// The keys an `--export` takes after its PATH.
+const EXPORT_KEYS: &str = "journal, description";
+
+/// The first `,KEY=` in `path` whose KEY is a word (letters, digits, `-`,
+/// `_`): what a misspelt `--export` key looks like.
+fn key_like(path: &str) -> Option<&str> {
+    path.match_indices(',').find_map(|(at, _)| {
+        let rest = path.get(at + 1..)?;
+        let (word, _) = rest.split_once('=')?;
+        let is_word = !word.is_empty()
+            && word
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
+        is_word.then_some(word)
+    })
+}
+
 /// `NAME=PATH[,journal=JPATH][,description=TEXT]`. The description runs to
-/// the end of the argument, so it may itself contain commas.
+/// the end of the argument, so it may itself contain commas. Any other
+/// `,KEY=` in PATH or JPATH is refused as an unknown key unless that whole
+/// path exists (a file whose name holds `,KEY=`).
 fn parse_export(spec: &str) -> anyhow::Result<ExportSpec> {
+    parse_export_with(spec, |p| Path::new(p).exists())
+}
+
+fn parse_export_with(spec: &str, exists: impl Fn(&str) -> bool) -> anyhow::Result<ExportSpec> {
     let Some((name, rest)) = spec.split_once('=') else {
         usage_bail!("--export wants NAME=PATH[,description=TEXT], got {spec:?}");
     };
@@ -442,6 +468,15 @@ fn parse_export(spec: &str) -> anyhow::Result<ExportSpec> {
     };
     if path.is_empty() {
         usage_bail!("--export {spec:?}: the path is empty");
+    }
+    let journal_str = journal.as_ref().and_then(|j| j.to_str());
+    for p in std::iter::once(path).chain(journal_str) {
+        if let Some(key) = key_like(p).filter(|_| !exists(p)) {
+            usage_bail!(
+                "--export {spec:?}: unknown key {key:?} (the keys are {EXPORT_KEYS}; \
+                 a path that really holds \",{key}=\" must exist)"
+            );
+        }
     }
     Ok(ExportSpec {
         name: name.to_string(),
@@ -624,6 +659,34 @@ mod tests {
         assert_eq!((e.journal, e.description.as_str()), (None, ""));
         assert!(parse_export("a=/v.img,journal=").is_err());
         assert!(parse_export("a=,journal=/j.jnl").is_err());
+    }
+
+    #[test]
+    fn an_unknown_export_key_is_refused_unless_the_path_exists() {
+        let none = |_: &str| false;
+        for (spec, key) in [
+            ("a=v.img,descr=typo", "descr"),
+            ("a=v.img,Journal=j", "Journal"),
+            ("a=v.img,journal=j.jnl,desc=x", "desc"),
+            ("a=v.img,read-only=1,description=d", "read-only"),
+        ] {
+            let e = parse_export_with(spec, none).err().expect(spec);
+            let msg = e.to_string();
+            assert!(e.downcast_ref::<crate::UsageError>().is_some(), "{spec}");
+            assert!(msg.contains(&format!("unknown key {key:?}")), "{msg}");
+            assert!(msg.contains("journal, description"), "{msg}");
+        }
+        // A path that really holds ",x=" is served as it is.
+        let e = parse_export_with("a=/d/v,x=1.img", |p| p == "/d/v,x=1.img").unwrap();
+        assert_eq!(e.path, Path::new("/d/v,x=1.img"));
+        // Commas that are not followed by KEY= are part of the path, and the
+        // description may hold anything.
+        let e = parse_export_with("a=/d/v,1.img,description=a,b=c", none).unwrap();
+        assert_eq!(
+            (e.path.as_path(), e.description.as_str()),
+            (Path::new("/d/v,1.img"), "a,b=c")
+        );
+        assert!(parse_export_with("a=/d/v,=1.img", none).is_ok());
     }
 
     #[test]

@@ -389,3 +389,44 @@ fn stats_and_info_show_a_live_server() {
     let info = run_ok(JBDEV, &["info", img.to_str().unwrap()], 60);
     assert!(!info.contains("OPEN ELSEWHERE"), "{info}");
 }
+
+/// Idle connections to the metrics port (connected, sending nothing) do
+/// not hold up a scrape: connections are answered concurrently. Before,
+/// they were answered one at a time and each idle one delayed every
+/// scrape behind it by 5 s (20.5 s with four), past curl's limit here.
+#[test]
+fn idle_metrics_connections_do_not_block_a_scrape() {
+    let dir = TempDir::new("metrics-idle");
+    let img = dir.path("m.img");
+    format_volume(&img, "16M");
+    let srv = ServerProc::start(&[img.to_str().unwrap(), "--metrics", "127.0.0.1:0"], None);
+    let url = srv.metrics_url();
+    let addr = url
+        .trim_start_matches("http://")
+        .trim_end_matches("/metrics")
+        .to_string();
+    let idle: Vec<std::net::TcpStream> = (0..8)
+        .map(|_| std::net::TcpStream::connect(&addr).unwrap())
+        .collect();
+    // A scrape that waits for the idle ones fails here: the socket's read
+    // times out before the idle connections would (8 x 5 s in line).
+    let mut s = std::net::TcpStream::connect(&addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").unwrap();
+    let mut reply = String::new();
+    s.read_to_string(&mut reply).expect("scrape answered");
+    assert!(reply.starts_with("HTTP/1.0 200"), "{reply}");
+    assert!(reply.contains("jbdev_nbd_connections_open"), "{reply}");
+    // The idle connections were still open while the scrape was answered:
+    // the server closes each only at the 5 s deadline from its accept.
+    for c in &idle {
+        c.set_nonblocking(true).unwrap();
+        let mut b = [0u8; 1];
+        assert!(
+            matches!(c.peek(&mut b), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock),
+            "an idle connection was closed before the scrape was answered"
+        );
+    }
+    drop(idle);
+    assert!(srv.stop(), "server did not shut down cleanly");
+}

@@ -290,3 +290,162 @@ fn thread_count_does_not_depend_on_the_number_of_connections() {
     first.disconnect().unwrap();
     assert!(srv.stop(), "server did not stop cleanly");
 }
+
+/// `jbdev_nbd_requests_total` of READs on the default export.
+fn reads_run(m: &std::collections::HashMap<String, f64>) -> f64 {
+    m.get(r#"jbdev_nbd_requests_total{export="",command="read"}"#)
+        .copied()
+        .unwrap_or(0.0)
+}
+
+/// A client that pipelines 16 MiB READs and never reads a reply is dropped
+/// at the send timeout; from then on none of its requests is carried out
+/// and its connection slot is free. Before, the reader went on parsing what
+/// the client sent (Linux still takes data on a socket whose read side is
+/// shut down) and the server read ~50 GiB for a dropped client, with the
+/// connection counted open, for as long as the client kept sending.
+#[test]
+fn a_dropped_client_s_requests_are_not_carried_out() {
+    let dir = TempDir::new("dropped");
+    let img = dir.path("a.img");
+    format_volume(&img, "256M");
+    let srv = ServerProc::start(
+        &[
+            img.to_str().unwrap(),
+            "--send-timeout",
+            "2",
+            "--metrics",
+            "127.0.0.1:0",
+        ],
+        None,
+    );
+    let url = srv.metrics_url();
+    let sock = TcpStream::connect(srv.tcp.clone().unwrap()).unwrap();
+    let mut deaf = Client::handshake(
+        Box::new(sock.try_clone().unwrap()),
+        Box::new(sock.try_clone().unwrap()),
+        "",
+    )
+    .unwrap();
+    // Sends until the server closes the connection (bounded).
+    let sender = std::thread::spawn(move || {
+        let mut sent = 0u64;
+        for i in 0..1_000_000u64 {
+            let queued = deaf
+                .writer
+                .queue(CMD_READ, 0, i, (i % 16) << 24, 16 << 20, &[]);
+            if queued.is_err() || deaf.writer.flush().is_err() {
+                break;
+            }
+            sent += 1;
+        }
+        sent
+    });
+    srv.wait_for_log("dropping client: reply write failed");
+    let open = || scrape_metrics(&url)["jbdev_nbd_connections_open"];
+    assert!(
+        poll_until(Duration::from_secs(60), || open() == 0.0),
+        "the dropped client's connection is still open; {} reads run so far",
+        reads_run(&scrape_metrics(&url))
+    );
+    let at_close = reads_run(&scrape_metrics(&url));
+    let sent = sender.join().unwrap();
+    let after = reads_run(&scrape_metrics(&url));
+    eprintln!("client sent {sent} reads; the server ran {after}");
+    assert_eq!(at_close, after, "reads ran after the connection closed");
+    // What ran is what the client's in-flight limit (64 MiB: 4 reads) and
+    // the socket buffers let through before the drop.
+    assert!(
+        after < 64.0,
+        "{after} reads of 16 MiB were run for a client that never read a reply"
+    );
+    assert!(srv.stop(), "server did not stop cleanly");
+}
+
+/// True if the server has not closed `s` (nothing to read yet, no EOF).
+fn still_open(s: &TcpStream) -> bool {
+    s.set_nonblocking(true).unwrap();
+    let open =
+        matches!(s.peek(&mut [0u8; 1]), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock);
+    s.set_nonblocking(false).unwrap();
+    open
+}
+
+/// Four connections each send the header of a 64 MiB WRITE and 1 MiB of
+/// its payload, then stall (within the 30 s payload timeout): together
+/// they would hold the whole 256 MiB payload-buffer budget. A normal
+/// client's 4 KiB and 64 KiB requests are served meanwhile, from its own
+/// share of the budget. Before, they waited until the stallers were
+/// dropped (27-29 s in the report), so this test found the stallers gone.
+#[test]
+fn clients_holding_large_payload_buffers_do_not_stall_small_requests() {
+    const STALLERS: usize = 4;
+    let dir = TempDir::new("stalled-payloads");
+    let img = dir.path("a.img");
+    format_volume(&img, "256M");
+    let srv = ServerProc::start(&[img.to_str().unwrap(), "--metrics", "127.0.0.1:0"], None);
+    let url = srv.metrics_url();
+    let tcp = srv.tcp.clone().unwrap();
+    let mut normal = Client::connect(&Address::Tcp(tcp.clone()), "").unwrap();
+    let stallers: Vec<(TcpStream, Client)> = (0..STALLERS)
+        .map(|i| {
+            let s = TcpStream::connect(&tcp).unwrap();
+            let mut c = Client::handshake(
+                Box::new(s.try_clone().unwrap()),
+                Box::new(s.try_clone().unwrap()),
+                "",
+            )
+            .unwrap();
+            c.writer
+                .queue(
+                    CMD_WRITE,
+                    0,
+                    1,
+                    (i as u64) << 26,
+                    64 << 20,
+                    &[0x5a; 1 << 20],
+                )
+                .unwrap();
+            c.writer.flush().unwrap();
+            (s, c)
+        })
+        .collect();
+    let held = || scrape_metrics(&url)["jbdev_nbd_payload_buffer_bytes"];
+    // The stallers hold at least three 64 MiB buffers (the shared part of
+    // the budget, 224 MiB, takes three; the old pool took all four).
+    assert!(
+        poll_until(Duration::from_secs(20), || held()
+            >= f64::from(3 * (64 << 20))),
+        "the stallers' buffers were not taken: {}",
+        held()
+    );
+    for round in 0..8u64 {
+        let len = if round % 2 == 0 { 4096 } else { 64 << 10 };
+        let data = pattern(round, len);
+        let off = (250 << 20) + round * (64 << 10);
+        normal
+            .call(CMD_WRITE, 0, off, len as u32, &data)
+            .unwrap()
+            .unwrap_or_else(|e| panic!("write {round}: NBD error {e}"));
+        let back = normal
+            .call(CMD_READ, 0, off, len as u32, &[])
+            .unwrap()
+            .unwrap();
+        assert!(back == data, "round {round}: read back differs");
+    }
+    // Served while the stallers were provably still there, holding.
+    let still_held = held();
+    assert!(
+        still_held >= f64::from(3 * (64 << 20)),
+        "the stallers let go before the normal client was served ({still_held} bytes held)"
+    );
+    for (s, _) in &stallers {
+        assert!(
+            still_open(s),
+            "a staller was dropped before the normal client was served"
+        );
+    }
+    normal.disconnect().unwrap();
+    drop(stallers);
+    assert!(srv.stop(), "server did not stop cleanly");
+}

@@ -164,6 +164,7 @@ fn conflicting_or_zero_flags_are_refused_before_serving() {
     std::fs::write(&psk, "alice:0123456789abcdef0123456789abcdef\n").unwrap();
     let p = psk.to_str().unwrap();
     let e = format!("e={i}");
+    let typo = format!("e={i},descr=typo");
     for (args, want) in [
         (
             vec![
@@ -215,6 +216,11 @@ fn conflicting_or_zero_flags_are_refused_before_serving() {
         (
             vec!["--export", "foo", "--listen", "127.0.0.1:0"],
             "--export wants NAME=PATH",
+        ),
+        // A misspelt key is named, not taken as part of the path.
+        (
+            vec!["--export", &typo, "--listen", "127.0.0.1:0"],
+            "unknown key \"descr\" (the keys are journal, description",
         ),
     ] {
         assert_serve_usage_error(&args, want);

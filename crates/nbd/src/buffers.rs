@@ -10,6 +10,15 @@
 //!   [`BufferPool::take_async`] without holding a network thread. A request longer than the
 //!   whole budget is admitted only when nothing else is in use, so it always
 //!   makes progress.
+//! * a share per connection — a few connections that hold large buffers
+//!   (64 MiB writes whose payload stalls, big reads whose replies are not
+//!   read) must not stall everyone else, so the budget is split in two:
+//!   every connection is guaranteed `share_bytes` of its own (256 KiB, or
+//!   less when `budget / 2` cannot give that much to each of the most
+//!   connections the server takes), and the rest is shared. A buffer comes
+//!   out of its connection's share when it fits there, else out of the
+//!   shared part; so whatever the other connections hold, a connection can
+//!   always have a 4 KiB..256 KiB request in flight (ARCHITECTURE 29).
 //! * `retain_bytes` — the bytes of released buffers kept for reuse. Reuse
 //!   keeps the allocator from growing a heap per thread under load; what is
 //!   released beyond this goes back to the allocator, so memory after a
@@ -25,6 +34,7 @@
 //! payload arrives (see `conn`), so a client that announces a large write
 //! and then trickles makes the server touch only the bytes it really sent.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -37,7 +47,10 @@ const MIN_CLASS_BYTES: usize = 4 << 10;
 const CLASSES: usize = 16; // 4 KiB .. 128 MiB
 
 struct State {
+    /// All buffers in use: the shared part's and the shares'.
     in_use_bytes: u64,
+    /// Buffers in use charged to the shared part.
+    shared_in_use_bytes: u64,
     retained_bytes: u64,
     /// Free buffers per size class.
     free: [Vec<Vec<u8>>; CLASSES],
@@ -55,17 +68,32 @@ pub struct BufferPool {
     cv: Condvar,
     /// ...and tasks waiting in `take_async`.
     notify: Notify,
-    budget_bytes: u64,
+    /// The shared part of the budget (the whole budget less the shares).
+    shared_budget_bytes: u64,
+    /// What each connection's [`Share`] guarantees it.
+    share_bytes: u64,
     retain_bytes: u64,
+}
+
+/// One connection's guaranteed part of the budget (see the module docs).
+/// Changed only under the pool's mutex; atomic so it can be shared.
+#[derive(Default)]
+pub struct Share {
+    held: AtomicU64,
 }
 
 /// A buffer of the pool; returns to it when dropped.
 pub struct PooledBuf {
     pool: Arc<BufferPool>,
     buf: Vec<u8>,
-    /// What was charged against the budget.
+    /// What was charged against the budget...
     charged: u64,
+    /// ...and to which share (`None`: the shared part).
+    share: Option<Arc<Share>>,
 }
+
+/// Most a connection's share guarantees: a few 4 KiB..64 KiB requests.
+pub const MAX_SHARE_BYTES: u64 = 256 << 10;
 
 fn class_of(len: usize) -> Option<usize> {
     let rounded = len.max(MIN_CLASS_BYTES).checked_next_power_of_two()?;
@@ -74,10 +102,26 @@ fn class_of(len: usize) -> Option<usize> {
 }
 
 impl BufferPool {
+    /// A pool with no per-connection shares: the whole budget is shared.
     pub fn new(budget_bytes: u64, retain_bytes: u64) -> Self {
+        Self::with_shares(budget_bytes, retain_bytes, 0)
+    }
+
+    /// A pool whose budget guarantees each of up to `connections`
+    /// connections a share of its own (see the module docs): at most
+    /// [`MAX_SHARE_BYTES`] each, and the shares together at most half the
+    /// budget.
+    pub fn with_shares(budget_bytes: u64, retain_bytes: u64, connections: usize) -> Self {
+        let budget_bytes = budget_bytes.max(1);
+        let share_bytes = match connections {
+            0 => 0,
+            n => (budget_bytes / 2 / n as u64).min(MAX_SHARE_BYTES),
+        };
+        let shared_budget_bytes = budget_bytes - share_bytes * connections as u64;
         Self {
             state: Mutex::new(State {
                 in_use_bytes: 0,
+                shared_in_use_bytes: 0,
                 retained_bytes: 0,
                 free: Default::default(),
                 takes: 0,
@@ -86,24 +130,47 @@ impl BufferPool {
             }),
             cv: Condvar::new(),
             notify: Notify::new(),
-            budget_bytes: budget_bytes.max(1),
+            shared_budget_bytes,
+            share_bytes,
             retain_bytes,
         }
+    }
+
+    /// What each connection's share guarantees.
+    pub fn share_bytes(&self) -> u64 {
+        self.share_bytes
     }
 
     /// An empty buffer with capacity for `len` bytes, waiting until the
     /// budget allows it (blocks the thread: for workers).
     pub fn take(self: &Arc<Self>, len: usize) -> PooledBuf {
+        self.take_for(None, len)
+    }
+
+    /// [`BufferPool::take`] for a connection: out of its `share` if the
+    /// buffer fits there, else out of the shared part.
+    pub fn take_for(self: &Arc<Self>, share: Option<&Arc<Share>>, len: usize) -> PooledBuf {
         let mut st = self.state.lock();
-        while !self.fits(&st, len) {
+        loop {
+            if let Some(from) = self.fits(&st, share, len) {
+                return self.take_locked(st, from, len);
+            }
             self.cv.wait(&mut st);
         }
-        self.take_locked(st, len)
     }
 
     /// [`BufferPool::take`] for async callers: waits without blocking the
     /// thread.
     pub async fn take_async(self: &Arc<Self>, len: usize) -> PooledBuf {
+        self.take_async_for(None, len).await
+    }
+
+    /// [`BufferPool::take_for`] for async callers.
+    pub async fn take_async_for(
+        self: &Arc<Self>,
+        share: Option<&Arc<Share>>,
+        len: usize,
+    ) -> PooledBuf {
         loop {
             // Registered before the check, so a give-back in between wakes us.
             let notified = self.notify.notified();
@@ -111,25 +178,48 @@ impl BufferPool {
             notified.as_mut().enable();
             {
                 let st = self.state.lock();
-                if self.fits(&st, len) {
-                    return self.take_locked(st, len);
+                if let Some(from) = self.fits(&st, share, len) {
+                    return self.take_locked(st, from, len);
                 }
             }
             notified.await;
         }
     }
 
-    fn fits(&self, st: &State, len: usize) -> bool {
-        st.in_use_bytes == 0 || st.in_use_bytes + len as u64 <= self.budget_bytes
+    /// Where a buffer of `len` bytes fits now: `Some(Some(share))` in the
+    /// connection's share, `Some(None)` in the shared part (a request
+    /// longer than the shared part fits there when it is unused, so it
+    /// always makes progress), `None` nowhere yet.
+    fn fits(
+        &self,
+        st: &State,
+        share: Option<&Arc<Share>>,
+        len: usize,
+    ) -> Option<Option<Arc<Share>>> {
+        let len = len as u64;
+        if let Some(s) = share {
+            if s.held.load(Ordering::Relaxed) + len <= self.share_bytes {
+                return Some(Some(s.clone()));
+            }
+        }
+        let shared = st.shared_in_use_bytes;
+        (shared == 0 || shared + len <= self.shared_budget_bytes).then_some(None)
     }
 
     fn take_locked(
         self: &Arc<Self>,
         mut st: parking_lot::MutexGuard<'_, State>,
+        share: Option<Arc<Share>>,
         len: usize,
     ) -> PooledBuf {
         let charged = len as u64;
         st.in_use_bytes += charged;
+        match &share {
+            Some(s) => {
+                s.held.fetch_add(charged, Ordering::Relaxed);
+            }
+            None => st.shared_in_use_bytes += charged,
+        }
         st.takes += 1;
         let reused = class_of(len).and_then(|c| {
             // Any free buffer of this class or the next larger one fits.
@@ -154,6 +244,7 @@ impl BufferPool {
             pool: self.clone(),
             buf,
             charged,
+            share,
         }
     }
 
@@ -189,9 +280,15 @@ impl BufferPool {
         bytes
     }
 
-    fn give_back(&self, buf: Vec<u8>, charged: u64) {
+    fn give_back(&self, buf: Vec<u8>, charged: u64, share: Option<Arc<Share>>) {
         let mut st = self.state.lock();
         st.in_use_bytes -= charged;
+        match share {
+            Some(s) => {
+                s.held.fetch_sub(charged, Ordering::Relaxed);
+            }
+            None => st.shared_in_use_bytes -= charged,
+        }
         let cap = buf.capacity();
         let class = (cap >= MIN_CLASS_BYTES && cap.is_power_of_two())
             .then(|| class_of(cap))
@@ -241,7 +338,7 @@ impl std::ops::DerefMut for PooledBuf {
 impl Drop for PooledBuf {
     fn drop(&mut self) {
         let buf = std::mem::take(&mut self.buf);
-        self.pool.give_back(buf, self.charged);
+        self.pool.give_back(buf, self.charged, self.share.take());
     }
 }
 
@@ -299,6 +396,46 @@ mod tests {
         // Buffers are still handed out afterwards.
         let b = pool.take(8192);
         assert!(b.is_empty() && pool.in_use_bytes() == 8192);
+    }
+
+    #[test]
+    fn a_connection_share_is_served_while_others_hold_the_shared_part() {
+        // 8 MiB for up to 4 connections: 256 KiB each, 7 MiB shared.
+        let pool = Arc::new(BufferPool::with_shares(8 << 20, 0, 4));
+        assert_eq!(pool.share_bytes(), 256 << 10);
+        let (hog, small) = (Arc::new(Share::default()), Arc::new(Share::default()));
+        // The hog's large buffers fill the shared part (its share is too
+        // small for them).
+        let held: Vec<PooledBuf> = (0..7).map(|_| pool.take_for(Some(&hog), 1 << 20)).collect();
+        assert_eq!(pool.in_use_bytes(), 7 << 20);
+        // Another connection's 64 KiB requests come out of its share, up to
+        // the share (no wait: this would block forever on the old pool).
+        let mine: Vec<PooledBuf> = (0..4)
+            .map(|_| pool.take_for(Some(&small), 64 << 10))
+            .collect();
+        assert_eq!(pool.in_use_bytes(), (7 << 20) + (256 << 10));
+        // A fifth must wait for the shared part or its share.
+        let p2 = pool.clone();
+        let s2 = small.clone();
+        let t = std::thread::spawn(move || drop(p2.take_for(Some(&s2), 64 << 10)));
+        drop(mine);
+        t.join().unwrap();
+        drop(held);
+        assert_eq!(pool.in_use_bytes(), 0);
+        assert_eq!(hog.held.load(Ordering::Relaxed), 0);
+        assert_eq!(small.held.load(Ordering::Relaxed), 0);
+    }
+
+    #[test]
+    fn shares_take_at_most_half_the_budget() {
+        let pool = BufferPool::with_shares(256 << 20, 0, 10_000);
+        assert_eq!(pool.share_bytes(), (128 << 20) / 10_000);
+        let pool = BufferPool::with_shares(256 << 20, 0, 128);
+        assert_eq!(pool.share_bytes(), MAX_SHARE_BYTES);
+        assert_eq!(
+            pool.shared_budget_bytes,
+            (256 << 20) - 128 * MAX_SHARE_BYTES
+        );
     }
 
     #[test]

@@ -26,8 +26,10 @@
 //!   `max_inflight_bytes` payload bytes outstanding; when it is full the
 //!   reading task stops reading and TCP pushes back on the client;
 //! * payload buffers come from the server-wide [`BufferPool`], whose byte
-//!   budget holds across all connections; a write's buffer is filled as its
-//!   bytes arrive, within `payload_timeout`;
+//!   budget holds across all connections; each connection has a share of
+//!   it that the others cannot take, so its small requests are served
+//!   whatever they hold; a write's buffer is filled as its bytes arrive,
+//!   within `payload_timeout`;
 //! * READ/WRITE up to [`MAX_PAYLOAD_BYTES`] are served; longer ones are
 //!   answered `EOVERFLOW` and the connection stays usable (a write's payload
 //!   is read and dropped up to [`MAX_DRAIN_BYTES`]; beyond that the
@@ -42,7 +44,7 @@ use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWriteExt, BufRead
 use tokio::sync::{watch, Notify};
 
 use crate::backend::{Backend, BackendError, Done, OwnedPayload};
-use crate::buffers::{BufferPool, PooledBuf};
+use crate::buffers::{BufferPool, PooledBuf, Share};
 use crate::codec::{self, ChunkStyle, Command, ExportContext, HeaderMode, Request};
 use crate::handshake::Session;
 use crate::pool::WorkerPool;
@@ -187,6 +189,9 @@ pub struct ReplySink {
     gate: Arc<InflightGate>,
     control: Arc<dyn StreamControl>,
     send_timeout: Duration,
+    /// Turns true when the writing task gives up on the client (see
+    /// [`ReplySink::is_broken`]); the reading task selects on it.
+    broken_tx: watch::Sender<bool>,
 }
 
 /// Most messages written in one `writev` batch.
@@ -209,7 +214,14 @@ impl ReplySink {
             gate,
             control,
             send_timeout,
+            broken_tx: watch::Sender::new(false),
         }
+    }
+
+    /// The writing task gave up on this client (a reply write failed or
+    /// timed out): nothing more is read, executed or answered on it.
+    pub fn is_broken(&self) -> bool {
+        *self.broken_tx.borrow()
     }
 
     fn release(&self, msgs: &[OutMsg]) {
@@ -286,6 +298,13 @@ impl ReplySink {
                     st.queue.drain(..).collect()
                 };
                 self.release(&dropped);
+                // The reading task stops at once (it selects on this and
+                // checks it per request), and requests still queued for a
+                // worker are skipped: a dropped client's requests are not
+                // carried out. (Shutting the socket's read side is not
+                // enough: Linux still takes, and the reader would still
+                // parse, what the client sends afterwards.)
+                self.broken_tx.send_replace(true);
                 self.control.shutdown();
                 return;
             }
@@ -392,6 +411,9 @@ struct ConnShared {
     backend: Arc<dyn Backend>,
     sink: ReplySink,
     buffers: Arc<BufferPool>,
+    /// This connection's guaranteed part of the buffer budget: what other
+    /// connections hold never stalls its small requests.
+    share: Arc<Share>,
     structured: bool,
     /// Extended headers: every reply is an extended chunk.
     extended: bool,
@@ -439,6 +461,24 @@ fn error_reply(conn: &ConnShared, req: &Request, errno: u32, message: &str) -> V
     } else {
         codec::encode_simple_reply(errno, req.cookie).to_vec()
     })]
+}
+
+/// The message of a structured error reply to a request refused before it
+/// ran. The 64 MiB maximum is sent in `NBD_INFO_BLOCK_SIZE` only to clients
+/// that ask for it (ARCHITECTURE 29), so the EOVERFLOW text names the
+/// maximum instead of calling it advertised. `ENOSPC` is what `validate`
+/// answers a WRITE or WRITE_ZEROES past the end of the export.
+fn reject_message(errno: u32) -> &'static str {
+    const _: () = assert!(
+        MAX_PAYLOAD_BYTES == 64 << 20,
+        "reword the EOVERFLOW message"
+    );
+    match errno {
+        EOVERFLOW => "request longer than the server's maximum payload of 64 MiB",
+        ENOSPC => "request reaches past the end of the export",
+        ESHUTDOWN => "the server is shutting down",
+        _ => "invalid request",
+    }
 }
 
 /// Success without data: a simple reply, or (extended headers, where simple
@@ -527,7 +567,7 @@ fn execute(conn: &ConnShared, req: &Request, cmd: Command) -> Vec<Part> {
 
 /// A pooled buffer holding `length` bytes read from the backend at `offset`.
 fn read_data(conn: &ConnShared, offset: u64, length: u32) -> Result<PooledBuf, BackendError> {
-    let mut data = conn.buffers.take(length as usize);
+    let mut data = conn.buffers.take_for(Some(&conn.share), length as usize);
     data.vec().resize(length as usize, 0);
     conn.backend.read_at(&mut data, offset)?;
     Ok(data)
@@ -717,6 +757,9 @@ fn block_status_reply(
 /// Why the reader stopped.
 type Ended = String;
 
+/// The reader's end when the writing task dropped the client.
+const DROPPED: &str = "the client was dropped (its replies could not be sent)";
+
 /// The connection's buffered input: bytes read ahead during the handshake
 /// belong to the first requests.
 pub(crate) type Input = BufReader<AsyncIn>;
@@ -766,6 +809,7 @@ pub(crate) async fn serve(
         backend: backend.clone(),
         sink: ReplySink::new(gate.clone(), control.clone(), wake, limits.send_timeout),
         buffers: res.buffers.clone(),
+        share: Arc::new(Share::default()),
         structured: session.structured_replies,
         extended: session.header_mode == HeaderMode::Extended,
     });
@@ -791,7 +835,15 @@ pub(crate) async fn serve(
         bulk_writes: false,
         stopped_by_shutdown: false,
     };
-    let reason = reader.run().await;
+    let mut broken = conn.sink.broken_tx.subscribe();
+    // `biased`: once the writer has given up, the reader is dropped at its
+    // next wait (a socket read, the in-flight gate, the buffer pool), even
+    // if more requests are buffered (`run` checks per request as well).
+    let reason = tokio::select! {
+        biased;
+        _ = broken.wait_for(|b| *b) => DROPPED.into(),
+        r = reader.run() => r,
+    };
     tracing::debug!("connection ending: {reason}");
     let linger = reader.stopped_by_shutdown;
     let mut input = reader.input;
@@ -840,6 +892,11 @@ impl Reader<'_> {
         let header_bytes = self.session.header_mode.request_header_bytes();
         let mut hb = [0u8; 32];
         loop {
+            // The reply side gave up on this client: requests it sent (or
+            // the read buffer holds) are neither parsed nor carried out.
+            if self.conn.sink.is_broken() {
+                return DROPPED.into();
+            }
             let hb = &mut hb[..header_bytes];
             match self.read_header(hb).await {
                 Ok(true) => {}
@@ -995,11 +1052,7 @@ impl Reader<'_> {
             .map_err(|e| format!("read failed: {e}"))?;
         self.gate.acquire(0).await;
         self.conn.backend.rejected(req.kind, errno);
-        let msg = match errno {
-            EOVERFLOW => "request longer than the advertised maximum payload",
-            ESHUTDOWN => "the server is shutting down",
-            _ => "invalid request",
-        };
+        let msg = reject_message(errno);
         self.conn.sink.send(OutMsg {
             parts: error_reply(&self.conn, req, errno, msg),
             cost: 0,
@@ -1010,7 +1063,7 @@ impl Reader<'_> {
     fn warn_oversize(&mut self, req: &Request) {
         if !std::mem::replace(&mut self.warned_oversize, true) {
             tracing::warn!(
-                "client sent a {}-byte request, above the {MAX_PAYLOAD_BYTES}-byte maximum it was told; answered EOVERFLOW",
+                "client sent a {}-byte request, above the server's {MAX_PAYLOAD_BYTES}-byte maximum payload; answered EOVERFLOW",
                 req.length
             );
         }
@@ -1032,7 +1085,11 @@ impl Reader<'_> {
             if u64::from(length) >= DIRECT_PAYLOAD_MIN_BYTES);
         let payload = match cmd {
             Command::Write { length, .. } => {
-                let mut buf = self.res.buffers.take_async(length as usize).await;
+                let mut buf = self
+                    .res
+                    .buffers
+                    .take_async_for(Some(&self.conn.share), length as usize)
+                    .await;
                 if let Err(e) = self.read_payload(length.into(), Some(buf.vec())).await {
                     drop(pending);
                     return Err(format!("truncated write payload: {e}"));
@@ -1080,19 +1137,34 @@ impl Reader<'_> {
                 if let Err((payload, done)) = tried {
                     // The worker hands the payload buffer itself over: a
                     // large write goes home from it without a copy.
-                    self.res.workers.submit(move || match payload {
-                        Some(buf) => backend.write_owned_then(buf, offset, fua, done),
-                        None => backend.write_at_then(&[], offset, fua, done),
+                    let conn = self.conn.clone();
+                    self.res.workers.submit(move || {
+                        if conn.sink.is_broken() {
+                            return; // dropped client: `done` releases its gate
+                        }
+                        match payload {
+                            Some(buf) => backend.write_owned_then(buf, offset, fua, done),
+                            None => backend.write_at_then(&[], offset, fua, done),
+                        }
                     });
                 }
             }
             Command::Flush => {
                 if let Err(done) = backend.try_flush_then(answer_when_done(pending, req)) {
-                    self.res.workers.submit(move || backend.flush_then(done));
+                    let conn = self.conn.clone();
+                    self.res.workers.submit(move || {
+                        if !conn.sink.is_broken() {
+                            backend.flush_then(done);
+                        }
+                    });
                 }
             }
             Command::Read { offset, length, df } if length > 0 => {
-                let mut data = self.res.buffers.take_async(length as usize).await;
+                let mut data = self
+                    .res
+                    .buffers
+                    .take_async_for(Some(&self.conn.share), length as usize)
+                    .await;
                 data.vec().resize(length as usize, 0);
                 let tried = if length <= INLINE_MAX_BYTES {
                     backend.try_read_at(&mut data, offset)
@@ -1109,6 +1181,9 @@ impl Reader<'_> {
                         pending.answer(parts);
                     }
                     None => self.res.workers.submit(move || {
+                        if pending.conn.sink.is_broken() {
+                            return; // dropped client: not read for nobody
+                        }
                         let parts = match backend.read_at(&mut data, offset) {
                             Ok(()) => data_reply(&pending.conn, req.cookie, offset, df, data),
                             Err(e) => error_reply(&pending.conn, &req, e.errno, &e.message),
@@ -1118,6 +1193,9 @@ impl Reader<'_> {
                 }
             }
             _ => self.res.workers.submit(move || {
+                if pending.conn.sink.is_broken() {
+                    return;
+                }
                 let parts = execute(&pending.conn, &req, cmd);
                 pending.answer(parts);
             }),

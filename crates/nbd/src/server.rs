@@ -201,6 +201,12 @@ impl ShutdownHandle {
             .map_or(0, |i| i.conns.live.lock().len())
     }
 
+    /// Payload buffer bytes in use now, over all connections (0 once the
+    /// server is gone); for metrics.
+    pub fn payload_buffer_bytes(&self) -> u64 {
+        self.inner.upgrade().map_or(0, |i| i.buffers.in_use_bytes())
+    }
+
     /// Stops accepting and ends every connection after its in-flight
     /// requests are answered. Returns at once.
     pub fn shutdown(&self) {
@@ -238,9 +244,12 @@ impl Server {
             .build()
             .unwrap_or_else(|e| panic!("cannot start the NBD network threads: {e}"));
         let pool = WorkerPool::new(cfg.worker_threads);
-        let buffers = Arc::new(BufferPool::new(
+        // Each connection the server may take has a share of the budget
+        // (buffers.rs): a few that hold large buffers cannot stall the rest.
+        let buffers = Arc::new(BufferPool::with_shares(
             cfg.buffer_budget_bytes,
             cfg.buffer_retain_bytes,
+            cfg.max_connections.max(1),
         ));
         Self {
             inner: Arc::new(Inner {

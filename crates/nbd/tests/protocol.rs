@@ -432,3 +432,66 @@ fn shutdown_answers_in_flight_requests_first() {
     stopper.join().unwrap();
     handle.shutdown(); // idempotent after the server is gone
 }
+
+/// Requests refused before they run say why: a WRITE or WRITE_ZEROES past
+/// the end is ENOSPC "past the end" (it said "invalid request"), and a
+/// READ above the 64 MiB maximum on a connection that did not ask for
+/// NBD_INFO_BLOCK_SIZE is EOVERFLOW without claiming the maximum was
+/// advertised (nothing was).
+#[test]
+fn refused_requests_say_why_in_their_error_messages() {
+    let mem = Arc::new(MemBackend::new(1 << 20, false));
+    let srv = start(mem);
+    let mut s = UnixStream::connect(&srv.sock).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let mut hello = [0u8; 18];
+    s.read_exact(&mut hello).unwrap();
+    s.write_all(&(FLAG_C_FIXED_NEWSTYLE | FLAG_C_NO_ZEROES).to_be_bytes())
+        .unwrap();
+    assert_eq!(opt(&mut s, OPT_STRUCTURED_REPLY, &[])[0].0, REP_ACK);
+    // GO without asking for block sizes: none are sent.
+    let info = codec::encode_info_request(&codec::InfoRequest {
+        export: "mem".into(),
+        info_types: vec![],
+    });
+    let r = opt(&mut s, OPT_GO, &info);
+    assert_eq!(r.last().unwrap().0, REP_ACK);
+    assert!(
+        r[..r.len() - 1]
+            .iter()
+            .all(|(_, b)| u16::from_be_bytes([b[0], b[1]]) != INFO_BLOCK_SIZE),
+        "block sizes sent unasked"
+    );
+    let mut error_of = |kind: u16, offset: u64, len: u32, payload: &[u8]| {
+        let req = Request {
+            flags: 0,
+            kind,
+            cookie: 9,
+            offset,
+            length: u64::from(len),
+        };
+        s.write_all(&req.encode().unwrap()).unwrap();
+        s.write_all(payload).unwrap();
+        let c = chunks(&mut s);
+        assert_eq!(c.len(), 1, "{c:?}");
+        assert_eq!(c[0].0, REPLY_TYPE_ERROR);
+        let p = &c[0].1;
+        let errno = u32::from_be_bytes(p[..4].try_into().unwrap());
+        let n = u16::from_be_bytes([p[4], p[5]]) as usize;
+        (errno, String::from_utf8(p[6..6 + n].to_vec()).unwrap())
+    };
+    let (errno, msg) = error_of(CMD_WRITE, (1 << 20) - 2048, 4096, &[7; 4096]);
+    assert_eq!(errno, ENOSPC);
+    assert!(msg.contains("past the end"), "{msg}");
+    let (errno, msg) = error_of(CMD_WRITE_ZEROES, 1 << 20, 4096, &[]);
+    assert_eq!(errno, ENOSPC);
+    assert!(msg.contains("past the end"), "{msg}");
+    let (errno, msg) = error_of(CMD_READ, 0, MAX_PAYLOAD_BYTES + 4096, &[]);
+    assert_eq!(errno, EOVERFLOW);
+    assert!(
+        !msg.contains("advertised") && msg.contains("64 MiB"),
+        "{msg}"
+    );
+    drop(s);
+    srv.stop();
+}

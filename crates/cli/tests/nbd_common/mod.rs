@@ -334,3 +334,41 @@ pub fn pattern(seed: u64, len: usize) -> Vec<u8> {
         })
         .collect()
 }
+
+/// One scrape of a `--metrics` URL over a plain socket (no curl needed):
+/// `name{labels}` -> value. Panics if the server does not answer within
+/// 30 s (a bound, not a timing check).
+pub fn scrape_metrics(url: &str) -> std::collections::HashMap<String, f64> {
+    use std::io::{Read, Write};
+    let addr = url
+        .trim_start_matches("http://")
+        .trim_end_matches("/metrics");
+    let mut s = std::net::TcpStream::connect(addr).expect("connect to metrics");
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text).expect("metrics reply");
+    assert!(text.starts_with("HTTP/1.0 200"), "{text}");
+    let body = text.split_once("\r\n\r\n").expect("HTTP head").1;
+    body.lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+        .filter_map(|l| {
+            let (k, v) = l.rsplit_once(' ')?;
+            Some((k.to_string(), v.parse::<f64>().ok()?))
+        })
+        .collect()
+}
+
+/// Polls `cond` every 50 ms until it holds, at most `limit`; true if it did.
+pub fn poll_until(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + limit;
+    loop {
+        if cond() {
+            return true;
+        }
+        if Instant::now() > deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
