@@ -200,7 +200,9 @@ pub fn format(a: FormatArgs) -> anyhow::Result<()> {
         // --journal.
         refuse_to_overwrite(&a.path, "", layout.data_offset_bytes)?;
         if let Some(j) = &a.journal {
-            refuse_to_overwrite(j, "--journal ", layout.journal_bytes)?;
+            // Where format will write it (an RBD journal on the home's cluster).
+            let jt = jbdev_volume::journal_target(&a.path, j);
+            refuse_to_overwrite(&jt, "--journal ", layout.journal_bytes)?;
         }
     }
     // Files this command creates are removed again if it fails, so a

@@ -265,7 +265,75 @@ impl RbdTarget {
     pub fn short_name(&self) -> String {
         format!("rbd:{}/{}", self.pool, self.image)
     }
+
+    /// The full target string, which [`RbdTarget::parse`] reads back as
+    /// this target (`:` and `\` in values escaped).
+    pub fn spec(&self) -> String {
+        let esc = |s: &str| s.replace('\\', "\\\\").replace(':', "\\:");
+        let mut out = format!("rbd:{}/{}", esc(&self.pool), esc(&self.image));
+        let named = [("conf", &self.conf), ("id", &self.id)];
+        for (k, v) in named
+            .iter()
+            .filter_map(|(k, v)| v.as_ref().map(|v| (*k, v)))
+        {
+            out.push_str(&format!(":{k}={}", esc(v)));
+        }
+        for (k, v) in &self.options {
+            out.push_str(&format!(":{}={}", esc(k), esc(v)));
+        }
+        out
+    }
+
+    /// True if the target says which cluster it connects to, or as whom:
+    /// `conf=`, `id=`, or one of [`CLUSTER_OPTIONS`].
+    pub fn names_cluster(&self) -> bool {
+        self.conf.is_some()
+            || self.id.is_some()
+            || self.options.iter().any(|(k, _)| {
+                let k = k.replace('-', "_");
+                CLUSTER_OPTIONS.contains(&k.as_str())
+            })
+    }
+
+    /// This target (a volume's external journal) on the cluster of `home`
+    /// (the volume's home image): a journal target that names no cluster
+    /// ([`RbdTarget::names_cluster`]) takes the home's `conf=`, `id=` and
+    /// options, then its own options (which override them). One that names
+    /// a cluster is taken as given. Without this a bare `rbd:POOL/IMAGE`
+    /// journal would be opened on the node's default cluster
+    /// (`$CEPH_CONF`, /etc/ceph/ceph.conf), which need not be the home's.
+    pub fn on_cluster_of(&self, home: &RbdTarget) -> RbdTarget {
+        if self.names_cluster() {
+            return self.clone();
+        }
+        RbdTarget {
+            pool: self.pool.clone(),
+            image: self.image.clone(),
+            conf: home.conf.clone(),
+            id: home.id.clone(),
+            options: home
+                .options
+                .iter()
+                .chain(self.options.iter())
+                .cloned()
+                .collect(),
+        }
+    }
 }
+
+/// The librados options (with `_` for `-`) that say which cluster a
+/// target connects to or as whom, besides `conf=` and `id=`: a journal
+/// target naming one of them is not put on its home's cluster
+/// ([`RbdTarget::on_cluster_of`]).
+pub const CLUSTER_OPTIONS: &[&str] = &[
+    "mon_host",
+    "mon_dns_srv_name",
+    "keyring",
+    "key",
+    "keyfile",
+    "name",
+    "cluster",
+];
 
 /// Splits on `:` not preceded by a backslash; `\:` becomes `:` and `\\` a
 /// backslash.
@@ -1103,6 +1171,57 @@ mod tests {
         let e = RbdTarget::parse(&format!("rbd:{long}/img")).unwrap_err();
         assert!(e.contains("pool name is too long"), "{e}");
         assert!(RbdTarget::parse(&format!("rbd:rbd/{}", "x".repeat(255))).is_ok());
+    }
+
+    #[test]
+    fn a_spec_parses_back_to_its_target() {
+        for s in [
+            "rbd:p/i",
+            "rbd:p/i:conf=/tmp/x\\:y/c\\\\d.conf:id=jb:rbd_cache=true:mon_host=1.2.3.4\\:6789",
+        ] {
+            let t = RbdTarget::parse(s).unwrap();
+            assert_eq!(RbdTarget::parse(&t.spec()).unwrap(), t, "{s}");
+        }
+    }
+
+    /// A bare journal target is opened on its home's cluster (found by a
+    /// new-user pass: it was opened on the node's default cluster, and a
+    /// `journal reset` there lost an acknowledged write).
+    #[test]
+    fn a_journal_naming_no_cluster_takes_the_homes() {
+        let home =
+            RbdTarget::parse("rbd:h/vol:conf=/a/ceph.conf:id=jb:rados_osd_op_timeout=60").unwrap();
+        let j = RbdTarget::parse("rbd:j/vol-j")
+            .unwrap()
+            .on_cluster_of(&home);
+        assert_eq!((j.pool.as_str(), j.image.as_str()), ("j", "vol-j"));
+        assert_eq!(j.conf.as_deref(), Some("/a/ceph.conf"));
+        assert_eq!(j.id.as_deref(), Some("jb"));
+        assert_eq!(j.options, home.options);
+        // Its own client options come after the home's, so they win.
+        let j = RbdTarget::parse("rbd:j/vol-j:rados_osd_op_timeout=5")
+            .unwrap()
+            .on_cluster_of(&home);
+        assert_eq!(j.conf.as_deref(), Some("/a/ceph.conf"));
+        assert_eq!(
+            j.options.last(),
+            Some(&("rados_osd_op_timeout".to_string(), "5".to_string()))
+        );
+        // A journal that names a cluster (or who connects) is taken as given.
+        for own in [
+            "rbd:j/vol-j:conf=/b/ceph.conf",
+            "rbd:j/vol-j:id=other",
+            "rbd:j/vol-j:mon_host=10.0.0.1",
+            "rbd:j/vol-j:mon-host=10.0.0.1",
+            "rbd:j/vol-j:keyring=/b/keyring",
+        ] {
+            let t = RbdTarget::parse(own).unwrap();
+            assert_eq!(t.on_cluster_of(&home), t, "{own}");
+        }
+        // A home on the default cluster leaves a bare journal bare.
+        let bare = RbdTarget::parse("rbd:j/vol-j").unwrap();
+        let default_home = RbdTarget::parse("rbd:h/vol").unwrap();
+        assert_eq!(bare.on_cluster_of(&default_home), bare);
     }
 
     #[test]
