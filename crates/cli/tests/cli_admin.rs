@@ -549,6 +549,44 @@ fn rbd_format_info_check_dump_with_each_placement() {
     assert!(text(&o).contains("namespaces"), "{}", text(&o));
 }
 
+/// Report s20 #5: `format rbd:... --preallocate` is a usage error (exit
+/// 64) before anything is written: no image is created, and the same
+/// format without the flag then works. (Fails on the old code: the volume
+/// was formatted, then the option refused with exit 1.)
+#[cfg(feature = "rbd")]
+#[test]
+fn rbd_format_preallocate_is_refused_before_anything_is_written() {
+    use jbdev_device::rbd::test_cluster;
+    let Some(conf) = test_cluster::or_skip() else {
+        return;
+    };
+    let home = test_cluster::target(&conf, &test_cluster::unique_image("prealloc"));
+    let dir = tempfile::tempdir().unwrap();
+    let local_j = dir.path().join("j");
+    let o = jbdev(&[
+        "format",
+        &home,
+        "--size",
+        "16M",
+        "--preallocate",
+        "--journal",
+        local_j.to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(64), "{}", text(&o));
+    assert!(text(&o).contains("--preallocate"), "{}", text(&o));
+    assert!(!text(&o).contains("formatted"), "{}", text(&o));
+    assert!(
+        !test_cluster::exists(&home),
+        "the refused format created {home}"
+    );
+    assert!(
+        !local_j.exists(),
+        "the refused format wrote the journal file"
+    );
+    let o = jbdev(&["format", &home, "--size", "16M"]);
+    assert!(o.status.success(), "{}", text(&o));
+}
+
 /// `jbdev ARGS` with `$CEPH_CONF` naming a file that does not exist: the
 /// node has no default Ceph cluster, only what targets name (`:conf=`).
 #[cfg(feature = "rbd")]
