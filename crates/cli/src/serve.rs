@@ -280,6 +280,21 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
     let metrics = a
         .metrics
         .map(|_| Arc::new(crate::metrics::Metrics::default()));
+    if a.break_lock && !a.read_only {
+        // Every volume is checked before any lock is broken: a serve that
+        // ends up refused must not have fenced a live holder on the way.
+        for ExportSpec { path, journal, .. } in &named {
+            let opts = OpenOptions {
+                journal_path: journal.clone(),
+                ..opts.clone()
+            };
+            Volume::check_openable(path, &opts)
+                .map_err(anyhow::Error::new)
+                .with_context(|| {
+                    format!("cannot open volume {} (no lock was broken)", path.display())
+                })?;
+        }
+    }
     for ExportSpec {
         name,
         path,

@@ -974,9 +974,46 @@ impl Volume {
         res
     }
 
+    /// Checks, without taking or breaking any lock and without writing,
+    /// that [`Volume::open`] of `path` can go ahead: it holds a jbdev
+    /// volume, and its external journal (if any) opens. `open` runs it
+    /// first when it is to break a lock (`break_lock`), and a caller
+    /// opening several volumes with `break_lock` (`jbdev serve`) runs it on
+    /// each before opening any: a command that ends up refused must not
+    /// have broken a lock and fenced its holder on the way (found by a
+    /// new-user pass: `serve --break-lock` of a journal image, or with a
+    /// wrong `--journal`, fenced a live server and then failed).
+    pub fn check_openable(path: &Path, opts: &OpenOptions) -> Result<()> {
+        opts.validate()?;
+        let ro = jbdev_device::OpenOptions {
+            backend: opts.backend,
+            read_only: true,
+            exclusive: false,
+            ..Default::default()
+        };
+        let dev = open_device(path, &ro)?.device;
+        let sb = read_volume_superblock(dev.as_ref(), &path.display().to_string())?;
+        match &sb.journal {
+            JournalLocation::Internal { .. } => {
+                refuse_unused_journal_path(path, opts.journal_path.as_deref())
+            }
+            JournalLocation::External {
+                path_hint,
+                len_bytes,
+                ..
+            } => {
+                let given = opts.journal_path.as_deref();
+                open_external_journal(path, path_hint, given, *len_bytes, &ro).map(drop)
+            }
+        }
+    }
+
     /// Opens an existing volume, running journal recovery if needed.
     pub fn open(path: &Path, opts: &OpenOptions) -> Result<Volume> {
         opts.validate()?;
+        if opts.break_lock && !opts.read_only {
+            Self::check_openable(path, opts)?;
+        }
         let dopts = jbdev_device::OpenOptions {
             backend: opts.backend,
             direct: opts.direct_io,
