@@ -380,6 +380,35 @@ mod rbd {
         assert!(srv.stop(), "server did not stop cleanly:\n{log}");
     }
 
+    /// Report s20 #6: two exports naming one RBD image in two spellings
+    /// share one volume, as identical spellings do: a write on one is read
+    /// back on the other. (Fails on the old code: the second open was
+    /// refused by the first one's lock, with "if that holder is dead,
+    /// --break-lock" advice.)
+    #[test]
+    fn two_spellings_of_one_rbd_image_share_one_volume() {
+        let Some(conf) = test_cluster::or_skip() else {
+            return;
+        };
+        let home = test_cluster::target(&conf, &test_cluster::unique_image("spell"));
+        run_ok(JBDEV, &["format", &home, "--size", "16M"], 120);
+        let a = format!("a={home}");
+        let b = format!("b={home}:rbd_cache=false");
+        let srv = ServerProc::start(&["--export", &a, "--export", &b], None);
+        let addr: Address = srv.tcp.clone().unwrap().parse().unwrap();
+        let mut ca = Client::connect(&addr, "a").expect("connect a");
+        let mut cb = Client::connect(&addr, "b").expect("connect b");
+        let reply = ca
+            .call(CMD_WRITE, CMD_FLAG_FUA, 8192, 4096, &[0x5a; 4096])
+            .unwrap();
+        assert!(reply.is_ok(), "{reply:?}");
+        let got = cb.call(CMD_READ, 0, 8192, 4096, &[]).unwrap();
+        assert_eq!(got, Ok(vec![0x5a; 4096]), "export b does not see a's write");
+        drop((ca, cb));
+        let log = srv.log_text();
+        assert!(srv.stop(), "server did not stop cleanly:\n{log}");
+    }
+
     #[test]
     fn kill_9_on_rbd_with_local_journal_loses_nothing_acknowledged() {
         crash_on_rbd(false);
