@@ -89,6 +89,7 @@ mod ffi {
             ioctx: *mut rados_ioctx_t,
         ) -> c_int;
         pub fn rados_ioctx_destroy(io: rados_ioctx_t);
+        pub fn rados_set_pool_full_try(io: rados_ioctx_t);
     }
 
     #[link(name = "rbd")]
@@ -953,6 +954,15 @@ fn connect_pool(target: &RbdTarget, name: &str) -> Result<(Cluster, Ioctx)> {
             r,
         ));
     }
+    // A full pool (its quota reached, or the cluster full) answers writes
+    // with EDQUOT/ENOSPC at once, which the volume treats as a full store,
+    // instead of librados holding them until the pool has room again — in
+    // practice until rados_osd_op_timeout, and then ETIMEDOUT, an abort
+    // (found by a new-user pass). librbd's image handles duplicate this
+    // ioctx (IoCtxImpl::dup copies the flag) and carry it into the
+    // IOContext of their data requests (ImageCtx::rebuild_data_io_context).
+    // SAFETY: a live ioctx, before any request on it.
+    unsafe { ffi::rados_set_pool_full_try(io) };
     Ok((cluster, Ioctx(io)))
 }
 
