@@ -52,16 +52,17 @@ pub(crate) fn pending_description() -> String {
 }
 
 fn describe_actions<'a>(actions: impl Iterator<Item = &'a Action>) -> String {
-    let (mut mounts, mut loops, mut files, mut images) = (false, false, false, false);
-    for a in actions {
-        match a {
-            Action::Unmount(_) => mounts = true,
-            Action::DetachLoopsOf(_) => loops = true,
-            Action::RemoveFile(_) => files = true,
+    // 0 mounts, 1 loop devices, 2 files, 3 RBD images
+    let kinds: Vec<u8> = actions
+        .map(|a| match a {
+            Action::Unmount(_) => 0,
+            Action::DetachLoopsOf(_) => 1,
+            Action::RemoveFile(_) => 2,
             #[cfg(feature = "rbd")]
-            Action::RemoveRbdImage(_) => images = true,
-        }
-    }
+            Action::RemoveRbdImage(_) => 3,
+        })
+        .collect();
+    let [mounts, loops, files, images] = [0u8, 1, 2, 3].map(|k| kinds.contains(&k));
     let parts: Vec<&str> = [
         (loops, "loop devices"),
         (mounts, "mounts"),

@@ -608,6 +608,33 @@ fn warn_if_sparse_on_a_small_fs(path: &std::path::Path) {
     }
 }
 
+/// The key of `by_path` that names the same RBD image as `path`, however
+/// spelled (`rbd::same_image`): two exports of one image share one open
+/// volume (found by a new-user pass: the second opener was refused by the
+/// first one's lock, with "if that holder is dead, --break-lock" advice,
+/// and following it the server fenced itself).
+#[cfg(feature = "rbd")]
+fn same_rbd_key<'a>(
+    mut keys: impl Iterator<Item = &'a PathBuf>,
+    path: &std::path::Path,
+) -> Option<PathBuf> {
+    let p = path.to_str()?;
+    keys.find(|k| {
+        jbdev_device::is_rbd_target(k)
+            && k.to_str()
+                .is_some_and(|k| jbdev_device::rbd::same_image(k, p))
+    })
+    .cloned()
+}
+
+#[cfg(not(feature = "rbd"))]
+fn same_rbd_key<'a>(
+    _keys: impl Iterator<Item = &'a PathBuf>,
+    _path: &std::path::Path,
+) -> Option<PathBuf> {
+    None
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -662,31 +689,4 @@ mod tests {
             assert_eq!(plain_text_warning(addr, TlsMode::Off), None, "{local}");
         }
     }
-}
-
-/// The key of `by_path` that names the same RBD image as `path`, however
-/// spelled (`rbd::same_image`): two exports of one image share one open
-/// volume (found by a new-user pass: the second opener was refused by the
-/// first one's lock, with "if that holder is dead, --break-lock" advice,
-/// and following it the server fenced itself).
-#[cfg(feature = "rbd")]
-fn same_rbd_key<'a>(
-    mut keys: impl Iterator<Item = &'a PathBuf>,
-    path: &std::path::Path,
-) -> Option<PathBuf> {
-    let p = path.to_str()?;
-    keys.find(|k| {
-        jbdev_device::is_rbd_target(k)
-            && k.to_str()
-                .is_some_and(|k| jbdev_device::rbd::same_image(k, p))
-    })
-    .cloned()
-}
-
-#[cfg(not(feature = "rbd"))]
-fn same_rbd_key<'a>(
-    _keys: impl Iterator<Item = &'a PathBuf>,
-    _path: &std::path::Path,
-) -> Option<PathBuf> {
-    None
 }

@@ -1007,9 +1007,9 @@ fn watcher_addrs(image: &Image, name: &str) -> Result<Vec<String>> {
         let out = ws[..n]
             .iter()
             .filter(|w| !w.addr.is_null())
-            // SAFETY: NUL-terminated strings librbd allocated, valid until
-            // the cleanup below.
             .map(|w| {
+                // SAFETY: NUL-terminated strings librbd allocated, valid
+                // until the cleanup below.
                 unsafe { CStr::from_ptr(w.addr) }
                     .to_string_lossy()
                     .into_owned()
