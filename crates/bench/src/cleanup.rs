@@ -44,6 +44,42 @@ pub fn stop_requested() -> bool {
     STOP.load(Ordering::Relaxed)
 }
 
+/// What the registered teardown steps undo, for the Ctrl-C message: "loop
+/// devices and mounts" only when there are some (found by a new-user pass:
+/// `--target rbd:…` said so when it removed RBD images).
+pub(crate) fn pending_description() -> String {
+    describe_actions(REGISTRY.lock().iter().map(|(_, a)| a))
+}
+
+fn describe_actions<'a>(actions: impl Iterator<Item = &'a Action>) -> String {
+    // 0 mounts, 1 loop devices, 2 files, 3 RBD images
+    let kinds: Vec<u8> = actions
+        .map(|a| match a {
+            Action::Unmount(_) => 0,
+            Action::DetachLoopsOf(_) => 1,
+            Action::RemoveFile(_) => 2,
+            #[cfg(feature = "rbd")]
+            Action::RemoveRbdImage(_) => 3,
+        })
+        .collect();
+    let [mounts, loops, files, images] = [0u8, 1, 2, 3].map(|k| kinds.contains(&k));
+    let parts: Vec<&str> = [
+        (loops, "loop devices"),
+        (mounts, "mounts"),
+        (images, "the RBD images this run created"),
+        (files, "the files this run created"),
+    ]
+    .iter()
+    .filter(|(on, _)| *on)
+    .map(|(_, what)| *what)
+    .collect();
+    match parts.as_slice() {
+        [] => "what this run set up".to_string(),
+        [one] => one.to_string(),
+        [init @ .., last] => format!("{} and {last}", init.join(", ")),
+    }
+}
+
 /// One teardown step.
 #[derive(Clone, Debug)]
 pub(crate) enum Action {
@@ -246,7 +282,7 @@ pub fn install_signal_handler() {
                 force_teardown();
                 std::process::exit(130);
             }
-            eprintln!("jbdev bench: stopping; tearing down loop devices and mounts");
+            eprintln!("jbdev bench: stopping; tearing down {}", pending_description());
             std::thread::spawn(|| {
                 std::thread::sleep(GRACE_PERIOD);
                 force_teardown();
@@ -268,6 +304,32 @@ pub fn registered_count() -> usize {
 mod tests {
     use super::*;
     use std::os::unix::process::CommandExt;
+
+    /// Report s20 #7: Ctrl-C names what it tears down: RBD images, not
+    /// loop devices and mounts, for a `--target` run. (Fails on the old
+    /// code, which always said "loop devices and mounts".)
+    #[test]
+    fn the_teardown_message_names_what_is_torn_down() {
+        let loops = [
+            Action::DetachLoopsOf("/x".into()),
+            Action::Unmount("/m".into()),
+        ];
+        assert_eq!(describe_actions(loops.iter()), "loop devices and mounts");
+        assert_eq!(describe_actions([].iter()), "what this run set up");
+        #[cfg(feature = "rbd")]
+        {
+            let rbd = [
+                Action::RemoveRbdImage("rbd:p/i".into()),
+                Action::RemoveFile("/j".into()),
+            ];
+            let d = describe_actions(rbd.iter());
+            assert_eq!(
+                d,
+                "the RBD images this run created and the files this run created"
+            );
+            assert!(!d.contains("loop") && !d.contains("mount"), "{d}");
+        }
+    }
 
     /// kill_group stops every process of a child's group, the grandchildren
     /// too (which killing the child alone leaves running), and is back only

@@ -206,9 +206,11 @@ pub struct SyncWritersArgs {
     /// Benchmark on Ceph RBD instead (build with `--features rbd`):
     /// `rbd:POOL/IMAGE[:conf=PATH][:id=USER]` — plain librbd write + flush
     /// per write against jbdev with a local journal (in --backing-dir) and
-    /// with its journal on RBD, each on its own image of --backing-size
-    /// (IMAGE, IMAGE-jl, IMAGE-jr, IMAGE-jr-journal; created if missing).
-    /// THEIR CONTENT IS DESTROYED.
+    /// with its journal on RBD, each on its own image, created if missing:
+    /// IMAGE of --backing-size; IMAGE-jl and IMAGE-jr, jbdev volumes of
+    /// --backing-size less the journal (--journal-size, default 64M) and
+    /// 1M; IMAGE-jr-journal of the journal's size. THEIR CONTENT IS
+    /// DESTROYED.
     #[arg(long, value_name = "rbd:POOL/IMAGE")]
     pub target: Option<String>,
 }

@@ -39,7 +39,7 @@ pub enum BenchError {
     #[error(transparent)]
     Stdout(#[from] jbdev_device::stdout::StdoutError),
     /// SIGINT or SIGTERM arrived; everything was torn down.
-    #[error("interrupted; loop devices and mounts were torn down")]
+    #[error("interrupted; what the run set up (loop devices, mounts, files or RBD images it created) was torn down")]
     Interrupted,
 }
 

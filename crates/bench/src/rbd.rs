@@ -8,9 +8,10 @@
 //!   file in `--backing-dir` (on this node);
 //! * **jbdev, journal on RBD** — the journal is a second RBD image.
 //!
-//! Each of the three has its own image of the same size (`--backing-size`):
-//! `IMAGE`, `IMAGE-jl` and `IMAGE-jr` (+ `IMAGE-jr-journal`), created if
-//! missing. THEIR CONTENT IS DESTROYED. Every thread rewrites its own
+//! Each of the three has its own image, created if missing: `IMAGE` of
+//! `--backing-size`; `IMAGE-jl` and `IMAGE-jr`, jbdev volumes of
+//! `--backing-size` less the journal (`--journal-size`, default 64 MiB) and
+//! 1 MiB; `IMAGE-jr-journal`, the journal's size. THEIR CONTENT IS DESTROYED. Every thread rewrites its own
 //! 256 KiB region, as in the other sync-writers runs.
 //!
 //! Like `--device`, before anything is created: an image another client
@@ -115,6 +116,36 @@ pub fn preflight(images: &[String], force: bool) -> Result<Vec<bool>> {
     Ok(missing)
 }
 
+/// The fixed journal of the two jbdev volumes without `--journal-size`.
+const DEFAULT_JOURNAL_BYTES: u64 = 64 << 20;
+
+/// What each jbdev volume (`IMAGE-jl`, `IMAGE-jr`) holds besides its data.
+const VOLUME_OVERHEAD_BYTES: u64 = 1 << 20;
+
+/// The data size of the jbdev volumes: `--backing-size` less the journal
+/// and 1 MiB, refused (naming that cause and the size needed) when the
+/// threads' regions do not fit it (found by a new-user pass: "do not fit a
+/// 67108864-byte image" for 256 KiB, the journal unsaid).
+fn volume_data_bytes(threads: usize, region: usize, size: u64, journal: u64) -> Result<u64> {
+    let data = size.saturating_sub(journal + VOLUME_OVERHEAD_BYTES) / 4096 * 4096;
+    let need = (threads * region) as u64;
+    if need > data {
+        return Err(BenchError::InvalidArgument(format!(
+            "{threads} thread(s) x {region} bytes need {need} bytes of volume data, but the \
+             jbdev images of --backing-size {size} bytes hold a {journal}-byte journal \
+             (--journal-size{}) and {VOLUME_OVERHEAD_BYTES} bytes besides, leaving {data}: \
+             give --backing-size {} or more, or a smaller --journal-size",
+            if journal == DEFAULT_JOURNAL_BYTES {
+                ", default 64M"
+            } else {
+                ""
+            },
+            (need + journal + VOLUME_OVERHEAD_BYTES).div_ceil(1 << 20) << 20
+        )));
+    }
+    Ok(data)
+}
+
 /// Runs the comparison; prints a markdown table to `out` (stdout in `jbdev
 /// bench`) and returns the runs.
 pub fn sync_writers(target: &str, a: &SyncWritersArgs, out: &mut dyn Write) -> Result<Vec<RbdRun>> {
@@ -128,14 +159,9 @@ pub fn sync_writers(target: &str, a: &SyncWritersArgs, out: &mut dyn Write) -> R
         })?;
     let region = block * 64;
     let size = a.common.backing_size;
-    let journal_bytes = a.common.journal_size.unwrap_or(64 << 20);
-    let data_bytes = size.saturating_sub(journal_bytes + (1 << 20)) / 4096 * 4096;
+    let journal_bytes = a.common.journal_size.unwrap_or(DEFAULT_JOURNAL_BYTES);
     let max_threads = a.threads.iter().copied().max().unwrap_or(1);
-    if (max_threads * region) as u64 > data_bytes {
-        return Err(BenchError::InvalidArgument(format!(
-            "{max_threads} threads x {region} bytes do not fit a {size}-byte image"
-        )));
-    }
+    let data_bytes = volume_data_bytes(max_threads, region, size, journal_bytes)?;
     let duration = a.common.run_duration();
     let spec = |threads| LoadSpec {
         threads,
@@ -349,6 +375,27 @@ mod tests {
                 p99_us: 200.0,
             })
             .collect()
+    }
+
+    /// Report s20 #7: the size refusal names the journal taken from
+    /// --backing-size and the size that fits. (Fails on the old code: "1
+    /// threads x 262144 bytes do not fit a 67108864-byte image".)
+    #[test]
+    fn a_too_small_backing_size_names_the_journal_and_the_size_needed() {
+        let e = volume_data_bytes(1, 256 << 10, 64 << 20, DEFAULT_JOURNAL_BYTES)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("67108864-byte journal"), "{e}");
+        assert!(e.contains("default 64M"), "{e}");
+        assert!(e.contains("leaving 0"), "{e}");
+        assert!(
+            e.contains(&format!("--backing-size {} or more", 66u64 << 20)),
+            "{e}"
+        );
+        assert_eq!(
+            volume_data_bytes(1, 256 << 10, 66 << 20, DEFAULT_JOURNAL_BYTES).unwrap(),
+            1 << 20
+        );
     }
 
     #[test]

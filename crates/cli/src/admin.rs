@@ -133,6 +133,12 @@ fn open_to_size(path: &std::path::Path) -> jbdev_device::Result<jbdev_device::Op
 
 pub fn format(a: FormatArgs) -> anyhow::Result<()> {
     let bs = u64::from(a.block_size);
+    // Refused before anything is created or written (found by a new-user
+    // pass: the volume was formatted, then the option refused, exit 1).
+    usage_ensure!(
+        !(a.preallocate && jbdev_device::is_rbd_target(&a.path)),
+        "--preallocate is for image files; an RBD image is thin by design (nothing was written)"
+    );
     usage_ensure!(
         a.block_size.is_power_of_two() && (1024..=65536).contains(&a.block_size),
         "--block-size must be a power of two from 1024 to 65536 (got {})",
@@ -200,7 +206,9 @@ pub fn format(a: FormatArgs) -> anyhow::Result<()> {
         // --journal.
         refuse_to_overwrite(&a.path, "", layout.data_offset_bytes)?;
         if let Some(j) = &a.journal {
-            refuse_to_overwrite(j, "--journal ", layout.journal_bytes)?;
+            // Where format will write it (an RBD journal on the home's cluster).
+            let jt = jbdev_volume::journal_target(&a.path, j);
+            refuse_to_overwrite(&jt, "--journal ", layout.journal_bytes)?;
         }
     }
     // Files this command creates are removed again if it fails, so a
@@ -403,10 +411,7 @@ fn format_checked(a: &FormatArgs, f: &FormatOptions) -> anyhow::Result<String> {
 /// valid, sparse volume: nothing is removed). Returns what to print.
 fn preallocate(a: &FormatArgs) -> anyhow::Result<Option<String>> {
     if a.preallocate {
-        anyhow::ensure!(
-            !jbdev_device::is_rbd_target(&a.path),
-            "--preallocate is for image files; an RBD image is thin by design"
-        );
+        // (An RBD target with --preallocate was refused before the format.)
         match jbdev_device::file::preallocate(&a.path) {
             Ok(n) => {
                 return Ok(Some(format!(

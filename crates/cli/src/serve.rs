@@ -283,6 +283,21 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
     let metrics = a
         .metrics
         .map(|_| Arc::new(crate::metrics::Metrics::default()));
+    if a.break_lock && !a.read_only {
+        // Every volume is checked before any lock is broken: a serve that
+        // ends up refused must not have fenced a live holder on the way.
+        for ExportSpec { path, journal, .. } in &named {
+            let opts = OpenOptions {
+                journal_path: journal.clone(),
+                ..opts.clone()
+            };
+            Volume::check_openable(path, &opts)
+                .map_err(anyhow::Error::new)
+                .with_context(|| {
+                    format!("cannot open volume {} (no lock was broken)", path.display())
+                })?;
+        }
+    }
     for ExportSpec {
         name,
         path,
@@ -291,7 +306,9 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
     } in &named
     {
         let key = if jbdev_device::is_rbd_target(path) {
-            path.clone()
+            // One image however spelled (`rbd:rbd/v`, `rbd:rbd/v:conf=…`):
+            // the spelling seen first, so the exports share its volume.
+            same_rbd_key(by_path.keys(), path).unwrap_or_else(|| path.clone())
         } else {
             std::fs::canonicalize(path)
                 .with_context(|| format!("cannot open volume {}", path.display()))?
@@ -624,6 +641,33 @@ fn warn_if_sparse_on_a_small_fs(path: &std::path::Path) {
             tracing::warn!("{}: {w}", path.display());
         }
     }
+}
+
+/// The key of `by_path` that names the same RBD image as `path`, however
+/// spelled (`rbd::same_image`): two exports of one image share one open
+/// volume (found by a new-user pass: the second opener was refused by the
+/// first one's lock, with "if that holder is dead, --break-lock" advice,
+/// and following it the server fenced itself).
+#[cfg(feature = "rbd")]
+fn same_rbd_key<'a>(
+    mut keys: impl Iterator<Item = &'a PathBuf>,
+    path: &std::path::Path,
+) -> Option<PathBuf> {
+    let p = path.to_str()?;
+    keys.find(|k| {
+        jbdev_device::is_rbd_target(k)
+            && k.to_str()
+                .is_some_and(|k| jbdev_device::rbd::same_image(k, p))
+    })
+    .cloned()
+}
+
+#[cfg(not(feature = "rbd"))]
+fn same_rbd_key<'a>(
+    _keys: impl Iterator<Item = &'a PathBuf>,
+    _path: &std::path::Path,
+) -> Option<PathBuf> {
+    None
 }
 
 #[cfg(test)]

@@ -397,7 +397,7 @@ fn sigint_during_fs_mark_tears_everything_down_before_the_exit() {
     let still_attached = loop_backing(&dev).filter(|b| *b == backing);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
-        err.contains("interrupted; loop devices and mounts were torn down"),
+        err.contains("interrupted; what the run set up (loop devices, mounts, files or RBD images it created) was torn down"),
         "{err}"
     );
     assert_eq!(left, Vec::<u32>::new(), "fs_mark processes still running");

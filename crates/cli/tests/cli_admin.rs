@@ -549,6 +549,151 @@ fn rbd_format_info_check_dump_with_each_placement() {
     assert!(text(&o).contains("namespaces"), "{}", text(&o));
 }
 
+/// Report s20 #5: `format rbd:... --preallocate` is a usage error (exit
+/// 64) before anything is written: no image is created, and the same
+/// format without the flag then works. (Fails on the old code: the volume
+/// was formatted, then the option refused with exit 1.)
+#[cfg(feature = "rbd")]
+#[test]
+fn rbd_format_preallocate_is_refused_before_anything_is_written() {
+    use jbdev_device::rbd::test_cluster;
+    let Some(conf) = test_cluster::or_skip() else {
+        return;
+    };
+    let home = test_cluster::target(&conf, &test_cluster::unique_image("prealloc"));
+    let dir = tempfile::tempdir().unwrap();
+    let local_j = dir.path().join("j");
+    let o = jbdev(&[
+        "format",
+        &home,
+        "--size",
+        "16M",
+        "--preallocate",
+        "--journal",
+        local_j.to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(64), "{}", text(&o));
+    assert!(text(&o).contains("--preallocate"), "{}", text(&o));
+    assert!(!text(&o).contains("formatted"), "{}", text(&o));
+    assert!(
+        !test_cluster::exists(&home),
+        "the refused format created {home}"
+    );
+    assert!(
+        !local_j.exists(),
+        "the refused format wrote the journal file"
+    );
+    let o = jbdev(&["format", &home, "--size", "16M"]);
+    assert!(o.status.success(), "{}", text(&o));
+}
+
+/// `jbdev ARGS` with `$CEPH_CONF` naming a file that does not exist: the
+/// node has no default Ceph cluster, only what targets name (`:conf=`).
+#[cfg(feature = "rbd")]
+fn jbdev_without_default_ceph(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_jbdev"))
+        .args(args)
+        .env("CEPH_CONF", "/nonexistent/jbdev-test/ceph.conf")
+        .output()
+        .expect("run jbdev")
+}
+
+/// Report s20 #1: a journal recorded as a bare `rbd:POOL/IMAGE` is on its
+/// home's cluster (the home's `conf=`), not on the node's default one: with
+/// no default cluster at all, format, info, check, journal dump and
+/// journal reset all find it. (Fails on the old code: format failed
+/// reading the default config, and so did every later open; on a node
+/// whose default is another cluster, `info` said MISSING and `journal
+/// reset` made a new, empty journal there, losing acknowledged writes.)
+#[cfg(feature = "rbd")]
+#[test]
+fn rbd_a_bare_journal_target_is_on_the_homes_cluster() {
+    use jbdev_device::rbd::test_cluster;
+    let Some(conf) = test_cluster::or_skip() else {
+        return;
+    };
+    let home = test_cluster::target(&conf, &test_cluster::unique_image("bare-h"));
+    let bare = format!("rbd:rbd/{}", test_cluster::unique_image("bare-j"));
+    let run = jbdev_without_default_ceph;
+    let o = run(&[
+        "format",
+        &home,
+        "--size",
+        "16M",
+        "--journal-size",
+        "1M",
+        "--journal",
+        &bare,
+    ]);
+    assert!(o.status.success(), "format: {}", text(&o));
+    assert!(
+        test_cluster::exists(&format!("{bare}:conf={}", conf.display())),
+        "the journal is not on the home's cluster"
+    );
+    let o = run(&["info", &home]);
+    let t = text(&o);
+    assert!(
+        o.status.success() && t.contains("journal state   clean"),
+        "{t}"
+    );
+    let o = run(&["check", &home]);
+    assert!(text(&o).contains("check: ok"), "{}", text(&o));
+    let o = run(&["journal", "dump", &home]);
+    assert!(
+        o.status.success() && text(&o).contains("clean"),
+        "{}",
+        text(&o)
+    );
+    // The journal is there and clean: reset refuses (it does not create one).
+    let o = run(&["journal", "reset", &home]);
+    assert_clean_error(&o, "reset of a clean journal");
+    assert!(!text(&o).contains("created"), "{}", text(&o));
+}
+
+/// Report s20 #1: a journal that cannot be reached because its Ceph config
+/// cannot be read is not "MISSING" (which sends the operator to `journal
+/// reset`): info and check say what failed, and `journal reset` creates
+/// nothing. (Fails on the old code: info said "journal state MISSING:
+/// nothing at ...".)
+#[cfg(feature = "rbd")]
+#[test]
+fn rbd_an_unreadable_ceph_config_is_not_a_missing_journal() {
+    use jbdev_device::rbd::test_cluster;
+    let Some(conf) = test_cluster::or_skip() else {
+        return;
+    };
+    let home = test_cluster::target(&conf, &test_cluster::unique_image("noconf-h"));
+    let jimg = test_cluster::unique_image("noconf-j");
+    let journal = test_cluster::target(&conf, &jimg);
+    let o = jbdev(&[
+        "format",
+        &home,
+        "--size",
+        "16M",
+        "--journal-size",
+        "1M",
+        "--journal",
+        &journal,
+    ]);
+    assert!(o.status.success(), "format: {}", text(&o));
+    let bad = format!("rbd:rbd/{jimg}:conf=/nonexistent/jbdev-test/ceph.conf");
+    let o = jbdev(&["info", &home, "--journal", &bad]);
+    let t = text(&o);
+    assert!(!t.contains("MISSING") && !t.contains("nothing at"), "{t}");
+    assert!(t.contains("reading ceph configuration"), "{t}");
+    let o = jbdev(&["check", &home, "--journal", &bad]);
+    let t = text(&o);
+    assert_clean_error(&o, "check with an unreadable journal config");
+    assert!(!t.contains("nothing at"), "{t}");
+    assert!(t.contains("reading ceph configuration"), "{t}");
+    let o = jbdev(&["journal", "reset", &home, "--journal", &bad, "--force"]);
+    assert_clean_error(&o, "reset with an unreadable journal config");
+    assert!(!text(&o).contains("created"), "{}", text(&o));
+    // The real journal is untouched and still clean.
+    let o = jbdev(&["info", &home]);
+    assert!(text(&o).contains("journal state   clean"), "{}", text(&o));
+}
+
 #[test]
 fn output_into_a_closed_pipe_ends_quietly() {
     use std::io::Read;

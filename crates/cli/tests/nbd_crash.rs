@@ -317,6 +317,98 @@ mod rbd {
         });
     }
 
+    /// Report s20 #2: a `serve --break-lock` that is refused — the
+    /// served volume's journal image named as a volume, or the volume
+    /// with a wrong `--journal` — breaks no lock: the live server keeps
+    /// writing, and stops cleanly. (Fails on the old code: the lock was
+    /// broken and its holder blocklisted first, and the live server's
+    /// writes failed with EIO.)
+    #[test]
+    fn a_refused_serve_break_lock_leaves_the_live_server_alone() {
+        let Some(conf) = test_cluster::or_skip() else {
+            return;
+        };
+        let home = test_cluster::target(&conf, &test_cluster::unique_image("bl"));
+        let journal = test_cluster::target(&conf, &test_cluster::unique_image("bl-j"));
+        run_ok(
+            JBDEV,
+            &[
+                "format",
+                &home,
+                "--size",
+                "32M",
+                "--journal",
+                &journal,
+                "--journal-size",
+                "8M",
+            ],
+            120,
+        );
+        let srv = ServerProc::start(&[&home], None);
+        let mut c = client_after_fua_writes(&srv, "", 4);
+        for (args, want) in [
+            (vec![journal.as_str()], "not a jbdev volume"),
+            (
+                vec![
+                    home.as_str(),
+                    "--journal",
+                    "/nonexistent/jbdev-test/x.journal",
+                ],
+                "x.journal",
+            ),
+        ] {
+            let mut args = args;
+            args.extend(["--break-lock", "--listen", "127.0.0.1:0"]);
+            let mut full = vec!["serve"];
+            full.extend(args.iter().copied());
+            let out = run_tool(JBDEV, &full, 120);
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert!(!out.status.success(), "{full:?} succeeded: {err}");
+            assert!(err.contains(want), "{full:?}: {err}");
+            assert!(
+                !err.contains("breaking the exclusive lock"),
+                "{full:?}: {err}"
+            );
+        }
+        // The live server still writes and flushes.
+        let reply = c
+            .call(CMD_WRITE, CMD_FLAG_FUA, 1 << 20, 4096, &[0x43; 4096])
+            .expect("write after the refused --break-lock");
+        assert!(reply.is_ok(), "the live server was fenced: {reply:?}");
+        drop(c);
+        let log = srv.log_text();
+        assert!(srv.stop(), "server did not stop cleanly:\n{log}");
+    }
+
+    /// Report s20 #6: two exports naming one RBD image in two spellings
+    /// share one volume, as identical spellings do: a write on one is read
+    /// back on the other. (Fails on the old code: the second open was
+    /// refused by the first one's lock, with "if that holder is dead,
+    /// --break-lock" advice.)
+    #[test]
+    fn two_spellings_of_one_rbd_image_share_one_volume() {
+        let Some(conf) = test_cluster::or_skip() else {
+            return;
+        };
+        let home = test_cluster::target(&conf, &test_cluster::unique_image("spell"));
+        run_ok(JBDEV, &["format", &home, "--size", "16M"], 120);
+        let a = format!("a={home}");
+        let b = format!("b={home}:rbd_cache=false");
+        let srv = ServerProc::start(&["--export", &a, "--export", &b], None);
+        let addr: Address = srv.tcp.clone().unwrap().parse().unwrap();
+        let mut ca = Client::connect(&addr, "a").expect("connect a");
+        let mut cb = Client::connect(&addr, "b").expect("connect b");
+        let reply = ca
+            .call(CMD_WRITE, CMD_FLAG_FUA, 8192, 4096, &[0x5a; 4096])
+            .unwrap();
+        assert!(reply.is_ok(), "{reply:?}");
+        let got = cb.call(CMD_READ, 0, 8192, 4096, &[]).unwrap();
+        assert_eq!(got, Ok(vec![0x5a; 4096]), "export b does not see a's write");
+        drop((ca, cb));
+        let log = srv.log_text();
+        assert!(srv.stop(), "server did not stop cleanly:\n{log}");
+    }
+
     #[test]
     fn kill_9_on_rbd_with_local_journal_loses_nothing_acknowledged() {
         crash_on_rbd(false);

@@ -37,6 +37,7 @@ mod queue;
 use std::ffi::{c_char, c_int, CStr, CString};
 use std::io::{self, IoSlice, IoSliceMut};
 use std::ptr;
+use std::time::{Duration, Instant};
 
 use crate::{
     check_request, iov_len, iov_len_mut, BlockDevice, DeviceError, IoPriority, IoQueue, Result,
@@ -55,6 +56,14 @@ mod ffi {
     /// `rbd_lock_mode_t`: a C enum (int).
     pub type rbd_lock_mode_t = c_int;
     pub const RBD_LOCK_MODE_EXCLUSIVE: rbd_lock_mode_t = 0;
+
+    /// `rbd_image_watcher_t`.
+    #[repr(C)]
+    pub struct rbd_image_watcher_t {
+        pub addr: *mut c_char,
+        pub id: i64,
+        pub cookie: u64,
+    }
 
     #[link(name = "rados")]
     extern "C" {
@@ -80,6 +89,7 @@ mod ffi {
             ioctx: *mut rados_ioctx_t,
         ) -> c_int;
         pub fn rados_ioctx_destroy(io: rados_ioctx_t);
+        pub fn rados_set_pool_full_try(io: rados_ioctx_t);
     }
 
     #[link(name = "rbd")]
@@ -120,6 +130,12 @@ mod ffi {
             lock_mode: rbd_lock_mode_t,
             lock_owner: *const c_char,
         ) -> c_int;
+        pub fn rbd_watchers_list(
+            image: rbd_image_t,
+            watchers: *mut rbd_image_watcher_t,
+            max_watchers: *mut usize,
+        ) -> c_int;
+        pub fn rbd_watchers_list_cleanup(watchers: *mut rbd_image_watcher_t, num_watchers: usize);
 
         pub fn rbd_aio_create_completion(
             cb_arg: *mut c_void,
@@ -265,7 +281,75 @@ impl RbdTarget {
     pub fn short_name(&self) -> String {
         format!("rbd:{}/{}", self.pool, self.image)
     }
+
+    /// The full target string, which [`RbdTarget::parse`] reads back as
+    /// this target (`:` and `\` in values escaped).
+    pub fn spec(&self) -> String {
+        let esc = |s: &str| s.replace('\\', "\\\\").replace(':', "\\:");
+        let mut out = format!("rbd:{}/{}", esc(&self.pool), esc(&self.image));
+        let named = [("conf", &self.conf), ("id", &self.id)];
+        for (k, v) in named
+            .iter()
+            .filter_map(|(k, v)| v.as_ref().map(|v| (*k, v)))
+        {
+            out.push_str(&format!(":{k}={}", esc(v)));
+        }
+        for (k, v) in &self.options {
+            out.push_str(&format!(":{}={}", esc(k), esc(v)));
+        }
+        out
+    }
+
+    /// True if the target says which cluster it connects to, or as whom:
+    /// `conf=`, `id=`, or one of [`CLUSTER_OPTIONS`].
+    pub fn names_cluster(&self) -> bool {
+        self.conf.is_some()
+            || self.id.is_some()
+            || self.options.iter().any(|(k, _)| {
+                let k = k.replace('-', "_");
+                CLUSTER_OPTIONS.contains(&k.as_str())
+            })
+    }
+
+    /// This target (a volume's external journal) on the cluster of `home`
+    /// (the volume's home image): a journal target that names no cluster
+    /// ([`RbdTarget::names_cluster`]) takes the home's `conf=`, `id=` and
+    /// options, then its own options (which override them). One that names
+    /// a cluster is taken as given. Without this a bare `rbd:POOL/IMAGE`
+    /// journal would be opened on the node's default cluster
+    /// (`$CEPH_CONF`, /etc/ceph/ceph.conf), which need not be the home's.
+    pub fn on_cluster_of(&self, home: &RbdTarget) -> RbdTarget {
+        if self.names_cluster() {
+            return self.clone();
+        }
+        RbdTarget {
+            pool: self.pool.clone(),
+            image: self.image.clone(),
+            conf: home.conf.clone(),
+            id: home.id.clone(),
+            options: home
+                .options
+                .iter()
+                .chain(self.options.iter())
+                .cloned()
+                .collect(),
+        }
+    }
 }
+
+/// The librados options (with `_` for `-`) that say which cluster a
+/// target connects to or as whom, besides `conf=` and `id=`: a journal
+/// target naming one of them is not put on its home's cluster
+/// ([`RbdTarget::on_cluster_of`]).
+pub const CLUSTER_OPTIONS: &[&str] = &[
+    "mon_host",
+    "mon_dns_srv_name",
+    "keyring",
+    "key",
+    "keyfile",
+    "name",
+    "cluster",
+];
 
 /// Splits on `:` not preceded by a backslash; `\:` becomes `:` and `\\` a
 /// backslash.
@@ -481,7 +565,8 @@ impl RbdDevice {
             other => other?,
         };
         if !opts.read_only && opts.exclusive {
-            lock(&image, &name, opts.break_lock)?;
+            let break_lock = opts.break_lock.then(|| break_lock_wait(&cluster));
+            lock(&image, &name, break_lock)?;
         }
         let mut size = image_size(&image, &name)?;
         if let Some(want) = opts.create_size.filter(|_| !opts.read_only) {
@@ -869,13 +954,138 @@ fn connect_pool(target: &RbdTarget, name: &str) -> Result<(Cluster, Ioctx)> {
             r,
         ));
     }
+    // A full pool (its quota reached, or the cluster full) answers writes
+    // with EDQUOT/ENOSPC at once, which the volume treats as a full store,
+    // instead of librados holding them until the pool has room again — in
+    // practice until rados_osd_op_timeout, and then ETIMEDOUT, an abort
+    // (found by a new-user pass). librbd's image handles duplicate this
+    // ioctx (IoCtxImpl::dup copies the flag) and carry it into the
+    // IOContext of their data requests (ImageCtx::rebuild_data_io_context).
+    // SAFETY: a live ioctx, before any request on it.
+    unsafe { ffi::rados_set_pool_full_try(io) };
     Ok((cluster, Ioctx(io)))
 }
 
-fn lock(image: &Image, name: &str, break_lock: bool) -> Result<()> {
-    if break_lock {
-        for owner in lock_owners(image, name)? {
-            tracing::warn!("{name}: breaking the exclusive lock held by {owner} (--break-lock); that client is blocklisted");
+/// How long `--break-lock` waits for a holder's watch on the image to go
+/// away: the OSDs drop the watch of a client that stopped pinging
+/// (`kill -9`, a dead node) after `osd_client_watch_timeout` (30 s by
+/// default; read from this client's configuration, which normally shares
+/// the cluster's ceph.conf), and a margin for the ping interval.
+fn break_lock_wait(cluster: &Cluster) -> Duration {
+    let secs = conf_get(cluster, "osd_client_watch_timeout")
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .unwrap_or(30);
+    Duration::from_secs(secs + BREAK_LOCK_MARGIN_SECS)
+}
+
+/// What `--break-lock` waits beyond `osd_client_watch_timeout`.
+const BREAK_LOCK_MARGIN_SECS: u64 = 10;
+
+/// Addresses of the clients that watch the image (a live librbd client
+/// that has it open keeps a watch on its header; a killed one's expires).
+fn watcher_addrs(image: &Image, name: &str) -> Result<Vec<String>> {
+    let mut cap = 16usize;
+    loop {
+        let mut ws: Vec<ffi::rbd_image_watcher_t> = (0..cap)
+            .map(|_| ffi::rbd_image_watcher_t {
+                addr: ptr::null_mut(),
+                id: 0,
+                cookie: 0,
+            })
+            .collect();
+        let mut n = cap;
+        // SAFETY: an open image; `ws` has room for `n` entries.
+        let r = unsafe { ffi::rbd_watchers_list(image.0, ws.as_mut_ptr(), &mut n) };
+        if r == -libc::ERANGE && n > cap {
+            cap = n;
+            continue;
+        }
+        if r < 0 {
+            return Err(rbd_err("rbd_watchers_list", name, r));
+        }
+        let n = n.min(cap);
+        let out = ws[..n]
+            .iter()
+            .filter(|w| !w.addr.is_null())
+            .map(|w| {
+                // SAFETY: NUL-terminated strings librbd allocated, valid
+                // until the cleanup below.
+                unsafe { CStr::from_ptr(w.addr) }
+                    .to_string_lossy()
+                    .into_owned()
+            })
+            .collect();
+        // SAFETY: frees exactly the `n` entries librbd filled.
+        unsafe { ffi::rbd_watchers_list_cleanup(ws.as_mut_ptr(), n) };
+        return Ok(out);
+    }
+}
+
+/// A client address as librbd prints it, without the messenger prefix
+/// (`v1:`, `v2:`, `any:`) and brackets, so lock owners and watchers compare.
+fn bare_addr(a: &str) -> &str {
+    let a = a.trim().trim_start_matches('[').trim_end_matches(']');
+    ["v1:", "v2:", "any:"]
+        .iter()
+        .find_map(|p| a.strip_prefix(p))
+        .unwrap_or(a)
+}
+
+/// True if `owner` (a lock owner's address) still watches the image:
+/// it is alive (its librbd client pings the OSDs), or it died less than
+/// `osd_client_watch_timeout` ago.
+fn owner_watches(owner: &str, watchers: &[String]) -> bool {
+    watchers.iter().any(|w| bare_addr(w) == bare_addr(owner))
+}
+
+/// `--break-lock` of `owner`: only once it has no watch on the image. A
+/// holder with a watch is alive (or killed less than the watch timeout
+/// ago): waits up to `wait` for the watch to go, saying so, and refuses a
+/// holder whose watch stays (found by a new-user pass: a refused `serve
+/// --break-lock` had already broken a live server's lock and blocklisted
+/// it, which went fail-stop).
+fn wait_for_dead_owner(image: &Image, name: &str, owner: &str, wait: Duration) -> Result<()> {
+    let start = Instant::now();
+    let mut said = false;
+    loop {
+        let watchers = watcher_addrs(image, name)?;
+        if !owner_watches(owner, &watchers) {
+            return Ok(());
+        }
+        if start.elapsed() >= wait {
+            return Err(DeviceError::Busy(format!(
+                "{name} (exclusive lock held by {owner}, which is alive: it still watches the \
+                 image ({}s after --break-lock started waiting for its watch to expire); \
+                 --break-lock breaks only a dead holder's lock: stop that client first \
+                 (`rbd status` lists the image's watchers); nothing was changed)",
+                wait.as_secs()
+            )));
+        }
+        if !said {
+            said = true;
+            let msg = format!(
+                "{name}: the lock holder {owner} still watches the image: waiting up to {}s \
+                 for its watch to expire (a killed client's lasts about \
+                 osd_client_watch_timeout, 30 s by default); a live holder's lock is not broken",
+                wait.as_secs()
+            );
+            tracing::warn!("{msg}");
+        }
+        std::thread::sleep(Duration::from_millis(500).min(wait.saturating_sub(start.elapsed())));
+    }
+}
+
+/// Takes the exclusive lock; `break_lock`: break a dead holder's lock
+/// first, waiting at most this long for its watch to expire.
+fn lock(image: &Image, name: &str, break_lock: Option<Duration>) -> Result<()> {
+    if let Some(wait) = break_lock {
+        let owners = lock_owners(image, name)?;
+        // Every holder is checked before any lock is broken.
+        for owner in &owners {
+            wait_for_dead_owner(image, name, owner, wait)?;
+        }
+        for owner in owners {
+            tracing::warn!("{name}: breaking the exclusive lock held by {owner} (--break-lock; it no longer watches the image); that client is blocklisted");
             let o = cstring("lock owner", &owner)?;
             // SAFETY: an open image and a NUL-terminated owner string.
             let r =
@@ -1103,6 +1313,57 @@ mod tests {
         let e = RbdTarget::parse(&format!("rbd:{long}/img")).unwrap_err();
         assert!(e.contains("pool name is too long"), "{e}");
         assert!(RbdTarget::parse(&format!("rbd:rbd/{}", "x".repeat(255))).is_ok());
+    }
+
+    #[test]
+    fn a_spec_parses_back_to_its_target() {
+        for s in [
+            "rbd:p/i",
+            "rbd:p/i:conf=/tmp/x\\:y/c\\\\d.conf:id=jb:rbd_cache=true:mon_host=1.2.3.4\\:6789",
+        ] {
+            let t = RbdTarget::parse(s).unwrap();
+            assert_eq!(RbdTarget::parse(&t.spec()).unwrap(), t, "{s}");
+        }
+    }
+
+    /// A bare journal target is opened on its home's cluster (found by a
+    /// new-user pass: it was opened on the node's default cluster, and a
+    /// `journal reset` there lost an acknowledged write).
+    #[test]
+    fn a_journal_naming_no_cluster_takes_the_homes() {
+        let home =
+            RbdTarget::parse("rbd:h/vol:conf=/a/ceph.conf:id=jb:rados_osd_op_timeout=60").unwrap();
+        let j = RbdTarget::parse("rbd:j/vol-j")
+            .unwrap()
+            .on_cluster_of(&home);
+        assert_eq!((j.pool.as_str(), j.image.as_str()), ("j", "vol-j"));
+        assert_eq!(j.conf.as_deref(), Some("/a/ceph.conf"));
+        assert_eq!(j.id.as_deref(), Some("jb"));
+        assert_eq!(j.options, home.options);
+        // Its own client options come after the home's, so they win.
+        let j = RbdTarget::parse("rbd:j/vol-j:rados_osd_op_timeout=5")
+            .unwrap()
+            .on_cluster_of(&home);
+        assert_eq!(j.conf.as_deref(), Some("/a/ceph.conf"));
+        assert_eq!(
+            j.options.last(),
+            Some(&("rados_osd_op_timeout".to_string(), "5".to_string()))
+        );
+        // A journal that names a cluster (or who connects) is taken as given.
+        for own in [
+            "rbd:j/vol-j:conf=/b/ceph.conf",
+            "rbd:j/vol-j:id=other",
+            "rbd:j/vol-j:mon_host=10.0.0.1",
+            "rbd:j/vol-j:mon-host=10.0.0.1",
+            "rbd:j/vol-j:keyring=/b/keyring",
+        ] {
+            let t = RbdTarget::parse(own).unwrap();
+            assert_eq!(t.on_cluster_of(&home), t, "{own}");
+        }
+        // A home on the default cluster leaves a bare journal bare.
+        let bare = RbdTarget::parse("rbd:j/vol-j").unwrap();
+        let default_home = RbdTarget::parse("rbd:h/vol").unwrap();
+        assert_eq!(bare.on_cluster_of(&default_home), bare);
     }
 
     #[test]

@@ -79,11 +79,21 @@ pub fn inspect_volume(
                 Err(error) => {
                     let tried = journal_path
                         .map(Path::to_path_buf)
-                        .or_else(|| (!path_hint.as_os_str().is_empty()).then(|| path_hint.clone()));
+                        .or_else(|| (!path_hint.as_os_str().is_empty()).then(|| path_hint.clone()))
+                        .map(|j| crate::volume::journal_target(path, &j));
+                    // Missing: the open found nothing there. For an RBD
+                    // journal only the image open says that: an ENOENT
+                    // from reading the Ceph config (no such conf file) or
+                    // from the pool is not a missing journal (found by a
+                    // new-user pass: `info` said "MISSING" and pointed at
+                    // `journal reset` when only the config was missing).
                     let missing = matches!(
                         &error,
-                        crate::VolumeError::Device(jbdev_device::DeviceError::Io { error, .. })
+                        crate::VolumeError::Device(jbdev_device::DeviceError::Io { op, error, .. })
                             if error.kind() == std::io::ErrorKind::NotFound
+                                && tried.as_deref().is_some_and(|t| {
+                                    !jbdev_device::is_rbd_target(t) || *op == "rbd_open"
+                                })
                     );
                     return Ok(Err(JournalUnavailable {
                         superblock,

@@ -37,6 +37,6 @@ pub use overlay::CallerBuf;
 pub use reset::{reset_journal, reset_journal_device, JournalReset};
 pub use volume::{
     check_replay_plan, default_journal_bytes, file_format_would_create, format_layout,
-    stale_journal, Extent, ExtentState, FormatLayout, RecoveryReport, Stats, TouchedBlocks,
-    Transaction, Volume, WriteFlags, MIN_JOURNAL_BLOCKS,
+    journal_target, stale_journal, Extent, ExtentState, FormatLayout, RecoveryReport, Stats,
+    TouchedBlocks, Transaction, Volume, WriteFlags, MIN_JOURNAL_BLOCKS,
 };

@@ -355,8 +355,8 @@ pub(crate) fn external_journal_path(
     given: Option<&Path>,
 ) -> Result<(PathBuf, bool)> {
     let (jp, recorded) = match given {
-        Some(p) => (p.to_path_buf(), false),
-        None if !path_hint.as_os_str().is_empty() => (path_hint.to_path_buf(), true),
+        Some(p) => (journal_target(home, p), false),
+        None if !path_hint.as_os_str().is_empty() => (journal_target(home, path_hint), true),
         None => {
             return Err(VolumeError::InvalidArgument(
                 "this volume has an external journal: give its path (--journal)".into(),
@@ -665,6 +665,27 @@ pub(crate) fn refuse_unused_journal_path(home: &Path, given: Option<&Path>) -> R
     }
 }
 
+/// What an external journal `journal` of the volume at `home` is opened
+/// as, at format time and at every open (open, serve, info, check,
+/// journal dump, journal reset): an RBD journal target that names no
+/// cluster (no `conf=`, `id=`, `mon_host=`...) is put on the home's cluster,
+/// with the home's options (`RbdTarget::on_cluster_of`), so that home and
+/// journal are on one cluster unless the journal says otherwise. Anything
+/// else (files, devices, a journal naming its cluster, a file home) as
+/// given. The superblock records the journal as given at format time.
+pub fn journal_target(home: &Path, journal: &Path) -> PathBuf {
+    #[cfg(feature = "rbd")]
+    if jbdev_device::is_rbd_target(home) && jbdev_device::is_rbd_target(journal) {
+        use jbdev_device::rbd::RbdTarget;
+        let parse = |p: &Path| p.to_str().and_then(|s| RbdTarget::parse(s).ok());
+        if let (Some(h), Some(j)) = (parse(home), parse(journal)) {
+            return PathBuf::from(j.on_cluster_of(&h).spec());
+        }
+    }
+    let _ = home;
+    journal.to_path_buf()
+}
+
 /// Fails when `journal` names the volume's own file or device (`home`):
 /// an external journal there would overlap the volume (and its lock would
 /// report the volume as "already open" by ourselves).
@@ -914,14 +935,20 @@ impl Volume {
         };
         let mut created: Vec<PathBuf> = Vec::new();
         created.extend(would_create(path));
-        if let JournalPlacement::External(p) = &fopts.journal {
+        // The journal as it is opened (on the home's cluster: see
+        // journal_target); the superblock records it as given.
+        let journal = match &fopts.journal {
+            JournalPlacement::External(p) => Some(journal_target(path, p)),
+            JournalPlacement::Internal => None,
+        };
+        if let Some(p) = &journal {
             created.extend(would_create(p));
         }
         let res = (|| {
             let dev = open_device(path, &dopts(needed))?.device;
-            let (jdev, watch) = match &fopts.journal {
-                JournalPlacement::Internal => (None, None),
-                JournalPlacement::External(p) => {
+            let (jdev, watch) = match &journal {
+                None => (None, None),
+                Some(p) => {
                     refuse_same_target(path, p)?;
                     let o = open_device(p, &dopts(journal_bytes))?;
                     let watch = o.watch.map(|file| WatchedJournal {
@@ -953,9 +980,46 @@ impl Volume {
         res
     }
 
+    /// Checks, without taking or breaking any lock and without writing,
+    /// that [`Volume::open`] of `path` can go ahead: it holds a jbdev
+    /// volume, and its external journal (if any) opens. `open` runs it
+    /// first when it is to break a lock (`break_lock`), and a caller
+    /// opening several volumes with `break_lock` (`jbdev serve`) runs it on
+    /// each before opening any: a command that ends up refused must not
+    /// have broken a lock and fenced its holder on the way (found by a
+    /// new-user pass: `serve --break-lock` of a journal image, or with a
+    /// wrong `--journal`, fenced a live server and then failed).
+    pub fn check_openable(path: &Path, opts: &OpenOptions) -> Result<()> {
+        opts.validate()?;
+        let ro = jbdev_device::OpenOptions {
+            backend: opts.backend,
+            read_only: true,
+            exclusive: false,
+            ..Default::default()
+        };
+        let dev = open_device(path, &ro)?.device;
+        let sb = read_volume_superblock(dev.as_ref(), &path.display().to_string())?;
+        match &sb.journal {
+            JournalLocation::Internal { .. } => {
+                refuse_unused_journal_path(path, opts.journal_path.as_deref())
+            }
+            JournalLocation::External {
+                path_hint,
+                len_bytes,
+                ..
+            } => {
+                let given = opts.journal_path.as_deref();
+                open_external_journal(path, path_hint, given, *len_bytes, &ro).map(drop)
+            }
+        }
+    }
+
     /// Opens an existing volume, running journal recovery if needed.
     pub fn open(path: &Path, opts: &OpenOptions) -> Result<Volume> {
         opts.validate()?;
+        if opts.break_lock && !opts.read_only {
+            Self::check_openable(path, opts)?;
+        }
         let dopts = jbdev_device::OpenOptions {
             backend: opts.backend,
             direct: opts.direct_io,

@@ -1,7 +1,8 @@
 //! RBD-specific create and open paths of a volume, against the throwaway
 //! test cluster (skipped without Ceph): a failed create removes the images
 //! it made, a journal naming the home image however spelled is refused, and
-//! a read-only open of a volume another client is writing is refused.
+//! a read-only open of a volume another client is writing is refused, and
+//! a full pool is "no space", not a timeout.
 #![cfg(feature = "rbd")]
 
 use jbdev_device::rbd::test_cluster;
@@ -138,4 +139,123 @@ fn a_read_only_open_of_a_volume_held_elsewhere_is_refused() {
     let mut buf = vec![0u8; 4096];
     r.read_at(&mut buf, 0).unwrap();
     assert_eq!(buf, vec![5u8; 4096]);
+}
+
+/// Runs `ceph`/`rbd` against the test cluster; panics on failure.
+fn ceph_tool(conf: &std::path::Path, tool: &str, args: &[&str]) -> String {
+    let out = std::process::Command::new("timeout")
+        .arg("120")
+        .arg(tool)
+        .arg("-c")
+        .arg(conf)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("running {tool}: {e}"));
+    assert!(
+        out.status.success(),
+        "{tool} {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Polls (bounded) until the pool's `full_quota` flag is `want`.
+fn wait_full_quota(conf: &std::path::Path, pool: &str, want: bool) {
+    for _ in 0..240 {
+        let ls = ceph_tool(conf, "ceph", &["osd", "pool", "ls", "detail"]);
+        let full = ls
+            .lines()
+            .find(|l| l.contains(&format!("'{pool}'")))
+            .is_some_and(|l| l.contains("full_quota"));
+        if full == want {
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(500));
+    }
+    panic!("pool {pool}: full_quota never became {want}");
+}
+
+/// Report s20 #3: a pool at its quota answers a write with "no space"
+/// (EDQUOT/ENOSPC, `is_no_space`) at once, not after `rados_osd_op_timeout`
+/// with ETIMEDOUT; every write acknowledged before reads back once the
+/// quota is lifted (after a reopen if the volume aborted). Uses a pool of
+/// its own, so other tests' writes are not held. (Fails on the old code:
+/// librados held the write until the 30 s op timeout, then ETIMEDOUT.)
+#[test]
+fn a_full_pool_is_no_space_not_a_timeout() {
+    let Some(conf) = cluster() else { return };
+    let pool = test_cluster::unique_image("jbfull");
+    ceph_tool(&conf, "ceph", &["osd", "pool", "create", &pool, "8"]);
+    ceph_tool(&conf, "rbd", &["pool", "init", &pool]);
+    let home = format!("rbd:{pool}/vol:conf={}", conf.display());
+    let res = std::panic::catch_unwind(|| {
+        let vol = Volume::create(
+            home.as_ref(),
+            &small(JournalPlacement::Internal),
+            &OpenOptions::default(),
+        )
+        .unwrap();
+        let mut acked = Vec::new();
+        for i in 0..4u64 {
+            vol.write_at(&[0x60 + i as u8; 4096], i * 4096, WriteFlags::FUA)
+                .unwrap();
+            acked.push(i);
+        }
+        ceph_tool(
+            &conf,
+            "ceph",
+            &["osd", "pool", "set-quota", &pool, "max_bytes", "1"],
+        );
+        wait_full_quota(&conf, &pool, true);
+        // Writes over fresh space until one fails: each answer comes at
+        // once or is "no space", never ETIMEDOUT.
+        let mut failed = None;
+        for i in 4..1024u64 {
+            match vol.write_at(&[0x60 + (i % 64) as u8; 4096], i * 4096, WriteFlags::FUA) {
+                Ok(()) => acked.push(i),
+                Err(e) => {
+                    failed = Some(e);
+                    break;
+                }
+            }
+        }
+        let e = failed.expect("every write succeeded on a full pool");
+        println!("write on a full pool: {e} (errno {})", e.errno());
+        assert!(
+            jbdev_volume::is_no_space(e.errno()),
+            "a full pool's write failed with {e} (errno {}), not no-space",
+            e.errno()
+        );
+        ceph_tool(
+            &conf,
+            "ceph",
+            &["osd", "pool", "set-quota", &pool, "max_bytes", "0"],
+        );
+        wait_full_quota(&conf, &pool, false);
+        // Closed (its error, if it aborted, is not the point here) and
+        // reopened: the acknowledged writes are all there.
+        let _ = vol.close();
+        let v = Volume::open(home.as_ref(), &OpenOptions::default()).unwrap();
+        let mut buf = vec![0u8; 4096];
+        for &i in &acked {
+            v.read_at(&mut buf, i * 4096).unwrap();
+            assert_eq!(buf[0], 0x60 + (i % 64) as u8, "acknowledged block {i} lost");
+        }
+        v.close().unwrap();
+    });
+    let _ = std::process::Command::new("ceph")
+        .arg("-c")
+        .arg(&conf)
+        .args([
+            "osd",
+            "pool",
+            "delete",
+            &pool,
+            &pool,
+            "--yes-i-really-really-mean-it",
+        ])
+        .output();
+    if let Err(p) = res {
+        std::panic::resume_unwind(p);
+    }
 }

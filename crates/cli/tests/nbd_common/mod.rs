@@ -205,7 +205,10 @@ impl ServerProc {
         let want = 1 + usize::from(socket.is_some());
         let mut tcp = None;
         let mut unix = None;
-        let deadline = Instant::now() + Duration::from_secs(30);
+        // A bound, not a timing check: a `--break-lock` start waits up to
+        // osd_client_watch_timeout (30 s) + 10 s for a killed holder's
+        // watch to expire before it breaks the lock.
+        let deadline = Instant::now() + Duration::from_secs(120);
         for _ in 0..want {
             let left = deadline.saturating_duration_since(Instant::now());
             let Ok(addr) = rx.recv_timeout(left) else {
