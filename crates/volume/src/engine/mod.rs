@@ -253,6 +253,13 @@ struct JState {
     /// When the last transaction was published (its writers released).
     last_published: Instant,
     avg_commit_ns: u64,
+    /// How long adaptive batching waits have lasted (running average):
+    /// how long the writers a commit released take to rejoin. Batching
+    /// waits only while this is short next to a commit (`Engine::batch_deadline`).
+    avg_batch_wait_ns: u64,
+    /// Commits since the last adaptive wait (waits skipped because they
+    /// did not pay): every `BATCH_PROBE_EVERY`th waits anyway, to measure.
+    batch_waits_skipped: u32,
     credits_since_cut: u64,
     space_waiters: u32,
     /// Sync requests that did not wait ([`Engine::when_durable`]): their
@@ -571,6 +578,8 @@ impl Engine {
             sync_population: 0,
             last_published: Instant::now(),
             avg_commit_ns: 0,
+            avg_batch_wait_ns: 0,
+            batch_waits_skipped: 0,
             credits_since_cut: 0,
             space_waiters: 0,
             durable_cbs: Vec::new(),
