@@ -310,7 +310,18 @@ impl Engine {
             // woke each other (publishing notifies `space`) in a loop that
             // kept the state lock from the checkpoint (found by the
             // simulator's `full` faults).
-            if self.can_lead(&st) && st.credits_since_cut > 0 {
+            //
+            // And only if the running transaction holds something: a cut
+            // of stripes that hold only credits frees no more than those,
+            // and it takes back the caller's own stock — credits it was
+            // just granted for this very request, and the `charged` that
+            // spared it the commit block — so the request came back short
+            // of credits, asked again, led another empty cut, and so on,
+            // spinning on the state lock (a million empty commits a second)
+            // while the checkpoint thread, which must take that lock to
+            // record the failed attempt that ends the wait on a full store,
+            // starved (found by the simulator, seed 0xd06f5b3a7ea1b7b8).
+            if self.can_lead(&st) && st.credits_since_cut > 0 && self.running_holds_data() {
                 st = self.commit_once(st, false);
             }
             let ready = ticket.is_some() && st.j.space.may_grant(ticket, need);
@@ -377,6 +388,15 @@ impl Engine {
         let mut s = self.stats.lock();
         s.paced_writes += 1;
         s.pace_sleep_us += slept / 1000;
+    }
+
+    /// Whether the running transaction holds a block or a revoke (any
+    /// stripe). Called with the state lock held (stripes rank below it).
+    fn running_holds_data(&self) -> bool {
+        (0..STRIPES).any(|i| {
+            let s = self.stripe(i);
+            !s.blocks.is_empty() || !s.revokes.is_empty()
+        })
     }
 
     /// [`Engine::reserve`] without waiting: Ok(false) if the credits are not
