@@ -211,6 +211,18 @@ fn a_burst_of_large_and_small_writes_lands_byte_for_byte() {
     srv.stop();
 }
 
+/// A raw connection to `srv` past the greeting, fixed newstyle without
+/// the zero padding: ready for options.
+fn newstyle_session(srv: &Running) -> UnixStream {
+    let mut s = UnixStream::connect(&srv.sock).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let mut hello = [0u8; 18];
+    s.read_exact(&mut hello).unwrap();
+    s.write_all(&(FLAG_C_FIXED_NEWSTYLE | FLAG_C_NO_ZEROES).to_be_bytes())
+        .unwrap();
+    s
+}
+
 fn opt(s: &mut UnixStream, option: u32, data: &[u8]) -> Vec<(u32, Vec<u8>)> {
     let mut m = OptionHeader {
         option,
@@ -263,12 +275,7 @@ fn chunks(s: &mut UnixStream) -> Vec<(u16, Vec<u8>)> {
 fn structured_reads_send_holes_and_block_status_matches() {
     let mem = Arc::new(MemBackend::new(1 << 20, false));
     let srv = start(mem.clone());
-    let mut s = UnixStream::connect(&srv.sock).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-    let mut hello = [0u8; 18];
-    s.read_exact(&mut hello).unwrap();
-    s.write_all(&(FLAG_C_FIXED_NEWSTYLE | FLAG_C_NO_ZEROES).to_be_bytes())
-        .unwrap();
+    let mut s = newstyle_session(&srv);
     // Meta contexts need structured replies first.
     let q = codec::encode_meta_query(&codec::MetaQuery {
         export: "mem".into(),
@@ -442,12 +449,7 @@ fn shutdown_answers_in_flight_requests_first() {
 fn refused_requests_say_why_in_their_error_messages() {
     let mem = Arc::new(MemBackend::new(1 << 20, false));
     let srv = start(mem);
-    let mut s = UnixStream::connect(&srv.sock).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-    let mut hello = [0u8; 18];
-    s.read_exact(&mut hello).unwrap();
-    s.write_all(&(FLAG_C_FIXED_NEWSTYLE | FLAG_C_NO_ZEROES).to_be_bytes())
-        .unwrap();
+    let mut s = newstyle_session(&srv);
     assert_eq!(opt(&mut s, OPT_STRUCTURED_REPLY, &[])[0].0, REP_ACK);
     // GO without asking for block sizes: none are sent.
     let info = codec::encode_info_request(&codec::InfoRequest {
