@@ -293,12 +293,9 @@ fn rejected_requests_are_counted_and_a_trickling_scraper_is_cut_off() {
 
     // One byte every 500 ms for at most 60 s: before, each byte renewed a
     // 5 s read timeout, so the scrape below waited the whole minute.
-    let metrics_addr = url
-        .trim_start_matches("http://")
-        .trim_end_matches("/metrics")
-        .to_string();
+    let addr = metrics_addr(&url);
     let trickler = std::thread::spawn(move || {
-        let mut t = std::net::TcpStream::connect(&metrics_addr).unwrap();
+        let mut t = std::net::TcpStream::connect(&addr).unwrap();
         let start = Instant::now();
         let mut sent = 0;
         while start.elapsed() < Duration::from_secs(60) {
@@ -401,10 +398,7 @@ fn idle_metrics_connections_do_not_block_a_scrape() {
     format_volume(&img, "16M");
     let srv = ServerProc::start(&[img.to_str().unwrap(), "--metrics", "127.0.0.1:0"], None);
     let url = srv.metrics_url();
-    let addr = url
-        .trim_start_matches("http://")
-        .trim_end_matches("/metrics")
-        .to_string();
+    let addr = metrics_addr(&url);
     let idle: Vec<std::net::TcpStream> = (0..8)
         .map(|_| std::net::TcpStream::connect(&addr).unwrap())
         .collect();

@@ -517,7 +517,7 @@ impl WatchedJournal {
     /// beside it, `PATH.rescued-PID`. Never overwrites anything; a copy
     /// that fails part way is removed. Returns where it went.
     fn rescue(&self) -> std::io::Result<PathBuf> {
-        use std::io::{Read, Write};
+        use std::io::Read;
         use std::os::unix::fs::OpenOptionsExt;
         use std::os::unix::io::AsRawFd;
         // The descriptor is O_PATH: /proc reopens the inode, linked or not.
@@ -541,13 +541,15 @@ impl WatchedJournal {
             Err(e) => return Err(e),
         };
         let copied = (|| {
-            let mut buf = vec![0u8; 1 << 20];
-            let mut left = self.region_end;
-            while left > 0 {
-                let want = left.min(buf.len() as u64) as usize;
-                src.read_exact(&mut buf[..want])?;
-                out.write_all(&buf[..want])?;
-                left -= want as u64;
+            let n = std::io::copy(&mut (&mut src).take(self.region_end), &mut out)?;
+            if n < self.region_end {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::UnexpectedEof,
+                    format!(
+                        "the journal holds {n} bytes, below its end at {}",
+                        self.region_end
+                    ),
+                ));
             }
             out.sync_all()?;
             if let Some(dir) = target.parent().filter(|d| !d.as_os_str().is_empty()) {

@@ -338,15 +338,19 @@ pub fn pattern(seed: u64, len: usize) -> Vec<u8> {
         .collect()
 }
 
+/// The `HOST:PORT` of a `--metrics` URL (`http://HOST:PORT/metrics`).
+pub fn metrics_addr(url: &str) -> String {
+    url.trim_start_matches("http://")
+        .trim_end_matches("/metrics")
+        .to_string()
+}
+
 /// One scrape of a `--metrics` URL over a plain socket (no curl needed):
 /// `name{labels}` -> value. Panics if the server does not answer within
 /// 30 s (a bound, not a timing check).
 pub fn scrape_metrics(url: &str) -> std::collections::HashMap<String, f64> {
     use std::io::{Read, Write};
-    let addr = url
-        .trim_start_matches("http://")
-        .trim_end_matches("/metrics");
-    let mut s = std::net::TcpStream::connect(addr).expect("connect to metrics");
+    let mut s = std::net::TcpStream::connect(metrics_addr(url)).expect("connect to metrics");
     s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
     s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").unwrap();
     let mut text = String::new();
