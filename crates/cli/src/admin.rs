@@ -211,22 +211,10 @@ pub fn format(a: FormatArgs) -> anyhow::Result<()> {
             refuse_to_overwrite(&jt, "--journal ", layout.journal_bytes)?;
         }
     }
-    // Files this command creates are removed again if it fails, so a
-    // failed format leaves nothing behind that looks like a volume. For a
-    // dangling symlink that is the file it points to, never the link.
-    let created: Vec<PathBuf> = std::iter::once(&a.path)
-        .chain(a.journal.as_ref())
-        .filter_map(|p| jbdev_volume::file_format_would_create(p))
-        .collect();
-    let formatted = match format_checked(&a, &f) {
-        Ok(m) => m,
-        Err(e) => {
-            for p in &created {
-                let _ = std::fs::remove_file(p);
-            }
-            return Err(e);
-        }
-    };
+    // A failed format removes the files and images it created (while it
+    // still holds their locks; never a file another process created in
+    // the meantime): nothing is left behind that looks like a volume.
+    let formatted = format_checked(&a, &f, &layout)?;
     // All the work first, then the report: a closed stdout (`| true`) ends
     // the command at its first line, and must not cut the work short.
     let preallocated = preallocate(&a);
@@ -278,9 +266,7 @@ fn refuse_to_overwrite(
     label: &str,
     overwrite_end: u64,
 ) -> anyhow::Result<()> {
-    use jbdev_volume::superblock::VolumeSuperblock;
-    let local = !jbdev_device::is_rbd_target(path);
-    if local && std::fs::metadata(path).is_err() {
+    if !jbdev_device::is_rbd_target(path) && std::fs::metadata(path).is_err() {
         return Ok(());
     }
     let Ok(opened) = open_to_size(path) else {
@@ -288,7 +274,22 @@ fn refuse_to_overwrite(
         // be opened: format reports that itself.
         return Ok(());
     };
-    let dev = opened.device;
+    refuse_to_overwrite_dev(path, &*opened.device, label, overwrite_end)
+}
+
+/// [`refuse_to_overwrite`] of the open device `dev` at `path`. Format runs it
+/// twice: before it creates anything, and again on each target once it is
+/// open and locked (`Volume::create_checked`), because another process can
+/// create or format the path in between (found by an adversarial pass: two
+/// concurrent formats of one new path both succeeded).
+fn refuse_to_overwrite_dev(
+    path: &std::path::Path,
+    dev: &dyn jbdev_device::BlockDevice,
+    label: &str,
+    overwrite_end: u64,
+) -> anyhow::Result<()> {
+    use jbdev_volume::superblock::VolumeSuperblock;
+    let local = !jbdev_device::is_rbd_target(path);
     let lbs = u64::from(dev.logical_block_size()).max(512);
     // Whole sectors only: a file's partial last sector is not read.
     let size = dev.size_bytes() / lbs * lbs;
@@ -366,15 +367,39 @@ fn refuse_to_overwrite(
     Ok(())
 }
 
-fn format_checked(a: &FormatArgs, f: &FormatOptions) -> anyhow::Result<String> {
+fn format_checked(
+    a: &FormatArgs,
+    f: &FormatOptions,
+    layout: &jbdev_volume::FormatLayout,
+) -> anyhow::Result<String> {
     let size = f.size_bytes;
     let pb = spinner(format!("formatting {}", a.path.display()));
     let oopts = OpenOptions {
         break_lock: a.break_lock,
         ..OpenOptions::default()
     };
-    let res = Volume::create(&a.path, f, &oopts);
+    // The refusal again, under the lock: what was checked above may have
+    // been created or formatted by another process since.
+    let mut refused: Option<anyhow::Error> = None;
+    let mut check = |t: &jbdev_volume::CreateTarget<'_>| {
+        if a.force || t.created {
+            return Ok(());
+        }
+        let (label, end) = match t.role {
+            jbdev_volume::TargetRole::Home => ("", layout.data_offset_bytes),
+            jbdev_volume::TargetRole::Journal => ("--journal ", layout.journal_bytes),
+        };
+        refuse_to_overwrite_dev(t.path, t.device, label, end).map_err(|e| {
+            let m = e.to_string();
+            refused = Some(e);
+            jbdev_volume::VolumeError::InvalidArgument(m)
+        })
+    };
+    let res = Volume::create_checked(&a.path, f, &oopts, &mut check);
     pb.finish_and_clear();
+    if let (Err(_), Some(e)) = (&res, refused) {
+        return Err(e);
+    }
     let v = res.with_context(|| format!("formatting {}", a.path.display()))?;
     let journal = match &v.superblock().journal {
         JournalLocation::Internal { len_bytes, .. } => {
@@ -889,8 +914,9 @@ fn missing_journal(
     };
     format!(
         "nothing at {where_}. If it moved, give --journal PATH (its new path); if it is lost, {reset}, and the volume then opens with what its home area \
-         holds: every acknowledged write if the journal failed under the running volume and \
-         its log said \"salvage complete\", otherwise without what only the journal held"
+         holds: every committed write (each write a flush or FUA acknowledged) if the journal \
+         failed under the running volume and its log said \"salvage complete\", otherwise \
+         without what only the journal held"
     )
 }
 
@@ -1145,8 +1171,9 @@ pub enum JournalCommand {
     /// Write a new, empty journal for a volume whose journal is lost (an
     /// external journal file deleted, its device dead) or damaged beyond
     /// replay, so the volume opens again. Its content is then what its home
-    /// area holds: every acknowledged write if the journal failed under a
-    /// running volume and the log said "salvage complete"; otherwise what
+    /// area holds: every committed write (each write a flush or FUA
+    /// acknowledged) if the journal failed under a running volume and the
+    /// log said "salvage complete"; otherwise what
     /// only the old journal held is gone. A missing external journal file
     /// is created (at --journal, or the path recorded at format time; an
     /// open needs --journal PATH if it differs). Refused while the volume

@@ -33,6 +33,11 @@ pub struct DeviceFile {
     /// the same storage cannot be opened twice under two names (see
     /// `open::lock_loop_backing`). Released when the device is dropped.
     pub alias_lock: Option<File>,
+    /// True if this open created the file (`O_CREAT|O_EXCL`): nobody else
+    /// had it, so a caller that fails may remove it again (while it still
+    /// holds the lock: see [`remove_if_created`]). A file another process
+    /// created between our look and our open is opened as existing.
+    pub created: bool,
 }
 
 impl DeviceFile {
@@ -43,6 +48,64 @@ impl DeviceFile {
 
 /// Opens a regular file or block device according to `opts`.
 pub fn open_file(path: &Path, opts: &OpenOptions) -> Result<DeviceFile> {
+    match open_file_once(path, opts, false) {
+        // Created by someone else between our look and our open: open it
+        // as the existing file it now is (its lock decides who has it).
+        Err(OpenRace::Appeared) => open_file_once(path, opts, true).map_err(OpenRace::into_error),
+        r => r.map_err(OpenRace::into_error),
+    }
+}
+
+/// Why one attempt of [`open_file`] did not open the file.
+enum OpenRace {
+    /// The file was missing when looked at, and there when created
+    /// exclusively.
+    Appeared,
+    Failed(DeviceError),
+}
+
+impl OpenRace {
+    fn into_error(self) -> DeviceError {
+        match self {
+            OpenRace::Failed(e) => e,
+            OpenRace::Appeared => {
+                DeviceError::Busy("the file appeared twice while it was being created".to_string())
+            }
+        }
+    }
+}
+
+impl From<DeviceError> for OpenRace {
+    fn from(e: DeviceError) -> Self {
+        OpenRace::Failed(e)
+    }
+}
+
+/// Removes `path` if `file` (still open, and locked by the caller) created
+/// it and the path still names that file: a failed create leaves nothing
+/// behind, and never removes a file someone else put at the path.
+pub fn remove_if_created(file: &DeviceFile) {
+    use std::os::unix::fs::MetadataExt;
+    if let (true, Ok(m)) = (file.created, file.file.metadata()) {
+        remove_if_same_file(&file.path, (m.dev(), m.ino()));
+    }
+}
+
+/// Removes `path` if it still names the file `(st_dev, st_ino)`.
+pub fn remove_if_same_file(path: &Path, id: (u64, u64)) {
+    use std::os::unix::fs::MetadataExt;
+    if let Ok(there) = std::fs::symlink_metadata(path) {
+        if (there.dev(), there.ino()) == id {
+            let _ = std::fs::remove_file(path);
+        }
+    }
+}
+
+fn open_file_once(
+    path: &Path,
+    opts: &OpenOptions,
+    second_try: bool,
+) -> std::result::Result<DeviceFile, OpenRace> {
     let what = path.display().to_string();
     let meta = std::fs::metadata(path);
     let exists = meta.is_ok();
@@ -54,16 +117,21 @@ pub fn open_file(path: &Path, opts: &OpenOptions) -> Result<DeviceFile> {
         if !m.file_type().is_block_device() && !m.is_file() {
             return Err(DeviceError::Invalid(format!(
                 "{what} is neither a regular file nor a block device"
-            )));
+            ))
+            .into());
         }
-    } else if opts.create_size.is_none() {
-        return Err(DeviceError::io("open", what, meta.unwrap_err()));
+    } else if opts.create_size.is_none() || second_try {
+        return Err(DeviceError::io("open", what, meta.unwrap_err()).into());
     }
-    let open = |direct: bool| {
+    let creating = !exists && !opts.read_only;
+    let open = |direct: bool, create: bool| {
         let mut o = FsOpenOptions::new();
         o.read(true).write(!opts.read_only);
-        if !exists && !opts.read_only {
-            o.create(true);
+        if create {
+            // Exclusive: a file that appeared since we looked is someone
+            // else's, and must not pass for ours (a failed format would
+            // remove it).
+            o.create_new(true);
         }
         let mut flags = 0;
         if direct {
@@ -75,8 +143,12 @@ pub fn open_file(path: &Path, opts: &OpenOptions) -> Result<DeviceFile> {
         o.custom_flags(flags);
         o.open(path)
     };
-    let (file, direct) = match open(opts.direct) {
+    let busy = |e: &io::Error| e.raw_os_error() == Some(libc::EBUSY);
+    let (file, direct) = match open(opts.direct, creating) {
         Ok(f) => (f, opts.direct),
+        Err(e) if creating && e.kind() == io::ErrorKind::AlreadyExists => {
+            return Err(OpenRace::Appeared)
+        }
         Err(e) if opts.direct && e.raw_os_error() == Some(libc::EINVAL) => {
             // IMPORTANT: buffered I/O is still durable after flush (fdatasync),
             // only slower and double-cached; say so once per open.
@@ -84,18 +156,16 @@ pub fn open_file(path: &Path, opts: &OpenOptions) -> Result<DeviceFile> {
                 "{what}: the filesystem refuses O_DIRECT; using buffered I/O \
                  (durability unchanged; put the image on ext4/xfs for direct I/O)"
             );
-            match open(false) {
+            // The refused open has already created the file (the kernel
+            // creates before it checks O_DIRECT), exclusively: it is ours.
+            match open(false, false) {
                 Ok(f) => (f, false),
-                Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {
-                    return Err(DeviceError::Busy(held_exclusively(&what)))
-                }
-                Err(e) => return Err(DeviceError::io("open", what, e)),
+                Err(e) if busy(&e) => return Err(DeviceError::Busy(held_exclusively(&what)).into()),
+                Err(e) => return Err(DeviceError::io("open", what, e).into()),
             }
         }
-        Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {
-            return Err(DeviceError::Busy(held_exclusively(&what)))
-        }
-        Err(e) => return Err(DeviceError::io("open", what, e)),
+        Err(e) if busy(&e) => return Err(DeviceError::Busy(held_exclusively(&what)).into()),
+        Err(e) => return Err(DeviceError::io("open", what, e).into()),
     };
     let alias_lock = if opts.exclusive && is_block_device {
         lock_loop_backing(&file, &what, opts.read_only)?
@@ -105,60 +175,78 @@ pub fn open_file(path: &Path, opts: &OpenOptions) -> Result<DeviceFile> {
     if opts.exclusive && !is_block_device {
         // flock locks belong to the open file description, so a second open
         // in this same process conflicts too, like one in another process.
-        // The lock goes away when `file` is closed.
+        // The lock goes away when `file` is closed. A file we created but
+        // someone else locked first is theirs now: it is left alone.
         flock_file(&file, path, opts.read_only, || {
             format!("{what} (locked by another jbdev process or handle)")
         })?;
     }
-    let (mut size_bytes, logical_block_size) = if is_block_device {
+    let mut opened = DeviceFile {
+        file,
+        path: path.to_path_buf(),
+        size_bytes: 0,
+        logical_block_size: 512,
+        is_block_device,
+        direct,
+        read_only: opts.read_only,
+        cached: None,
+        alias_lock,
+        created: creating,
+    };
+    // From here a failure removes the file this open created (we hold its
+    // lock, so nobody else has begun to use it).
+    match finish_open(&mut opened, opts, &what) {
+        Ok(()) => Ok(opened),
+        Err(e) => {
+            remove_if_created(&opened);
+            Err(e.into())
+        }
+    }
+}
+
+/// The rest of [`open_file`] once the file is open and locked: geometry,
+/// growing a file to `create_size`, the read cache descriptor.
+fn finish_open(f: &mut DeviceFile, opts: &OpenOptions, what: &str) -> Result<()> {
+    let (mut size_bytes, logical_block_size) = if f.is_block_device {
         (
-            blkdev_size(&file, &what)?,
-            blkdev_logical_block_size(&file, &what)?,
+            blkdev_size(&f.file, what)?,
+            blkdev_logical_block_size(&f.file, what)?,
         )
     } else {
-        let len = file
+        let len = f
+            .file
             .metadata()
-            .map_err(|e| DeviceError::io("stat", what.clone(), e))?
+            .map_err(|e| DeviceError::io("stat", what.to_string(), e))?
             .len();
         (
             len,
-            if direct {
-                file_dio_block_size(&file)
+            if f.direct {
+                file_dio_block_size(&f.file)
             } else {
                 512
             },
         )
     };
     if let Some(want) = opts.create_size {
-        if !is_block_device && size_bytes < want {
-            file.set_len(want)
-                .map_err(|e| DeviceError::io("truncate", what.clone(), e))?;
+        if !f.is_block_device && size_bytes < want {
+            f.file
+                .set_len(want)
+                .map_err(|e| DeviceError::io("truncate", what.to_string(), e))?;
             size_bytes = want;
         }
     }
-    let size_bytes = size_bytes - size_bytes % u64::from(logical_block_size);
-    let cached = if opts.read_cache && direct {
-        Some(
+    f.size_bytes = size_bytes - size_bytes % u64::from(logical_block_size);
+    f.logical_block_size = logical_block_size;
+    if opts.read_cache && f.direct {
+        f.cached = Some(
             FsOpenOptions::new()
                 .read(true)
                 .write(!opts.read_only)
-                .open(path)
-                .map_err(|e| DeviceError::io("open (read cache)", what.clone(), e))?,
-        )
-    } else {
-        None
-    };
-    Ok(DeviceFile {
-        file,
-        path: path.to_path_buf(),
-        size_bytes,
-        logical_block_size,
-        is_block_device,
-        direct,
-        read_only: opts.read_only,
-        cached,
-        alias_lock,
-    })
+                .open(&f.path)
+                .map_err(|e| DeviceError::io("open (read cache)", what.to_string(), e))?,
+        );
+    }
+    Ok(())
 }
 
 /// `LOOP_GET_STATUS64` (`0x4C05`).

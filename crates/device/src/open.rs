@@ -86,6 +86,21 @@ pub struct OpenedDevice {
     /// journal file deleted or truncated under it). `None` for block devices
     /// and RBD targets.
     pub watch: Option<std::fs::File>,
+    /// For a regular file this open created (exclusively): its `(st_dev,
+    /// st_ino)`. See [`OpenedDevice::remove_if_created`].
+    pub created: Option<(u64, u64)>,
+}
+
+impl OpenedDevice {
+    /// Removes the file this open created, if the path still names it. Call
+    /// it while `self.device` is alive, so that the lock is still held and
+    /// nobody else can have begun to use the file; a file that existed
+    /// before the open is never removed. RBD images: see the volume layer.
+    pub fn remove_if_created(&self) {
+        if let Some(id) = self.created {
+            crate::file::remove_if_same_file(&self.path, id);
+        }
+    }
 }
 
 /// A descriptor of the file `locked` is open on, for `fstat` only: opened
@@ -124,26 +139,47 @@ pub fn open_device(path: &Path, opts: &OpenOptions) -> Result<OpenedDevice> {
         return open_rbd(path, opts);
     }
     let file = crate::file::open_file(path, opts)?;
-    let use_uring = match opts.backend {
-        Backend::Pread => false,
-        Backend::Uring => {
-            crate::uring::probe()?;
-            true
-        }
-        Backend::Auto => match crate::uring::probe() {
-            Ok(()) => true,
-            Err(e) => {
-                crate::uring::log_fallback_once(&e);
-                false
+    let checked = (|| {
+        let use_uring = match opts.backend {
+            Backend::Pread => false,
+            Backend::Uring => {
+                crate::uring::probe()?;
+                true
             }
-        },
+            Backend::Auto => match crate::uring::probe() {
+                Ok(()) => true,
+                Err(e) => {
+                    crate::uring::log_fallback_once(&e);
+                    false
+                }
+            },
+        };
+        let watch = if file.is_block_device {
+            None
+        } else {
+            Some(watch_descriptor(path, &file.file)?)
+        };
+        let created = if file.created {
+            use std::os::unix::fs::MetadataExt;
+            let m = file
+                .file
+                .metadata()
+                .map_err(|e| DeviceError::io("stat", path.display().to_string(), e))?;
+            Some((m.dev(), m.ino()))
+        } else {
+            None
+        };
+        Ok((use_uring, watch, created))
+    })();
+    let (use_uring, watch, created) = match checked {
+        Ok(c) => c,
+        Err(e) => {
+            // Still locked: a file this open created goes again.
+            crate::file::remove_if_created(&file);
+            return Err(e);
+        }
     };
     let (is_block_device, direct) = (file.is_block_device, file.direct);
-    let watch = if is_block_device {
-        None
-    } else {
-        Some(watch_descriptor(path, &file.file)?)
-    };
     let device: Arc<dyn BlockDevice> = if use_uring {
         Arc::new(crate::uring::UringDevice::new(file))
     } else {
@@ -155,6 +191,7 @@ pub fn open_device(path: &Path, opts: &OpenOptions) -> Result<OpenedDevice> {
         is_block_device,
         direct,
         watch,
+        created,
     })
 }
 
@@ -178,6 +215,7 @@ fn open_rbd(path: &Path, opts: &OpenOptions) -> Result<OpenedDevice> {
         is_block_device: false,
         direct: true,
         watch: None,
+        created: None,
     })
 }
 

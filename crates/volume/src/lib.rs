@@ -37,6 +37,7 @@ pub use overlay::CallerBuf;
 pub use reset::{reset_journal, reset_journal_device, JournalReset};
 pub use volume::{
     check_replay_plan, default_journal_bytes, file_format_would_create, format_layout,
-    journal_target, stale_journal, Extent, ExtentState, FormatLayout, RecoveryReport, Stats,
-    TouchedBlocks, Transaction, Volume, WriteFlags, MIN_JOURNAL_BLOCKS,
+    journal_target, session_mismatch, stale_journal, CreateTarget, Extent, ExtentState,
+    FormatLayout, RecoveryReport, SessionMismatch, Stats, TargetRole, TouchedBlocks, Transaction,
+    Volume, WriteFlags, MIN_JOURNAL_BLOCKS,
 };

@@ -201,12 +201,11 @@ fn describe_old_journal(
             })
         }
     };
-    if let Some(why) = crate::volume::stale_journal(sb, &scan.superblock) {
-        // Its transactions are older than the volume: nothing in it is
-        // wanted, and opening refuses it.
-        return Ok(Old::Replaceable(why));
-    }
     let sequence = scan.superblock.sequence;
+    // The uuid first: another volume's journal is never this one's stale
+    // copy, whatever its stamp (found by an adversarial pass, session 21:
+    // a reset without --force replaced another volume's dirty journal,
+    // and its acknowledged writes with it, as "stale").
     if scan.superblock.uuid != uuid {
         return Ok(Old::Refused {
             held: format!(
@@ -217,6 +216,24 @@ fn describe_old_journal(
                   --journal? --force overwrites it"
                 .into(),
         });
+    }
+    match crate::volume::session_mismatch(sb, &scan.superblock) {
+        // Its transactions are older than the volume: nothing in it is
+        // wanted, and opening refuses it.
+        Some(m @ crate::SessionMismatch::Stale { .. }) => {
+            return Ok(Old::Replaceable(m.to_string()))
+        }
+        // Newer than the volume: another copy's writes, or this home is
+        // the older copy. Which one is wanted is the operator's call.
+        Some(m @ crate::SessionMismatch::Ahead { journal, volume }) => {
+            return Ok(Old::Refused {
+                held: format!(
+                    "a journal written after this volume's last session ({journal} > {volume})"
+                ),
+                why: m.to_string(),
+            })
+        }
+        None => {}
     }
     let n = scan.txns.len();
     Ok(match scan.end {

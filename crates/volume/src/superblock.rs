@@ -59,8 +59,10 @@ mod off {
     /// The journal session stamp (`VolumeSuperblock::journal_session`):
     /// the first 4 bytes of what was reserved before session 19.
     pub const JOURNAL_SESSION: usize = PATH_HINT + super::MAX_PATH_HINT_LEN + 1;
+    /// `VolumeSuperblock::journal_session_pending` (since session 21).
+    pub const JOURNAL_SESSION_PENDING: usize = JOURNAL_SESSION + 4;
     /// Reserved, zero when written, ignored when read.
-    pub const RESERVED: usize = JOURNAL_SESSION + 4;
+    pub const RESERVED: usize = JOURNAL_SESSION_PENDING + 4;
     pub const CHECKSUM: usize = 508;
 }
 
@@ -131,6 +133,15 @@ pub struct VolumeSuperblock {
     /// would bring back old data. 0: never opened by a jbdev that stamps
     /// (the check is skipped).
     pub journal_session: u32,
+    /// The session a read-write open is about to stamp into the journal,
+    /// written here (flushed) before the journal's stamp, and equal to
+    /// [`VolumeSuperblock::journal_session`] once the open has stamped both.
+    /// A journal stamped ahead of `journal_session` is an open interrupted
+    /// between the two stamps only if it carries this number; any other
+    /// stamp ahead means this home is older than the journal (restored from
+    /// a copy) or the journal was used by another copy of this volume. 0:
+    /// not written (a jbdev before session 21; the check is then lenient).
+    pub journal_session_pending: u32,
 }
 
 /// What is wrong with a volume superblock.
@@ -241,6 +252,11 @@ impl VolumeSuperblock {
         put_u64(b, off::DATA_OFFSET_BYTES, self.data_offset_bytes);
         put_u64(b, off::CREATED_UNIX_SECS, self.created_unix_secs);
         put_u32(b, off::JOURNAL_SESSION, self.journal_session);
+        put_u32(
+            b,
+            off::JOURNAL_SESSION_PENDING,
+            self.journal_session_pending,
+        );
         put_u32(b, off::FEATURE_COMPAT, self.feature_compat);
         put_u32(b, off::FEATURE_INCOMPAT, self.feature_incompat);
         put_u32(b, off::FEATURE_RO_COMPAT, self.feature_ro_compat);
@@ -335,6 +351,7 @@ impl VolumeSuperblock {
             feature_ro_compat: get_u32(b, off::FEATURE_RO_COMPAT),
             created_unix_secs: get_u64(b, off::CREATED_UNIX_SECS),
             journal_session: get_u32(b, off::JOURNAL_SESSION),
+            journal_session_pending: get_u32(b, off::JOURNAL_SESSION_PENDING),
         };
         sb.validate()?;
         Ok(sb)
@@ -432,6 +449,7 @@ mod tests {
             feature_ro_compat: 0,
             created_unix_secs: 1_763_000_000,
             journal_session: 0,
+            journal_session_pending: 0,
         }
     }
 
@@ -600,7 +618,7 @@ mod tests {
             9u32..=16,
             any::<[u8; 16]>(),
             (1u64..1 << 30, 1u64..1 << 20, any::<bool>()),
-            any::<(u32, u32, u64, u32)>(),
+            any::<(u32, u32, u64, (u32, u32))>(),
             prop::option::of(("[a-zA-Z0-9/._ é-]{0,80}", any::<[u8; 16]>())),
         )
             .prop_map(
@@ -608,7 +626,7 @@ mod tests {
                     shift,
                     uuid,
                     (data_blocks, journal_blocks, data_first),
-                    (compat, ro, created, session),
+                    (compat, ro, created, (session, pending)),
                     ext,
                 )| {
                     let bs = 1u64 << shift;
@@ -647,6 +665,7 @@ mod tests {
                         feature_ro_compat: ro,
                         created_unix_secs: created,
                         journal_session: session,
+                        journal_session_pending: pending,
                     }
                 },
             )

@@ -380,6 +380,11 @@ fn open_external_journal_watched(
         Ok(o) if o.watch.is_some() && o.device.size_bytes() < len_bytes => Err(
             truncated_journal_file(home, &jp, o.device.size_bytes(), len_bytes),
         ),
+        Ok(o) if o.device.size_bytes() < len_bytes => Err(short_journal_device(
+            &jp.display().to_string(),
+            o.device.size_bytes(),
+            len_bytes,
+        )),
         Ok(o) => Ok((jp, o.device, o.watch)),
         Err(jbdev_device::DeviceError::Io { op, what, error }) if recorded => {
             Err(jbdev_device::DeviceError::Io {
@@ -394,6 +399,17 @@ fn open_external_journal_watched(
         }
         Err(e) => Err(e.into()),
     }
+}
+
+/// An external journal device (not a file: see [`truncated_journal_file`])
+/// shorter than the journal: said plainly, not as a "corrupt journal" from
+/// the log's geometry check (found by an adversarial pass, session 21).
+fn short_journal_device(what: &str, held: u64, len_bytes: u64) -> VolumeError {
+    VolumeError::Truncated(format!(
+        "{what} holds {held} bytes, less than this volume's {len_bytes}-byte journal: the \
+         wrong device, or it shrank (a loop device set up with a smaller --sizelimit, a \
+         shrunk logical volume)"
+    ))
 }
 
 /// The external journal file a read-write volume watches, and the sender
@@ -574,7 +590,7 @@ impl WatchedJournal {
         let (j, h) = (self.path.display(), self.home.display());
         let what = format!(
             "the external journal file {j} was deleted while the volume was open, and not \
-             every acknowledged write could be written home ({why})"
+             every committed write could be written home ({why})"
         );
         let msg = match self.rescue() {
             Ok(t) if t == self.path => format!(
@@ -628,7 +644,8 @@ pub(crate) fn truncated_journal_file(
     VolumeError::Truncated(format!(
         "the external journal file {} holds {held} bytes, less than the journal's \
          {len_bytes}: it was truncated. If it was truncated under the running volume and \
-         its log said \"salvage complete\", every acknowledged write is on the volume: \
+         its log said \"salvage complete\", every committed write (each write a flush or \
+         FUA acknowledged) is on the volume: \
          `jbdev journal reset --force {}` gives it a new journal. Otherwise acknowledged \
          writes that were only in the cut-off part (not yet written home) are lost; to open \
          the volume with what is left, {}",
@@ -851,21 +868,81 @@ fn write_volume_superblock(dev: &dyn BlockDevice, vsb: &VolumeSuperblock) -> Res
     Ok(())
 }
 
-/// Why a journal must not be replayed over its volume: its log needs
-/// replay, but it carries an older session stamp than the volume's last
-/// read-write open (a journal restored from a backup, or copied from an
-/// older snapshot: replaying it would bring back old data over newer).
-/// `None` when either stamp is 0 (written by a jbdev without stamps).
+/// How the session stamp of a journal whose log needs replay stands against
+/// its volume's (FORMAT.md, `journal_session`), when it forbids the
+/// replay. A clean journal (nothing to replay), another volume's journal
+/// (its own check) and unstamped ones never mismatch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SessionMismatch {
+    /// Written by a session before the volume's last one: an old copy of
+    /// the journal, restored over the live one.
+    Stale { journal: u32, volume: u32 },
+    /// Written by a session after the volume's last one that is not an
+    /// open interrupted between its stamps: this home is older than the
+    /// journal (restored from a copy), or another copy of this volume
+    /// (same uuid) has used this journal since.
+    Ahead { journal: u32, volume: u32 },
+}
+
+impl std::fmt::Display for SessionMismatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match *self {
+            SessionMismatch::Stale { journal, volume } => write!(
+                f,
+                "the journal is stale: its log needs replay but was written by session \
+                 {journal}, and the volume has been opened read-write since (session {volume}). \
+                 It is an old copy (restored from a backup?): replaying it would bring back \
+                 old data over newer. Give --journal the current journal, or discard this one \
+                 with `jbdev journal reset`"
+            ),
+            SessionMismatch::Ahead { journal, volume } => write!(
+                f,
+                "the journal is ahead of the volume: its log needs replay and was written by \
+                 session {journal}, but this volume's last session is {volume}. Either this \
+                 volume is an older copy than its journal (restored from a backup?), or \
+                 another copy of this volume has used this journal since; replaying it here \
+                 would mix another state's writes into this one. Open the copy that wrote it, \
+                 or, to keep this volume as it is and lose what the journal holds, discard \
+                 the journal with `jbdev journal reset --force`"
+            ),
+        }
+    }
+}
+
+/// The [`SessionMismatch`] of a journal against its volume, if any.
+pub fn session_mismatch(sb: &VolumeSuperblock, jsb: &JournalSuperblock) -> Option<SessionMismatch> {
+    let (vs, js, pending) = (sb.journal_session, jsb.session, sb.journal_session_pending);
+    if jsb.is_clean() || jsb.uuid != sb.journal_uuid() || vs == 0 || js == 0 {
+        return None;
+    }
+    // An open writes `pending` here, then the journal's stamp, then
+    // `journal_session` here: a journal ahead by exactly the pending
+    // number is an open interrupted before its last write. Without a
+    // pending number (a volume last opened by a jbdev before session 21),
+    // one ahead is taken for that.
+    let interrupted = if pending != 0 {
+        js == pending
+    } else {
+        js == vs.wrapping_add(1)
+    };
+    if js < vs {
+        Some(SessionMismatch::Stale {
+            journal: js,
+            volume: vs,
+        })
+    } else if js > vs && !interrupted {
+        Some(SessionMismatch::Ahead {
+            journal: js,
+            volume: vs,
+        })
+    } else {
+        None
+    }
+}
+
+/// [`session_mismatch`] as the message that refuses the replay.
 pub fn stale_journal(sb: &VolumeSuperblock, jsb: &JournalSuperblock) -> Option<String> {
-    let (vs, js) = (sb.journal_session, jsb.session);
-    (!jsb.is_clean() && vs != 0 && js != 0 && js < vs).then(|| {
-        format!(
-            "the journal is stale: its log needs replay but was written by session {js}, and \
-             the volume has been opened read-write since (session {vs}). It is an old copy \
-             (restored from a backup?): replaying it would bring back old data over newer. \
-             Give --journal the current journal, or discard this one with `jbdev journal reset`"
-        )
-    })
+    session_mismatch(sb, jsb).map(|m| m.to_string())
 }
 
 /// Writes an empty journal of `journal_bytes` at `joff` of `jdev`, for a
@@ -906,12 +983,52 @@ pub(crate) fn write_empty_journal(
     Ok(())
 }
 
+/// Which target of [`Volume::create_checked`] its check is shown.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TargetRole {
+    /// The volume's own file, device or image.
+    Home,
+    /// Its external journal.
+    Journal,
+}
+
+/// A target of [`Volume::create_checked`], open and locked, nothing
+/// written to it yet.
+pub struct CreateTarget<'a> {
+    pub path: &'a Path,
+    pub device: &'a dyn BlockDevice,
+    /// This create made it (an empty file or image): nothing was there.
+    pub created: bool,
+    pub role: TargetRole,
+}
+
 impl Volume {
     /// Formats `path` (creating the file, and the external journal file, if
     /// needed) and opens it. Whatever they held is overwritten without a
     /// check (the `jbdev format` command is the one that refuses a target
-    /// holding a volume or data; an embedding program decides for itself).
+    /// holding a volume or data; an embedding program decides for itself:
+    /// see [`Volume::create_checked`]).
     pub fn create(path: &Path, fopts: &FormatOptions, oopts: &OpenOptions) -> Result<Volume> {
+        Self::create_checked(path, fopts, oopts, &mut |_| Ok(()))
+    }
+
+    /// [`Volume::create`], calling `check` on each target (the home, then
+    /// an external journal) once it is open and locked and before anything
+    /// is written to it; an error from `check` ends the create with that
+    /// error, nothing written. A check made before the create (is there a
+    /// volume or data at the path?) can be overtaken by another process
+    /// that creates or formats the path in between; made here, under the
+    /// lock, it cannot.
+    ///
+    /// A failed create removes the files it created (exclusively, so never
+    /// one another process created in the meantime) while it still holds
+    /// their locks, and the RBD images it created.
+    pub fn create_checked(
+        path: &Path,
+        fopts: &FormatOptions,
+        oopts: &OpenOptions,
+        check: &mut dyn FnMut(&CreateTarget<'_>) -> Result<()>,
+    ) -> Result<Volume> {
         // All checked before anything is created or changed.
         let (journal_bytes, needed, _) = plan_layout(fopts)?;
         oopts.validate()?;
@@ -926,42 +1043,57 @@ impl Volume {
             break_lock: oopts.break_lock,
             ..Default::default()
         };
-        // Files and RBD images this call creates are removed again if it
-        // fails, so a failed create leaves nothing behind.
-        let would_create = |p: &Path| {
-            if jbdev_device::is_rbd_target(p) {
-                rbd_image_absent(p).then(|| p.to_path_buf())
-            } else {
-                file_format_would_create(p)
-            }
-        };
-        let mut created: Vec<PathBuf> = Vec::new();
-        created.extend(would_create(path));
         // The journal as it is opened (on the home's cluster: see
         // journal_target); the superblock records it as given.
         let journal = match &fopts.journal {
             JournalPlacement::External(p) => Some(journal_target(path, p)),
             JournalPlacement::Internal => None,
         };
-        if let Some(p) = &journal {
-            created.extend(would_create(p));
-        }
+        // RBD images this call creates (files say so when they are opened).
+        let new_rbd = |p: &Path| jbdev_device::is_rbd_target(p) && rbd_image_absent(p);
+        let rbd_created: Vec<PathBuf> = std::iter::once(path)
+            .chain(journal.as_deref())
+            .filter(|p| new_rbd(p))
+            .map(Path::to_path_buf)
+            .collect();
+        let mut held: Vec<jbdev_device::OpenedDevice> = Vec::new();
+        let mut open = |held: &mut Vec<jbdev_device::OpenedDevice>,
+                        p: &Path,
+                        size: u64,
+                        role: TargetRole|
+         -> Result<usize> {
+            let o = open_device(p, &dopts(size))?;
+            let created = o.created.is_some() || rbd_created.iter().any(|c| c == p);
+            held.push(o);
+            let o = held.last().expect("just pushed");
+            check(&CreateTarget {
+                path: p,
+                device: &*o.device,
+                created,
+                role,
+            })?;
+            Ok(held.len() - 1)
+        };
         let res = (|| {
-            let dev = open_device(path, &dopts(needed))?.device;
-            let (jdev, watch) = match &journal {
-                None => (None, None),
+            let home = open(&mut held, path, needed, TargetRole::Home)?;
+            let jheld = match &journal {
+                None => None,
                 Some(p) => {
                     refuse_same_target(path, p)?;
-                    let o = open_device(p, &dopts(journal_bytes))?;
-                    let watch = o.watch.map(|file| WatchedJournal {
-                        file,
-                        path: p.clone(),
-                        home: path.to_path_buf(),
-                        region_end: journal_bytes,
-                    });
-                    (Some(o.device), watch)
+                    Some(open(&mut held, p, journal_bytes, TargetRole::Journal)?)
                 }
             };
+            let dev = held[home].device.clone();
+            let jdev = jheld.map(|j| held[j].device.clone());
+            let watch = jheld.and_then(|j| {
+                let o = &mut held[j];
+                o.watch.take().map(|file| WatchedJournal {
+                    file,
+                    path: o.path.clone(),
+                    home: path.to_path_buf(),
+                    region_end: journal_bytes,
+                })
+            });
             Self::format_device(dev.clone(), jdev.clone(), fopts)?;
             let vol = Self::open_device(dev, jdev, oopts)?;
             // Watched like an opened volume's (found by a C ABI pass: a
@@ -975,7 +1107,13 @@ impl Volume {
             Ok(vol)
         })();
         if res.is_err() {
-            for p in &created {
+            // Files while their locks are still held; RBD images once
+            // closed (an open image cannot be removed).
+            for o in &held {
+                o.remove_if_created();
+            }
+            drop(held);
+            for p in &rbd_created {
                 remove_created(p);
             }
         }
@@ -1173,6 +1311,7 @@ impl Volume {
             feature_ro_compat: 0,
             created_unix_secs: now_unix_secs(),
             journal_session: 0,
+            journal_session_pending: 0,
         };
         write_volume_superblock(dev.as_ref(), &vsb)
     }
@@ -1197,6 +1336,16 @@ impl Volume {
                 _,
             ) => (dev.clone(), home_flusher.clone(), *offset_bytes, *len_bytes),
             (JournalLocation::External { len_bytes, .. }, Some(j)) => {
+                // Said plainly, not as "corrupt journal" from the log's
+                // geometry check (a file gets its own advice when opened by
+                // path: `truncated_journal_advice`).
+                if j.size_bytes() < *len_bytes {
+                    return Err(short_journal_device(
+                        "the journal device",
+                        j.size_bytes(),
+                        *len_bytes,
+                    ));
+                }
                 (j, Arc::new(FlushCoalescer::new()), 0, *len_bytes)
             }
             (JournalLocation::External { .. }, None) => {
@@ -1311,10 +1460,19 @@ impl Volume {
             // recovery judges a torn tail by the depth of the session that
             // wrote the log.
             jsb.pipeline_depth = opts.pipeline_depth.clamp(1, recovery::MAX_PIPELINE_DEPTH);
-            // This session's stamp: into the journal first, then the
-            // volume. A crash between them leaves the journal one ahead,
-            // which is not stale (`stale_journal`).
-            let session = sb.journal_session.max(jsb.session).wrapping_add(1).max(1);
+            // This session's stamp: announced in the volume (pending),
+            // then into the journal, then the volume's own. A crash in
+            // between leaves the journal at most at the pending number,
+            // which `session_mismatch` accepts; any other journal ahead of
+            // the volume was not this home's.
+            let session = sb
+                .journal_session
+                .max(jsb.session)
+                .max(sb.journal_session_pending)
+                .wrapping_add(1)
+                .max(1);
+            sb.journal_session_pending = session;
+            write_volume_superblock(dev.as_ref(), &sb)?;
             jsb.session = session;
             engine.log.region.update_superblock(&jsb)?;
             engine.log.region.flush()?;
@@ -1960,7 +2118,7 @@ impl Volume {
     /// [`Volume::close`], and the metrics as the close left them: a salvage
     /// after a journal failure has ended by then (the close joins the
     /// checkpoint thread that runs it), so `salvage_complete` says whether
-    /// every acknowledged write reached the home device. For callers that
+    /// every committed write reached the home device. For callers that
     /// have no log to read (the C ABI's `jbdev_close`).
     pub fn close_with_stats(self) -> (Result<()>, Stats) {
         let res = self.shutdown();
@@ -2226,25 +2384,63 @@ mod tests {
     use jbdev_device::mem::MemDevice;
 
     /// Stale only when the log needs replay, both stamps are set, and the
-    /// journal's is older; a journal one ahead (a crash between the two
-    /// stamp writes of an open) is not.
+    /// journal's is older; ahead when it is newer by anything but an open
+    /// interrupted between its stamps (the pending number, or one ahead for
+    /// a volume without one); another volume's journal is neither.
     #[test]
-    fn a_journal_is_stale_only_with_a_log_to_replay_and_an_older_stamp() {
+    fn a_journal_mismatches_only_with_a_log_to_replay_and_a_stamp_no_open_explains() {
+        use SessionMismatch::{Ahead, Stale};
         let (_, v) = mem_volume(1 << 20, 256 << 10);
         let mut sb = v.superblock().clone();
         let mut jsb = JournalSuperblock::new(4096, 64, sb.journal_uuid());
-        let mut stale = |vs, js, dirty| {
+        let uuid = std::cell::Cell::new(sb.journal_uuid());
+        let mut check = |vs, pending, js, dirty| {
+            jsb.uuid = uuid.get();
             sb.journal_session = vs;
+            sb.journal_session_pending = pending;
             jsb.session = js;
             jsb.start = if dirty { 1 } else { 0 };
-            stale_journal(&sb, &jsb).is_some()
+            session_mismatch(&sb, &jsb)
         };
-        assert!(stale(5, 4, true));
-        assert!(!stale(5, 4, false), "clean: nothing to replay");
-        assert!(!stale(5, 5, true));
-        assert!(!stale(5, 6, true), "an open interrupted between its stamps");
-        assert!(!stale(0, 3, true), "a volume never stamped");
-        assert!(!stale(5, 0, true), "a journal written without stamps");
+        let stale = Some(Stale {
+            journal: 4,
+            volume: 5,
+        });
+        assert_eq!(check(5, 5, 4, true), stale);
+        assert_eq!(check(5, 0, 4, true), stale);
+        assert_eq!(check(5, 5, 4, false), None, "clean: nothing to replay");
+        assert_eq!(check(5, 5, 5, true), None);
+        assert_eq!(check(5, 6, 6, true), None, "interrupted between its stamps");
+        assert_eq!(
+            check(5, 0, 6, true),
+            None,
+            "the same, before pending numbers"
+        );
+        assert_eq!(
+            check(5, 6, 5, true),
+            None,
+            "interrupted before the journal's"
+        );
+        let ahead = |js| {
+            Some(Ahead {
+                journal: js,
+                volume: 5,
+            })
+        };
+        assert_eq!(check(5, 5, 6, true), ahead(6), "another copy used it");
+        assert_eq!(check(5, 5, 7, true), ahead(7), "an older home");
+        assert_eq!(check(5, 0, 7, true), ahead(7));
+        assert_eq!(check(5, 6, 7, true), ahead(7));
+        assert_eq!(check(5, 5, 7, false), None, "clean: nothing to replay");
+        assert_eq!(check(0, 0, 3, true), None, "a volume never stamped");
+        assert_eq!(
+            check(5, 5, 0, true),
+            None,
+            "a journal written without stamps"
+        );
+        uuid.set(*b"another-volume!!");
+        assert_eq!(check(5, 5, 4, true), None, "another volume's journal");
+        assert_eq!(check(5, 5, 7, true), None, "another volume's journal");
         drop(v);
     }
 

@@ -201,3 +201,70 @@ fn reading_past_the_journal_is_an_invalid_argument() {
         Err(VolumeError::InvalidArgument(_))
     ));
 }
+
+/// `create_checked` shows its check each target open and locked, saying
+/// whether this create made it; a refusal writes nothing, removes what the
+/// create made, and never a file that took the path in the meantime (found
+/// by an adversarial pass, session 21: a failed format removed a volume
+/// another process had just created at the path and was writing).
+#[test]
+fn a_refused_create_removes_only_the_file_it_made() {
+    use jbdev_volume::{CreateTarget, TargetRole};
+    let dir = tempfile::tempdir().unwrap();
+    let refuse = |t: &CreateTarget<'_>| -> jbdev_volume::Result<()> {
+        Err(VolumeError::InvalidArgument(format!(
+            "refused {} ({:?}, created {})",
+            t.path.display(),
+            t.role,
+            t.created
+        )))
+    };
+    // A new file: the check sees it as created, and it goes again.
+    let new = dir.path().join("new.img");
+    let e = Volume::create_checked(&new, &small_format(), &OpenOptions::default(), &mut |t| {
+        refuse(t)
+    })
+    .err()
+    .expect("refused");
+    assert!(e.to_string().contains("Home, created true"), "{e}");
+    assert!(!new.exists(), "the refused create left the file it made");
+    // An existing file: not created, its bytes untouched.
+    let old = dir.path().join("old.img");
+    std::fs::write(&old, vec![7u8; 8 << 20]).unwrap();
+    let e = Volume::create_checked(&old, &small_format(), &OpenOptions::default(), &mut |t| {
+        refuse(t)
+    })
+    .err()
+    .expect("refused");
+    assert!(e.to_string().contains("created false"), "{e}");
+    assert!(std::fs::read(&old).unwrap().iter().all(|&b| b == 7));
+    // A file put at the path after this create made its own: left alone.
+    let other = dir.path().join("other.img");
+    std::fs::write(&other, b"someone else's").unwrap();
+    let e = Volume::create_checked(&new, &small_format(), &OpenOptions::default(), &mut |t| {
+        std::fs::rename(&other, t.path).unwrap();
+        refuse(t)
+    })
+    .err()
+    .expect("refused");
+    assert!(e.to_string().contains("created true"), "{e}");
+    assert_eq!(std::fs::read(&new).unwrap(), b"someone else's");
+    // The journal's turn comes after the home's, with its own role.
+    let mut f = small_format();
+    f.journal = jbdev_volume::JournalPlacement::External(dir.path().join("j.jnl"));
+    let v2 = dir.path().join("v2.img");
+    let mut roles = Vec::new();
+    let e = Volume::create_checked(&v2, &f, &OpenOptions::default(), &mut |t| {
+        roles.push(t.role);
+        if t.role == TargetRole::Journal {
+            refuse(t)
+        } else {
+            Ok(())
+        }
+    })
+    .err()
+    .expect("refused");
+    assert!(e.to_string().contains("Journal, created true"), "{e}");
+    assert_eq!(roles, [TargetRole::Home, TargetRole::Journal]);
+    assert!(!v2.exists() && !dir.path().join("j.jnl").exists());
+}

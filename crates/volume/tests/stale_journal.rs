@@ -124,3 +124,137 @@ fn v_session(home: &FaultDevice) -> u32 {
         .unwrap()
         .journal_session
 }
+
+/// A crash image of both devices of a running volume: what is durable now.
+fn crashed(home: &FaultDevice, jnl: &FaultDevice) -> (Arc<FaultDevice>, Arc<FaultDevice>) {
+    let img = |d: &FaultDevice| Arc::new(FaultDevice::from_image(d.durable_image(), SECTOR as u32));
+    (img(home), img(jnl))
+}
+
+fn open_error(home: &Arc<FaultDevice>, jnl: &Arc<FaultDevice>, read_only: bool) -> String {
+    let o = OpenOptions {
+        read_only,
+        ..quiet_open_options()
+    };
+    match open_with(home, jnl, &o) {
+        Ok(v) => panic!(
+            "opened (read_only {read_only}); block 0 starts {:#x}",
+            read_block(&v, 0)[0]
+        ),
+        Err(e) => e.to_string(),
+    }
+}
+
+/// Found by an adversarial pass (session 21): the home restored from a
+/// backup two sessions old, under a live journal whose log needs replay,
+/// opened silently and served a state that never existed (the last
+/// session's write over the backup's data, the session between lost).
+/// A journal stamped ahead of its home by more than an interrupted open
+/// is now refused; the current pair still opens.
+#[test]
+fn an_older_home_under_a_journal_that_needs_replay_is_refused() {
+    let (home, jnl) = devices();
+    let blocks = |b: u8| vec![b; 16 * BS as usize];
+    let v = open_with(&home, &jnl, &quiet_open_options()).unwrap();
+    v.write_at(&blocks(0xaa), 0, WriteFlags::FUA).unwrap();
+    v.close().unwrap();
+    let backup = home.durable_image();
+    let v = open_with(&home, &jnl, &quiet_open_options()).unwrap();
+    v.write_at(&blocks(0xbb), 0, WriteFlags::FUA).unwrap();
+    v.close().unwrap();
+    let v = open_with(&home, &jnl, &quiet_open_options()).unwrap();
+    v.write_at(&[0xcc; BS as usize], 0, WriteFlags::FUA)
+        .unwrap();
+    let (home3, jnl3) = crashed(&home, &jnl);
+    drop(v);
+    let restored = Arc::new(FaultDevice::from_image(backup, SECTOR as u32));
+    for read_only in [false, true] {
+        let e = open_error(&restored, &jnl3, read_only);
+        assert!(
+            e.contains("ahead of the volume") && e.contains("older copy"),
+            "{e}"
+        );
+    }
+    // Without --force a reset refuses to discard it too.
+    let e = jbdev_volume::reset_journal_device(
+        restored.clone() as Arc<dyn BlockDevice>,
+        Some(jnl3.clone() as Arc<dyn BlockDevice>),
+        false,
+    )
+    .unwrap_err();
+    assert!(e.to_string().contains("ahead of the volume"), "{e}");
+    // The pair as it crashed recovers: 0xcc over 0xbb.
+    let v = open_with(&home3, &jnl3, &quiet_open_options()).unwrap();
+    assert_eq!(read_block(&v, 0), vec![0xcc; BS as usize]);
+    assert_eq!(read_block(&v, 1), vec![0xbb; BS as usize]);
+    v.close().unwrap();
+}
+
+/// Found by an adversarial pass (session 21): a copy of a volume (home
+/// and journal copied, as a VM disk is) records the original's journal
+/// path, so it opened the original's journal; after a crash of the copy,
+/// the original's next open replayed the copy's writes into the original
+/// and marked the journal clean, and the copy lost its acknowledged
+/// write. Now the original refuses that journal, and the copy recovers.
+#[test]
+fn a_journal_a_copy_of_the_volume_wrote_is_not_replayed_into_the_original() {
+    let (home, jnl) = devices();
+    let v = open_with(&home, &jnl, &quiet_open_options()).unwrap();
+    v.write_at(&[0xaa; 2 * BS as usize], 0, WriteFlags::FUA)
+        .unwrap();
+    v.close().unwrap();
+    let copy = Arc::new(FaultDevice::from_image(home.durable_image(), SECTOR as u32));
+    // The copy opens the original's journal and crashes after a FUA write.
+    let v = open_with(&copy, &jnl, &quiet_open_options()).unwrap();
+    v.write_at(&[0xee; BS as usize], 0, WriteFlags::FUA)
+        .unwrap();
+    let (copy_crashed, jnl_crashed) = crashed(&copy, &jnl);
+    drop(v);
+    let (original, journal_before) = (home.durable_image(), jnl_crashed.durable_image());
+    let e = open_error(&home, &jnl_crashed, false);
+    assert!(e.contains("another copy of this volume"), "{e}");
+    // Nothing was replayed into the original nor changed in the journal,
+    // and the copy recovers its acknowledged write from it.
+    assert!(home.durable_image() == original, "the original was written");
+    assert!(jnl_crashed.durable_image() == journal_before);
+    let v = open_with(&copy_crashed, &jnl_crashed, &quiet_open_options()).unwrap();
+    assert_eq!(read_block(&v, 0), vec![0xee; BS as usize]);
+    assert_eq!(read_block(&v, 1), vec![0xaa; BS as usize]);
+    v.close().unwrap();
+}
+
+/// Found by an adversarial pass (session 21): `journal reset` without
+/// --force took another volume's journal whose log needed replay for a
+/// stale copy of its own (the stale test ran before the uuid test, and
+/// ignored the uuid) and replaced it: that volume's acknowledged writes
+/// were lost, and it no longer opened.
+#[test]
+fn a_reset_without_force_leaves_another_volume_s_journal_alone() {
+    let (home_a, jnl_a) = devices();
+    let (home_b, jnl_b) = devices();
+    // B: one session, a FUA write, a crash: its journal needs replay.
+    let v = open_with(&home_b, &jnl_b, &quiet_open_options()).unwrap();
+    v.write_at(&[0xbb; BS as usize], 0, WriteFlags::FUA)
+        .unwrap();
+    let (home_b, jnl_b) = crashed(&home_b, &jnl_b);
+    drop(v);
+    // A: opened more often than B, so B's stamp is below A's.
+    for _ in 0..3 {
+        open_with(&home_a, &jnl_a, &quiet_open_options())
+            .unwrap()
+            .close()
+            .unwrap();
+    }
+    let before = jnl_b.durable_image();
+    let e = jbdev_volume::reset_journal_device(
+        home_a.clone() as Arc<dyn BlockDevice>,
+        Some(jnl_b.clone() as Arc<dyn BlockDevice>),
+        false,
+    )
+    .unwrap_err();
+    assert!(e.to_string().contains("another volume"), "{e}");
+    assert!(jnl_b.durable_image() == before, "B's journal was changed");
+    let v = open_with(&home_b, &jnl_b, &quiet_open_options()).unwrap();
+    assert_eq!(read_block(&v, 0), vec![0xbb; BS as usize]);
+    v.close().unwrap();
+}
