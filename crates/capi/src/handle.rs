@@ -202,10 +202,22 @@ impl<T> Table<T> {
             .filter(|_| generation != 0)
             .ok_or_else(|| Error::bad_handle(self.kind))?;
         // Calls that take their read lock from here on are refused; the
-        // write lock below waits only for the ones already in. (`max`: a
-        // stale handle's close, of an older generation, must not clear the
-        // mark of a close in progress.)
-        slot.closing.fetch_max(generation, Ordering::AcqRel);
+        // write lock below waits only for the ones already in.
+        //
+        // IMPORTANT: mark only a live generation, checked under a read
+        // lock, which keeps it live (ending it takes the write lock). A
+        // mark for a generation not issued yet (a forged or guessed value,
+        // a handle of the other table) would refuse every call of the
+        // object that later gets it; one for an older generation (a stale
+        // handle) would clear the mark of a close in progress. So a mark
+        // always names the generation a close is ending.
+        {
+            let state = slot.state.read().unwrap_or_else(PoisonError::into_inner);
+            if state.generation != generation || state.value.is_none() {
+                return Err(Error::bad_handle(self.kind));
+            }
+            slot.closing.store(generation, Ordering::Release);
+        }
         let value = {
             let mut state = slot.state.write().unwrap_or_else(PoisonError::into_inner);
             if state.generation != generation {
@@ -249,6 +261,36 @@ mod tests {
                 libc::EBADF,
                 "handle {forged:#x}"
             );
+        }
+    }
+
+    /// The handle the next occupant of `h`'s slot will get.
+    fn next_in_slot(h: usize) -> usize {
+        let (index, generation) = decode(h);
+        encode(index, generation + 1)
+    }
+
+    /// Report 5b of session 21: a close of a generation not issued yet
+    /// (garbage, or a handle of the other kind) set the slot's closing
+    /// mark, and the object that later got that generation failed every
+    /// call with `-EBADF`. Only a close of the live generation marks.
+    #[test]
+    fn a_close_of_a_handle_not_issued_yet_does_not_poison_it() {
+        let table: Table<u32> = Table::new("test");
+        let a = table.insert(1).unwrap();
+        // Closes of the next two generations of a's slot, while a lives.
+        let b = next_in_slot(a);
+        let c = next_in_slot(b);
+        assert_eq!(table.remove(b).unwrap_err().errno, libc::EBADF);
+        assert_eq!(table.remove(c).unwrap_err().errno, libc::EBADF);
+        assert_eq!(table.with(a, |x| Ok(*x)).unwrap(), 1);
+        assert_eq!(table.remove(a).unwrap(), 1);
+        for (expected, value) in [(b, 2), (c, 3)] {
+            let h = table.insert(value).unwrap();
+            assert_eq!(h, expected, "the slot is reused");
+            assert_eq!(table.with(h, |x| Ok(*x)).unwrap(), value);
+            assert_eq!(table.with_mut(h, |x| Ok(*x)).unwrap(), value);
+            assert_eq!(table.remove(h).unwrap(), value);
         }
     }
 
