@@ -11,7 +11,7 @@ use std::path::PathBuf;
 use ::jbdev_volume::{TouchedBlocks, Volume, VolumeError, WriteFlags};
 
 use crate::error::{close_error, ffi_call, with_last_error, Error, Result};
-use crate::handle::Table;
+use crate::handle::{Kind, Table};
 use crate::types::{
     jbdev_format_options, jbdev_open_options, jbdev_stats, jbdev_txn, jbdev_volume,
     FORMAT_OPTIONS_V1_SIZE, JBDEV_ABI_VERSION, JBDEV_WRITE_FUA, OPEN_OPTIONS_V1_SIZE,
@@ -43,8 +43,8 @@ struct TxnState {
     touched: TouchedBlocks,
 }
 
-static VOLUMES: Table<VolumeEntry> = Table::new("volume");
-static TXNS: Table<TxnState> = Table::new("transaction");
+static VOLUMES: Table<VolumeEntry> = Table::new(Kind::Volume);
+static TXNS: Table<TxnState> = Table::new(Kind::Transaction);
 
 fn volume_ptr(handle: usize) -> *mut jbdev_volume {
     std::ptr::without_provenance_mut(handle)

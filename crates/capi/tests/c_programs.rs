@@ -167,13 +167,16 @@ fn a_c_program_sees_the_salvage_after_its_journal_file_is_deleted() {
     }
 }
 
-/// Report #5 of session 21: a close of a handle not issued yet (a
-/// transaction handle, garbage) made the volume that later got it fail
-/// every call with -EBADF. `tests/c/handle_kinds.c`, in a fresh process so
-/// its handles are the library's first, checks that volumes opened after
-/// such closes work.
+/// Report #5 of session 21: a transaction handle passed where a volume
+/// handle is expected (the first of each had the same value) wrote the
+/// volume, and a close of a handle not issued yet made the volume that
+/// later got it fail every call with -EBADF. `tests/c/handle_kinds.c`, in
+/// a fresh process so its handles are the library's first, checks that
+/// every call given a handle of the wrong kind fails with -EBADF and a
+/// message naming both kinds and changes nothing, and that volumes opened
+/// after closes of unissued handles work.
 #[test]
-fn closes_of_unissued_handles_change_nothing() {
+fn handles_of_the_wrong_kind_and_closes_of_unissued_ones_change_nothing() {
     let Some((work, exe)) = test_program("handle_kinds") else {
         return;
     };
