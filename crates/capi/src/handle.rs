@@ -14,6 +14,9 @@
 //! looking a handle up can always be done safely, and a handle whose object
 //! was closed (its slot is empty, or holds a newer generation) is reported as
 //! `-EBADF` instead of being undefined behaviour. No `unsafe` is involved.
+//! A slot's generations never repeat (a used-up slot is retired, see
+//! `GENERATION_MAX`), so a handle value names one object, ever: a stale
+//! handle cannot come back to life on a later occupant of its slot.
 //!
 //! Each kind has its own table and its own tag, so no handle of one kind is
 //! ever a handle of another: the first volume handle is `0x1560000`, the
@@ -60,8 +63,15 @@ const INDEX_BITS: u32 = 16;
 const _: () = assert!(SLOT_CAPACITY == 1 << INDEX_BITS);
 const TAG_BITS: u32 = 8;
 const GENERATION_SHIFT: u32 = INDEX_BITS + TAG_BITS;
-/// Generations wrap within the bits left over (40 on 64-bit targets), skipping 0.
+/// The last generation a slot issues (40 bits); the slot is then retired,
+/// never wrapped back to 1: its next object would get the handle of its
+/// first, which a program may still hold. Reused every microsecond, a slot
+/// lasts 12 days and the 65,536 slots 2,000 years.
 const GENERATION_MAX: usize = usize::MAX >> GENERATION_SHIFT;
+const _: () = assert!(
+    usize::BITS >= 64,
+    "jbdev's C handles need 64-bit pointers: with 32, a slot would be used up after 255 objects"
+);
 
 /// What a handle names. Each kind has one table (in `ffi.rs`) and a tag of
 /// its own in the handle bits.
@@ -261,11 +271,11 @@ impl<T> Table<T> {
         let slot = &chunk[index % CHUNK_SLOTS];
         let mut state = slot.state.write().unwrap_or_else(PoisonError::into_inner);
         debug_assert!(state.value.is_none(), "allocated slot must be empty");
-        state.generation = if state.generation >= GENERATION_MAX {
-            1
-        } else {
-            state.generation + 1
-        };
+        debug_assert!(
+            state.generation < GENERATION_MAX,
+            "a used-up slot is never handed out"
+        );
+        state.generation += 1;
         state.value = Some(value);
         Ok(encode(self.kind, index, state.generation))
     }
@@ -332,11 +342,14 @@ impl<T> Table<T> {
             }
             state.value.take().ok_or_else(|| self.bad_handle())?
         };
-        self.allocator
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .free
-            .push(index);
+        // A used-up slot is retired (see GENERATION_MAX).
+        if generation < GENERATION_MAX {
+            self.allocator
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .free
+                .push(index);
+        }
         Ok(value)
     }
 }
@@ -451,6 +464,40 @@ mod tests {
             assert_eq!(table.with_mut(h, |x| Ok(*x)).unwrap(), value);
             assert_eq!(table.remove(h).unwrap(), value);
         }
+    }
+
+    /// A slot whose generations are used up is retired, not wrapped back
+    /// to generation 1: wrapping gave the new object the handle of the
+    /// slot's first, long closed one, which then reached it.
+    #[test]
+    fn a_slot_is_retired_when_its_generations_run_out() {
+        let table: Table<u32> = Table::new(Kind::Volume);
+        let first = table.insert(1).unwrap();
+        let index = decode(first).index;
+        assert_eq!(table.remove(first).unwrap(), 1);
+        // Skip ahead: the slot's next occupant gets the last generation.
+        table.slot(index).unwrap().state.write().unwrap().generation = GENERATION_MAX - 1;
+        let last = table.insert(2).unwrap();
+        assert_eq!(
+            decode(last),
+            Fields {
+                index,
+                tag: Kind::Volume.tag(),
+                generation: GENERATION_MAX
+            }
+        );
+        assert_eq!(table.remove(last).unwrap(), 2);
+        let next = table.insert(3).unwrap();
+        for stale in [first, last] {
+            assert_eq!(
+                table.with(stale, |x| Ok(*x)).map_err(|e| e.errno),
+                Err(libc::EBADF),
+                "stale handle {stale:#x} reaches the object of {next:#x}"
+            );
+            assert_eq!(table.remove(stale).unwrap_err().errno, libc::EBADF);
+        }
+        assert_ne!(decode(next).index, index, "a used-up slot is not reused");
+        assert_eq!(table.with(next, |x| Ok(*x)).unwrap(), 3);
     }
 
     #[test]
