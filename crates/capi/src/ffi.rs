@@ -403,7 +403,9 @@ pub unsafe extern "C" fn jbdev_open(
 /// this returns an error (the error says the final flush failed). Any later
 /// use of the handle, including a second close, returns -EBADF; it is never
 /// undefined behaviour. Transactions begun on it fail with -EBADF at commit
-/// and must still be committed or aborted to free them.
+/// and must still be committed or aborted to free them. A `vol` that is not
+/// an open volume's handle (a transaction handle, a value jbdev never
+/// returned) gets -EBADF and closes nothing.
 ///
 /// Safe to call while other threads use the handle.
 #[no_mangle]
