@@ -33,7 +33,10 @@
  *  - Handles (jbdev_volume *, jbdev_txn *) are opaque tokens, not pointers
  *    to memory: never dereference them. Using a handle after it was closed
  *    (jbdev_close, jbdev_txn_commit, jbdev_txn_abort) returns -EBADF; it is
- *    an error, not undefined behaviour.
+ *    an error, not undefined behaviour. So does a handle of the other kind
+ *    (a jbdev_txn * cast to jbdev_volume *, or the reverse, easy to do
+ *    where bindings keep handles as void *) and any value jbdev never
+ *    returned; such a call, jbdev_close included, changes nothing.
  *  - A volume handle may be used from any number of threads at once;
  *    jbdev_close() may be called while other threads use it: it waits for
  *    their calls in flight, and every later call returns -EBADF.
@@ -348,7 +351,9 @@ int jbdev_open(const char *path, const struct jbdev_open_options *opts, struct j
 // this returns an error (the error says the final flush failed). Any later
 // use of the handle, including a second close, returns -EBADF; it is never
 // undefined behaviour. Transactions begun on it fail with -EBADF at commit
-// and must still be committed or aborted to free them.
+// and must still be committed or aborted to free them. A `vol` that is not
+// an open volume's handle (a transaction handle, a value jbdev never
+// returned) gets -EBADF and closes nothing.
 //
 // Safe to call while other threads use the handle.
 int jbdev_close(struct jbdev_volume *vol);

@@ -11,7 +11,7 @@ use std::path::PathBuf;
 use ::jbdev_volume::{TouchedBlocks, Volume, VolumeError, WriteFlags};
 
 use crate::error::{close_error, ffi_call, with_last_error, Error, Result};
-use crate::handle::Table;
+use crate::handle::{Kind, Table};
 use crate::types::{
     jbdev_format_options, jbdev_open_options, jbdev_stats, jbdev_txn, jbdev_volume,
     FORMAT_OPTIONS_V1_SIZE, JBDEV_ABI_VERSION, JBDEV_WRITE_FUA, OPEN_OPTIONS_V1_SIZE,
@@ -43,8 +43,8 @@ struct TxnState {
     touched: TouchedBlocks,
 }
 
-static VOLUMES: Table<VolumeEntry> = Table::new("volume");
-static TXNS: Table<TxnState> = Table::new("transaction");
+static VOLUMES: Table<VolumeEntry> = Table::new(Kind::Volume);
+static TXNS: Table<TxnState> = Table::new(Kind::Transaction);
 
 fn volume_ptr(handle: usize) -> *mut jbdev_volume {
     std::ptr::without_provenance_mut(handle)
@@ -403,7 +403,9 @@ pub unsafe extern "C" fn jbdev_open(
 /// this returns an error (the error says the final flush failed). Any later
 /// use of the handle, including a second close, returns -EBADF; it is never
 /// undefined behaviour. Transactions begun on it fail with -EBADF at commit
-/// and must still be committed or aborted to free them.
+/// and must still be committed or aborted to free them. A `vol` that is not
+/// an open volume's handle (a transaction handle, a value jbdev never
+/// returned) gets -EBADF and closes nothing.
 ///
 /// Safe to call while other threads use the handle.
 #[no_mangle]

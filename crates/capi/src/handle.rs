@@ -1,12 +1,33 @@
 //! Generational handle tables: what a C `jbdev_volume *` or `jbdev_txn *`
 //! really is.
 //!
-//! A handle is never a pointer to memory the library frees. It is a number,
-//! `generation << INDEX_BITS | slot_index`, cast to an opaque pointer type.
+//! A handle is never a pointer to memory the library frees. It is a number
+//! cast to an opaque pointer type:
+//!
+//! ```text
+//!   bits 63..24   generation of the slot's occupant (from 1; 0 is never issued)
+//!   bits 23..16   kind tag: 0x56 ('V') volume, 0x54 ('T') transaction
+//!   bits 15..0    slot index
+//! ```
+//!
 //! Slots live in chunks that are allocated on first use and never freed, so
 //! looking a handle up can always be done safely, and a handle whose object
 //! was closed (its slot is empty, or holds a newer generation) is reported as
 //! `-EBADF` instead of being undefined behaviour. No `unsafe` is involved.
+//! A slot's generations never repeat (a used-up slot is retired, see
+//! `GENERATION_MAX`), so a handle value names one object, ever: a stale
+//! handle cannot come back to life on a later occupant of its slot.
+//!
+//! Each kind has its own table and its own tag, so no handle of one kind is
+//! ever a handle of another: the first volume handle is `0x1560000`, the
+//! first transaction handle `0x1540000`, and a table refuses a handle
+//! carrying the other kind's tag with `-EBADF` and a message naming both.
+//! (Both used to be `generation << 16 | slot`: the first of each was
+//! `0x10000`, and a transaction handle passed as a volume acted on the
+//! volume. Bindings that keep handles as `void *` mix the two up easily.) A
+//! byte rather than a bit, so that a made-up value (a small integer, a real
+//! pointer, stale memory) passes a table's tag check once in 256, not once
+//! in 2, before its slot and generation must match too.
 //!
 //! Each slot guards its value with a `ShardedLock`: a call takes a read lock
 //! on the shard of its own thread, so threads sharing one volume handle do
@@ -36,11 +57,66 @@ const CHUNK_SLOTS: usize = 64;
 /// kind to 65,536 (`-EMFILE` beyond).
 const CHUNK_COUNT: usize = 1024;
 const SLOT_CAPACITY: usize = CHUNK_SLOTS * CHUNK_COUNT;
-/// Bits of a handle holding the slot index; the rest hold the generation.
+/// Bits of a handle holding the slot index, then the kind tag; the rest
+/// hold the generation.
 const INDEX_BITS: u32 = 16;
 const _: () = assert!(SLOT_CAPACITY == 1 << INDEX_BITS);
-/// Generations wrap within the bits left over (48 on 64-bit targets), skipping 0.
-const GENERATION_MAX: usize = usize::MAX >> INDEX_BITS;
+const TAG_BITS: u32 = 8;
+const GENERATION_SHIFT: u32 = INDEX_BITS + TAG_BITS;
+/// The last generation a slot issues (40 bits); the slot is then retired,
+/// never wrapped back to 1: its next object would get the handle of its
+/// first, which a program may still hold. Reused every microsecond, a slot
+/// lasts 12 days and the 65,536 slots 2,000 years.
+const GENERATION_MAX: usize = usize::MAX >> GENERATION_SHIFT;
+const _: () = assert!(
+    usize::BITS >= 64,
+    "jbdev's C handles need 64-bit pointers: with 32, a slot would be used up after 255 objects"
+);
+
+/// What a handle names. Each kind has one table (in `ffi.rs`) and a tag of
+/// its own in the handle bits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Kind {
+    Volume,
+    Transaction,
+}
+
+impl Kind {
+    const ALL: [Kind; 2] = [Kind::Volume, Kind::Transaction];
+
+    /// The tag byte: ASCII 'V' and 'T', so a handle printed in hex shows its
+    /// kind. Never 0, so NULL and small integers carry no kind.
+    const fn tag(self) -> usize {
+        match self {
+            Kind::Volume => 0x56,
+            Kind::Transaction => 0x54,
+        }
+    }
+
+    fn of_tag(tag: usize) -> Option<Kind> {
+        Kind::ALL.into_iter().find(|k| k.tag() == tag)
+    }
+
+    /// Used in error messages.
+    const fn name(self) -> &'static str {
+        match self {
+            Kind::Volume => "volume",
+            Kind::Transaction => "transaction",
+        }
+    }
+
+    /// The C type of its handles, for error messages.
+    const fn c_type(self) -> &'static str {
+        match self {
+            Kind::Volume => "jbdev_volume *",
+            Kind::Transaction => "jbdev_txn *",
+        }
+    }
+}
+
+const _: () = assert!(Kind::Volume.tag() != Kind::Transaction.tag());
+const _: () = assert!(Kind::Volume.tag() != 0 && Kind::Volume.tag() < 1 << TAG_BITS);
+const _: () = assert!(Kind::Transaction.tag() != 0 && Kind::Transaction.tag() < 1 << TAG_BITS);
 
 struct SlotState<T> {
     /// Generation of the current or most recent occupant; 0 = never used.
@@ -70,24 +146,38 @@ struct Allocator {
     free: Vec<usize>,
 }
 
-/// A table of live objects of one kind.
+/// A table of live objects of one kind. Invariant: one table per kind in
+/// the library (tests make their own), or two tables would issue the same
+/// handles.
 pub(crate) struct Table<T> {
-    /// Used in error messages ("volume", "transaction").
-    kind: &'static str,
+    kind: Kind,
     chunks: [OnceLock<Box<[Slot<T>]>>; CHUNK_COUNT],
     allocator: Mutex<Allocator>,
 }
 
-fn encode(index: usize, generation: usize) -> usize {
-    (generation << INDEX_BITS) | index
+/// The fields of a handle (see the layout at the top).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Fields {
+    index: usize,
+    tag: usize,
+    generation: usize,
 }
 
-fn decode(handle: usize) -> (usize, usize) {
-    (handle & (SLOT_CAPACITY - 1), handle >> INDEX_BITS)
+fn encode(kind: Kind, index: usize, generation: usize) -> usize {
+    debug_assert!(index < SLOT_CAPACITY && generation <= GENERATION_MAX);
+    (generation << GENERATION_SHIFT) | (kind.tag() << INDEX_BITS) | index
+}
+
+fn decode(handle: usize) -> Fields {
+    Fields {
+        index: handle & (SLOT_CAPACITY - 1),
+        tag: (handle >> INDEX_BITS) & ((1 << TAG_BITS) - 1),
+        generation: handle >> GENERATION_SHIFT,
+    }
 }
 
 impl<T> Table<T> {
-    pub(crate) const fn new(kind: &'static str) -> Self {
+    pub(crate) const fn new(kind: Kind) -> Self {
         Self {
             kind,
             chunks: [const { OnceLock::new() }; CHUNK_COUNT],
@@ -101,6 +191,42 @@ impl<T> Table<T> {
     fn slot(&self, index: usize) -> Option<&Slot<T>> {
         let chunk = self.chunks.get(index / CHUNK_SLOTS)?.get()?;
         chunk.get(index % CHUNK_SLOTS)
+    }
+
+    /// The slot `handle` names in this table and the generation it claims;
+    /// `-EBADF` for a handle of another kind (said so), NULL, or a value
+    /// that names no slot ever used. Whether the generation is live is the
+    /// caller's check, under the slot's lock.
+    fn locate(&self, handle: usize) -> Result<(usize, &Slot<T>, usize)> {
+        let Fields {
+            index,
+            tag,
+            generation,
+        } = decode(handle);
+        if tag != self.kind.tag() {
+            return Err(match Kind::of_tag(tag) {
+                Some(given) => Error::new(
+                    libc::EBADF,
+                    format!(
+                        "a {} handle is expected ({}), but this is a {} handle ({})",
+                        self.kind.name(),
+                        self.kind.c_type(),
+                        given.name(),
+                        given.c_type()
+                    ),
+                ),
+                None => self.bad_handle(),
+            });
+        }
+        let slot = self
+            .slot(index)
+            .filter(|_| generation != 0)
+            .ok_or_else(|| self.bad_handle())?;
+        Ok((index, slot, generation))
+    }
+
+    fn bad_handle(&self) -> Error {
+        Error::bad_handle(self.kind.name())
     }
 
     /// Stores `value` and returns its handle (never 0).
@@ -119,7 +245,10 @@ impl<T> Table<T> {
                 None => {
                     return Err(Error::new(
                         libc::EMFILE,
-                        format!("too many open {} handles ({SLOT_CAPACITY})", self.kind),
+                        format!(
+                            "too many open {} handles ({SLOT_CAPACITY})",
+                            self.kind.name()
+                        ),
                     ))
                 }
             }
@@ -142,32 +271,28 @@ impl<T> Table<T> {
         let slot = &chunk[index % CHUNK_SLOTS];
         let mut state = slot.state.write().unwrap_or_else(PoisonError::into_inner);
         debug_assert!(state.value.is_none(), "allocated slot must be empty");
-        state.generation = if state.generation >= GENERATION_MAX {
-            1
-        } else {
-            state.generation + 1
-        };
+        debug_assert!(
+            state.generation < GENERATION_MAX,
+            "a used-up slot is never handed out"
+        );
+        state.generation += 1;
         state.value = Some(value);
-        Ok(encode(index, state.generation))
+        Ok(encode(self.kind, index, state.generation))
     }
 
     /// Runs `f` on the live value of `handle` under a per-thread-shard read
     /// lock; `-EBADF` if the handle is not live.
     pub(crate) fn with<R>(&self, handle: usize, f: impl FnOnce(&T) -> Result<R>) -> Result<R> {
-        let (index, generation) = decode(handle);
-        let slot = self
-            .slot(index)
-            .filter(|_| generation != 0)
-            .ok_or_else(|| Error::bad_handle(self.kind))?;
+        let (_, slot, generation) = self.locate(handle)?;
         // Refused before the lock too, so a call that starts during a
         // close does not queue on a shard the close holds already.
         if slot.closing(generation) {
-            return Err(Error::bad_handle(self.kind));
+            return Err(self.bad_handle());
         }
         let state = slot.state.read().unwrap_or_else(PoisonError::into_inner);
         match &state.value {
             Some(v) if state.generation == generation && !slot.closing(generation) => f(v),
-            _ => Err(Error::bad_handle(self.kind)),
+            _ => Err(self.bad_handle()),
         }
     }
 
@@ -177,50 +302,54 @@ impl<T> Table<T> {
         handle: usize,
         f: impl FnOnce(&mut T) -> Result<R>,
     ) -> Result<R> {
-        let (index, generation) = decode(handle);
-        let slot = self
-            .slot(index)
-            .filter(|_| generation != 0)
-            .ok_or_else(|| Error::bad_handle(self.kind))?;
+        let (_, slot, generation) = self.locate(handle)?;
         if slot.closing(generation) {
-            return Err(Error::bad_handle(self.kind));
+            return Err(self.bad_handle());
         }
         let mut state = slot.state.write().unwrap_or_else(PoisonError::into_inner);
         let live = state.generation == generation && !slot.closing(generation);
         match &mut state.value {
             Some(v) if live => f(v),
-            _ => Err(Error::bad_handle(self.kind)),
+            _ => Err(self.bad_handle()),
         }
     }
 
     /// Takes the value out, ending the handle. Waits for calls in flight on
     /// it; every later use of the handle fails with `-EBADF`.
     pub(crate) fn remove(&self, handle: usize) -> Result<T> {
-        let (index, generation) = decode(handle);
-        let slot = self
-            .slot(index)
-            .filter(|_| generation != 0)
-            .ok_or_else(|| Error::bad_handle(self.kind))?;
+        let (index, slot, generation) = self.locate(handle)?;
         // Calls that take their read lock from here on are refused; the
-        // write lock below waits only for the ones already in. (`max`: a
-        // stale handle's close, of an older generation, must not clear the
-        // mark of a close in progress.)
-        slot.closing.fetch_max(generation, Ordering::AcqRel);
+        // write lock below waits only for the ones already in.
+        //
+        // IMPORTANT: mark only a live generation, checked under a read
+        // lock, which keeps it live (ending it takes the write lock). A
+        // mark for a generation not issued yet (a forged or guessed value,
+        // a handle of the other table) would refuse every call of the
+        // object that later gets it; one for an older generation (a stale
+        // handle) would clear the mark of a close in progress. So a mark
+        // always names the generation a close is ending.
+        {
+            let state = slot.state.read().unwrap_or_else(PoisonError::into_inner);
+            if state.generation != generation || state.value.is_none() {
+                return Err(self.bad_handle());
+            }
+            slot.closing.store(generation, Ordering::Release);
+        }
         let value = {
             let mut state = slot.state.write().unwrap_or_else(PoisonError::into_inner);
             if state.generation != generation {
-                return Err(Error::bad_handle(self.kind));
+                return Err(self.bad_handle());
             }
-            state
-                .value
-                .take()
-                .ok_or_else(|| Error::bad_handle(self.kind))?
+            state.value.take().ok_or_else(|| self.bad_handle())?
         };
-        self.allocator
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .free
-            .push(index);
+        // A used-up slot is retired (see GENERATION_MAX).
+        if generation < GENERATION_MAX {
+            self.allocator
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .free
+                .push(index);
+        }
         Ok(value)
     }
 }
@@ -231,19 +360,31 @@ mod tests {
 
     #[test]
     fn stale_and_forged_handles_are_rejected() {
-        let table: Table<u32> = Table::new("test");
+        let table: Table<u32> = Table::new(Kind::Volume);
         let a = table.insert(7).unwrap();
         assert_ne!(a, 0);
         assert_eq!(table.with(a, |v| Ok(*v)).unwrap(), 7);
         assert_eq!(table.remove(a).unwrap(), 7);
         // The slot is reused with a new generation: the old handle stays dead.
         let b = table.insert(8).unwrap();
-        assert_eq!(decode(a).0, decode(b).0);
+        assert_eq!(decode(a).index, decode(b).index);
         assert_ne!(a, b);
         assert_eq!(table.with(a, |v| Ok(*v)).unwrap_err().errno, libc::EBADF);
         assert_eq!(table.remove(a).unwrap_err().errno, libc::EBADF);
         assert_eq!(table.with(b, |v| Ok(*v)).unwrap(), 8);
-        for forged in [0, 1, usize::MAX, encode(5000, 1), encode(decode(b).0, 0)] {
+        let Fields {
+            index, generation, ..
+        } = decode(b);
+        for forged in [
+            0,
+            1,
+            usize::MAX,
+            encode(Kind::Volume, 5000, 1),
+            encode(Kind::Volume, index, 0),
+            // b without its tag, and with the other kind's.
+            b & !(((1 << TAG_BITS) - 1) << INDEX_BITS),
+            encode(Kind::Transaction, index, generation),
+        ] {
             assert_eq!(
                 table.with(forged, |v| Ok(*v)).unwrap_err().errno,
                 libc::EBADF,
@@ -252,9 +393,116 @@ mod tests {
         }
     }
 
+    /// Report 5a of session 21: both tables encoded `generation << 16 |
+    /// slot` from generation 1, so the first transaction handle was the
+    /// first volume handle, and a transaction handle passed as a volume
+    /// acted on the volume. A handle of one table is refused by the other,
+    /// at every generation, with a message naming both kinds.
+    #[test]
+    fn a_handle_of_one_kind_is_refused_by_the_other_table() {
+        static VOLUMES: Table<u32> = Table::new(Kind::Volume);
+        static TXNS: Table<u32> = Table::new(Kind::Transaction);
+        for round in 0..8 {
+            let v = VOLUMES.insert(1).unwrap();
+            let t = TXNS.insert(2).unwrap();
+            assert_ne!(v, t, "round {round}: one value for two kinds");
+            let e = VOLUMES.with(t, |x| Ok(*x)).unwrap_err();
+            assert_eq!(e.errno, libc::EBADF, "round {round}");
+            assert!(
+                e.message.contains("transaction handle")
+                    && e.message.contains("volume handle is expected"),
+                "{}",
+                e.message
+            );
+            let e = TXNS.with_mut(v, |x| Ok(*x)).unwrap_err();
+            assert_eq!(e.errno, libc::EBADF, "round {round}");
+            assert!(
+                e.message.contains("volume handle")
+                    && e.message.contains("transaction handle is expected"),
+                "{}",
+                e.message
+            );
+            assert_eq!(VOLUMES.remove(t).unwrap_err().errno, libc::EBADF);
+            assert_eq!(TXNS.remove(v).unwrap_err().errno, libc::EBADF);
+            // Both objects are untouched by the refused calls.
+            assert_eq!(VOLUMES.remove(v).unwrap(), 1);
+            assert_eq!(TXNS.remove(t).unwrap(), 2);
+            // Transactions come and go faster than volumes: their slot's
+            // generation runs ahead.
+            for _ in 0..round {
+                let t = TXNS.insert(3).unwrap();
+                TXNS.remove(t).unwrap();
+            }
+        }
+    }
+
+    /// The handle the next occupant of `h`'s slot will get.
+    fn next_in_slot(h: usize) -> usize {
+        let f = decode(h);
+        encode(Kind::of_tag(f.tag).unwrap(), f.index, f.generation + 1)
+    }
+
+    /// Report 5b of session 21: a close of a generation not issued yet
+    /// (garbage, or a handle of the other kind) set the slot's closing
+    /// mark, and the object that later got that generation failed every
+    /// call with `-EBADF`. Only a close of the live generation marks.
+    #[test]
+    fn a_close_of_a_handle_not_issued_yet_does_not_poison_it() {
+        let table: Table<u32> = Table::new(Kind::Volume);
+        let a = table.insert(1).unwrap();
+        // Closes of the next two generations of a's slot, while a lives.
+        let b = next_in_slot(a);
+        let c = next_in_slot(b);
+        assert_eq!(table.remove(b).unwrap_err().errno, libc::EBADF);
+        assert_eq!(table.remove(c).unwrap_err().errno, libc::EBADF);
+        assert_eq!(table.with(a, |x| Ok(*x)).unwrap(), 1);
+        assert_eq!(table.remove(a).unwrap(), 1);
+        for (expected, value) in [(b, 2), (c, 3)] {
+            let h = table.insert(value).unwrap();
+            assert_eq!(h, expected, "the slot is reused");
+            assert_eq!(table.with(h, |x| Ok(*x)).unwrap(), value);
+            assert_eq!(table.with_mut(h, |x| Ok(*x)).unwrap(), value);
+            assert_eq!(table.remove(h).unwrap(), value);
+        }
+    }
+
+    /// A slot whose generations are used up is retired, not wrapped back
+    /// to generation 1: wrapping gave the new object the handle of the
+    /// slot's first, long closed one, which then reached it.
+    #[test]
+    fn a_slot_is_retired_when_its_generations_run_out() {
+        let table: Table<u32> = Table::new(Kind::Volume);
+        let first = table.insert(1).unwrap();
+        let index = decode(first).index;
+        assert_eq!(table.remove(first).unwrap(), 1);
+        // Skip ahead: the slot's next occupant gets the last generation.
+        table.slot(index).unwrap().state.write().unwrap().generation = GENERATION_MAX - 1;
+        let last = table.insert(2).unwrap();
+        assert_eq!(
+            decode(last),
+            Fields {
+                index,
+                tag: Kind::Volume.tag(),
+                generation: GENERATION_MAX
+            }
+        );
+        assert_eq!(table.remove(last).unwrap(), 2);
+        let next = table.insert(3).unwrap();
+        for stale in [first, last] {
+            assert_eq!(
+                table.with(stale, |x| Ok(*x)).map_err(|e| e.errno),
+                Err(libc::EBADF),
+                "stale handle {stale:#x} reaches the object of {next:#x}"
+            );
+            assert_eq!(table.remove(stale).unwrap_err().errno, libc::EBADF);
+        }
+        assert_ne!(decode(next).index, index, "a used-up slot is not reused");
+        assert_eq!(table.with(next, |x| Ok(*x)).unwrap(), 3);
+    }
+
     #[test]
     fn with_mut_updates_in_place() {
-        let table: Table<Vec<u8>> = Table::new("test");
+        let table: Table<Vec<u8>> = Table::new(Kind::Volume);
         let h = table.insert(Vec::new()).unwrap();
         table
             .with_mut(h, |v| {
@@ -268,7 +516,7 @@ mod tests {
     #[test]
     fn remove_waits_for_readers_and_concurrent_use_sees_ebadf_after() {
         use std::sync::atomic::{AtomicBool, Ordering};
-        static TABLE: Table<u64> = Table::new("test");
+        static TABLE: Table<u64> = Table::new(Kind::Volume);
         let h = TABLE.insert(42).unwrap();
         let removed = AtomicBool::new(false);
         std::thread::scope(|s| {
@@ -309,9 +557,11 @@ mod tests {
     #[test]
     fn a_call_that_starts_while_close_waits_is_refused() {
         use std::sync::mpsc;
-        static TABLE: Table<u64> = Table::new("test");
+        static TABLE: Table<u64> = Table::new(Kind::Volume);
         let h = TABLE.insert(7).unwrap();
-        let (index, generation) = decode(h);
+        let Fields {
+            index, generation, ..
+        } = decode(h);
         let slot = TABLE.slot(index).unwrap();
         let (entered_tx, entered_rx) = mpsc::channel();
         let (release_tx, release_rx) = mpsc::channel::<()>();

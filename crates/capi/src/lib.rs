@@ -10,10 +10,11 @@
 //!   calling thread's message.
 //! - No panic crosses the boundary: each entry point runs under
 //!   `catch_unwind` (see `error::ffi_call`); a panic becomes `-EIO`.
-//! - Handles are not pointers to freed-on-close memory but generation-tagged
-//!   indexes into never-freed slot tables (see `handle`), so a NULL, stale
-//!   or closed handle gives `-EBADF`, never undefined behaviour, and close is
-//!   safe while other threads are using the handle.
+//! - Handles are not pointers to freed-on-close memory but generation- and
+//!   kind-tagged indexes into never-freed slot tables (see `handle`), so a
+//!   NULL, stale, closed or forged handle, or one of the other kind, gives
+//!   `-EBADF`, never undefined behaviour, and close is safe while other
+//!   threads are using the handle.
 
 // An FFI boundary cannot be written without `unsafe`: C hands us raw
 // pointers to strings, buffers and structs. It is allowed in this crate

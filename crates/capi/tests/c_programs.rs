@@ -5,6 +5,8 @@
 //!   pkg-config file;
 //! - `examples/c/osync_writers.c` (the seed-000 experiment), briefly, linked
 //!   statically, checking that its output is sane;
+//! - `tests/c/handle_kinds.c`, `journal_lost.c` and `store_full.c`, each
+//!   checking one report's fix;
 //! - the header compiled as C++.
 //!
 //! Skips with a message where gcc (or valgrind, for that run) is missing.
@@ -163,6 +165,28 @@ fn a_c_program_sees_the_salvage_after_its_journal_file_is_deleted() {
             );
         }
     }
+}
+
+/// Report #5 of session 21: a transaction handle passed where a volume
+/// handle is expected (the first of each had the same value) wrote the
+/// volume, and a close of a handle not issued yet made the volume that
+/// later got it fail every call with -EBADF. `tests/c/handle_kinds.c`, in
+/// a fresh process so its handles are the library's first, checks that
+/// every call given a handle of the wrong kind fails with -EBADF and a
+/// message naming both kinds and changes nothing, and that volumes opened
+/// after closes of unissued handles work.
+#[test]
+fn handles_of_the_wrong_kind_and_closes_of_unissued_ones_change_nothing() {
+    let Some((work, exe)) = test_program("handle_kinds") else {
+        return;
+    };
+    let out = run_ok(
+        Command::new(&exe)
+            .arg(work.path())
+            .env_remove("JBDEV_LOG")
+            .env("RUST_BACKTRACE", "0"),
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains(" checks passed"));
 }
 
 /// A tmpfs of a given size mounted for a test, unmounted on drop.
