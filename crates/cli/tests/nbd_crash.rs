@@ -444,6 +444,21 @@ mod rbd {
         }
     }
 
+    /// A dead holder of `home`'s exclusive lock: a server killed with
+    /// SIGKILL after acknowledging FUA writes (its lock record stays; its
+    /// watch on the image expires after osd_client_watch_timeout).
+    fn dead_holder(home: &str) {
+        let srv = ServerProc::start(&[home], None);
+        drop(client_after_fua_writes(&srv, "", 2));
+        srv.crash();
+    }
+
+    /// Whether `jbdev info` says some client holds `home`'s lock.
+    fn lock_held(home: &str) -> bool {
+        let out = run_tool(JBDEV, &["info", home], 60);
+        String::from_utf8_lossy(&out.stdout).contains("rbd lock        held by")
+    }
+
     /// Session 21, defect 2: SIGTERM while the OSD does not answer ends
     /// within about one `rados_osd_op_timeout` (8 s here; the close's
     /// later requests fail at once, and releasing the lock is given a few
@@ -496,6 +511,33 @@ mod rbd {
         drop(c);
         let log = srv.log_text();
         assert!(srv.stop(), "server did not stop cleanly:\n{log}");
+    }
+
+    /// Session 21, defect 3: `serve --break-lock` with a `--listen` that
+    /// cannot be bound fails before it opens anything: the dead holder's
+    /// lock is still there. (Fails on the old code: it waited for the
+    /// watch, broke the lock, blocklisted the holder, and only then failed
+    /// to listen.)
+    #[test]
+    fn serve_break_lock_with_a_bad_listen_breaks_no_lock() {
+        let Some(conf) = test_cluster::or_skip() else {
+            return;
+        };
+        let home = test_cluster::target(&conf, &test_cluster::unique_image("listen"));
+        run_ok(JBDEV, &["format", &home, "--size", "16M"], 120);
+        dead_holder(&home);
+        let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = taken.local_addr().unwrap().to_string();
+        let out = run_tool(
+            JBDEV,
+            &["serve", &home, "--break-lock", "--listen", &port],
+            120,
+        );
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{err}");
+        assert!(err.contains("cannot listen"), "{err}");
+        assert!(!err.contains("breaking the exclusive lock"), "{err}");
+        assert!(lock_held(&home), "the dead holder's lock was broken: {err}");
     }
 
     #[test]
