@@ -218,6 +218,16 @@ pub fn format(a: FormatArgs) -> anyhow::Result<()> {
         .chain(a.journal.as_ref())
         .filter_map(|p| jbdev_volume::file_format_would_create(p))
         .collect();
+    // An existing image file or RBD image smaller than the volume needs is
+    // grown by the format: said in its report, from and to how much.
+    let targets: Vec<(&str, PathBuf)> = std::iter::once(("image", a.path.clone()))
+        .chain(
+            a.journal
+                .as_ref()
+                .map(|j| ("journal", jbdev_volume::journal_target(&a.path, j))),
+        )
+        .collect();
+    let sizes_before: Vec<Option<u64>> = targets.iter().map(|(_, p)| growable_size(p)).collect();
     let formatted = match format_checked(&a, &f) {
         Ok(m) => m,
         Err(e) => {
@@ -229,12 +239,34 @@ pub fn format(a: FormatArgs) -> anyhow::Result<()> {
     };
     // All the work first, then the report: a closed stdout (`| true`) ends
     // the command at its first line, and must not cut the work short.
+    let grown: Vec<String> = targets
+        .iter()
+        .zip(&sizes_before)
+        .filter_map(|((what, p), before)| {
+            let (before, after) = ((*before)?, growable_size(p)?);
+            (after > before).then(|| format!("grew the {what} from {before} to {after} bytes"))
+        })
+        .collect();
     let preallocated = preallocate(&a);
     outln!("{formatted}")?;
+    for g in grown {
+        outln!("{g}")?;
+    }
     if let Some(m) = preallocated? {
         outln!("{m}")?;
     }
     Ok(())
+}
+
+/// The size of an existing image file or RBD image, which a format to a
+/// larger size grows; None for anything else (missing: created at its
+/// size; a block device: cannot grow).
+fn growable_size(path: &std::path::Path) -> Option<u64> {
+    if jbdev_device::is_rbd_target(path) {
+        return open_to_size(path).ok().map(|d| d.device.size_bytes());
+    }
+    let meta = std::fs::metadata(path).ok()?;
+    meta.is_file().then_some(meta.len())
 }
 
 /// The sysfs `ro` file of a block device that is read-only (a loop device
