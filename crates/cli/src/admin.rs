@@ -1196,6 +1196,12 @@ pub enum JournalCommand {
         /// truncated, belongs to another volume or is not a journal.
         #[arg(short, long)]
         force: bool,
+        /// RBD: break the exclusive lock of a holder that is dead, as for
+        /// serve (never done without this flag, only once the holder no
+        /// longer watches the image, and only for a reset that is not
+        /// refused for another reason; librbd blocklists the old holder).
+        #[arg(long)]
+        break_lock: bool,
     },
 }
 
@@ -1206,7 +1212,11 @@ pub fn journal(c: JournalCommand) -> anyhow::Result<()> {
             path,
             journal,
             force,
-        } => return journal_reset(&path, journal.as_deref(), force),
+            break_lock,
+        } => {
+            let opts = jbdev_volume::ResetOptions { force, break_lock };
+            return journal_reset(&path, journal.as_deref(), &opts);
+        }
     };
     let ins =
         inspect_or_advise(&path, journal.as_deref())?.map_err(|e| not_a_volume_hint(&path, e))?;
@@ -1278,9 +1288,9 @@ pub fn journal(c: JournalCommand) -> anyhow::Result<()> {
 fn journal_reset(
     path: &std::path::Path,
     journal: Option<&std::path::Path>,
-    force: bool,
+    opts: &jbdev_volume::ResetOptions,
 ) -> anyhow::Result<()> {
-    let r = jbdev_volume::reset_journal(path, journal, force)
+    let r = jbdev_volume::reset_journal_with(path, journal, opts)
         .map_err(|e| not_a_volume_hint(path, e))?;
     outln!(
         "{}: new empty journal ({}{}); it held: {}",

@@ -540,6 +540,42 @@ mod rbd {
         assert!(lock_held(&home), "the dead holder's lock was broken: {err}");
     }
 
+    /// Session 21, defect 5: `journal reset --break-lock`, with serve's
+    /// semantics: a reset that would be refused anyway (a journal that an
+    /// open can still replay, without --force) is refused before any lock
+    /// is broken; one that goes ahead breaks the dead holder's lock (once
+    /// its watch has expired) and resets. (Fails on the old code: no such
+    /// flag, a usage error.)
+    #[test]
+    fn journal_reset_break_lock_breaks_only_for_a_reset_that_goes_ahead() {
+        let Some(conf) = test_cluster::or_skip() else {
+            return;
+        };
+        let home = test_cluster::target(&conf, &test_cluster::unique_image("reset"));
+        run_ok(JBDEV, &["format", &home, "--size", "16M"], 120);
+        dead_holder(&home);
+        let out = run_tool(JBDEV, &["journal", "reset", &home, "--break-lock"], 120);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{err}");
+        assert_ne!(out.status.code(), Some(64), "{err}");
+        assert!(err.contains("--force"), "{err}");
+        assert!(!err.contains("breaking the exclusive lock"), "{err}");
+        assert!(lock_held(&home), "a refused reset broke the lock: {err}");
+        // A bound, not a timing check: it waits for the killed holder's
+        // watch to expire (osd_client_watch_timeout, 30 s) first.
+        let out = run_tool(
+            JBDEV,
+            &["journal", "reset", &home, "--break-lock", "--force"],
+            120,
+        );
+        let text = String::from_utf8_lossy(&out.stdout).to_string()
+            + &String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{text}");
+        assert!(text.contains("new empty journal"), "{text}");
+        assert!(text.contains("breaking the exclusive lock"), "{text}");
+        assert!(!lock_held(&home), "{text}");
+    }
+
     #[test]
     fn kill_9_on_rbd_with_local_journal_loses_nothing_acknowledged() {
         crash_on_rbd(false);
