@@ -22,7 +22,13 @@
 //! second writer on any machine is refused with the holder's name.
 //! [`crate::OpenOptions::break_lock`] breaks the current holder's lock first
 //! (librbd blocklists that client, so a holder that is in fact alive is
-//! fenced, not silently shared with).
+//! fenced, not silently shared with). Without it, only the lock of a holder
+//! that no longer watches the image (dead) is broken, loudly.
+//!
+//! While open, the device refuses every write, zeroing and flush once the
+//! image was shrunk under it ([`Health`]: checked around every mutation and
+//! by a header-update watch) or once a request timed out; dropping it waits
+//! at most [`CLOSE_WAIT`] for librbd's close.
 //!
 //! The FFI below is written by hand rather than generated with bindgen: the
 //! backend uses about twenty functions with plain C signatures (opaque
