@@ -211,18 +211,50 @@ pub fn format(a: FormatArgs) -> anyhow::Result<()> {
             refuse_to_overwrite(&jt, "--journal ", layout.journal_bytes)?;
         }
     }
+    // An existing image file or RBD image smaller than the volume needs is
+    // grown by the format: said in its report, from and to how much.
+    let targets: Vec<(&str, PathBuf)> = std::iter::once(("image", a.path.clone()))
+        .chain(
+            a.journal
+                .as_ref()
+                .map(|j| ("journal", jbdev_volume::journal_target(&a.path, j))),
+        )
+        .collect();
+    let sizes_before: Vec<Option<u64>> = targets.iter().map(|(_, p)| growable_size(p)).collect();
     // A failed format removes the files and images it created (while it
     // still holds their locks; never a file another process created in
     // the meantime): nothing is left behind that looks like a volume.
     let formatted = format_checked(&a, &f, &layout)?;
     // All the work first, then the report: a closed stdout (`| true`) ends
     // the command at its first line, and must not cut the work short.
+    let grown: Vec<String> = targets
+        .iter()
+        .zip(&sizes_before)
+        .filter_map(|((what, p), before)| {
+            let (before, after) = ((*before)?, growable_size(p)?);
+            (after > before).then(|| format!("grew the {what} from {before} to {after} bytes"))
+        })
+        .collect();
     let preallocated = preallocate(&a);
     outln!("{formatted}")?;
+    for g in grown {
+        outln!("{g}")?;
+    }
     if let Some(m) = preallocated? {
         outln!("{m}")?;
     }
     Ok(())
+}
+
+/// The size of an existing image file or RBD image, which a format to a
+/// larger size grows; None for anything else (missing: created at its
+/// size; a block device: cannot grow).
+fn growable_size(path: &std::path::Path) -> Option<u64> {
+    if jbdev_device::is_rbd_target(path) {
+        return open_to_size(path).ok().map(|d| d.device.size_bytes());
+    }
+    let meta = std::fs::metadata(path).ok()?;
+    meta.is_file().then_some(meta.len())
 }
 
 /// The sysfs `ro` file of a block device that is read-only (a loop device
@@ -1191,6 +1223,12 @@ pub enum JournalCommand {
         /// truncated, belongs to another volume or is not a journal.
         #[arg(short, long)]
         force: bool,
+        /// RBD: break the exclusive lock of a holder that is dead, as for
+        /// serve (never done without this flag, only once the holder no
+        /// longer watches the image, and only for a reset that is not
+        /// refused for another reason; librbd blocklists the old holder).
+        #[arg(long)]
+        break_lock: bool,
     },
 }
 
@@ -1201,7 +1239,11 @@ pub fn journal(c: JournalCommand) -> anyhow::Result<()> {
             path,
             journal,
             force,
-        } => return journal_reset(&path, journal.as_deref(), force),
+            break_lock,
+        } => {
+            let opts = jbdev_volume::ResetOptions { force, break_lock };
+            return journal_reset(&path, journal.as_deref(), &opts);
+        }
     };
     let ins =
         inspect_or_advise(&path, journal.as_deref())?.map_err(|e| not_a_volume_hint(&path, e))?;
@@ -1273,9 +1315,9 @@ pub fn journal(c: JournalCommand) -> anyhow::Result<()> {
 fn journal_reset(
     path: &std::path::Path,
     journal: Option<&std::path::Path>,
-    force: bool,
+    opts: &jbdev_volume::ResetOptions,
 ) -> anyhow::Result<()> {
-    let r = jbdev_volume::reset_journal(path, journal, force)
+    let r = jbdev_volume::reset_journal_with(path, journal, opts)
         .map_err(|e| not_a_volume_hint(path, e))?;
     outln!(
         "{}: new empty journal ({}{}); it held: {}",

@@ -448,17 +448,29 @@ pub fn backend(
 /// (tests and scripts read this line).
 pub fn start(
     metrics: Option<&Arc<Metrics>>,
-    addr: Option<SocketAddr>,
+    listener: Option<(SocketAddr, TcpListener)>,
     server: &jbdev_nbd::Server,
 ) -> anyhow::Result<()> {
     use anyhow::Context;
-    if let (Some(m), Some(addr)) = (metrics, addr) {
+    if let (Some(m), Some((addr, listener))) = (metrics, listener) {
         let at = m
-            .serve(addr, server.shutdown_handle())
+            .serve(listener, server.shutdown_handle())
             .with_context(|| format!("cannot serve metrics on {addr}"))?;
         eprintln!("jbdev serve: metrics on http://{at}/metrics");
     }
     Ok(())
+}
+
+/// Binds `--metrics ADDR:PORT`, before any volume is opened (a bad address
+/// must fail before `--break-lock` breaks a lock, as for `--listen`).
+pub fn bind(addr: Option<SocketAddr>) -> anyhow::Result<Option<(SocketAddr, TcpListener)>> {
+    use anyhow::Context;
+    addr.map(|addr| {
+        TcpListener::bind(addr)
+            .map(|l| (addr, l))
+            .with_context(|| format!("cannot serve metrics on {addr}"))
+    })
+    .transpose()
 }
 
 /// Everything `--metrics` serves. Cheap to clone handles to; built before
@@ -502,15 +514,14 @@ impl Metrics {
         Ok(out)
     }
 
-    /// Binds `addr` now (so a bad address fails before serving starts) and
-    /// answers scrapes on a background thread for the life of the process.
+    /// Answers scrapes on `listener` (bound by [`bind`] before anything
+    /// was opened) on a background thread for the life of the process.
     /// Returns the bound address (port 0 picks a free port).
     pub fn serve(
         self: &Arc<Self>,
-        addr: SocketAddr,
+        listener: TcpListener,
         server: ShutdownHandle,
     ) -> std::io::Result<SocketAddr> {
-        let listener = TcpListener::bind(addr)?;
         let local = listener.local_addr()?;
         listener.set_nonblocking(true)?;
         let rt = tokio::runtime::Builder::new_current_thread()

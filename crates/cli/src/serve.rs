@@ -263,6 +263,30 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
         usage_bail!("nothing to serve: give a volume PATH or --export NAME=PATH (create one with `jbdev format PATH --size 1G`)");
     }
 
+    // Listeners before any volume is opened: a `--listen` or `--metrics`
+    // that cannot be bound must fail before a `--break-lock` breaks a
+    // lock, and before recovery or the session stamp writes anything
+    // (found by a new-user pass: the lock was broken, then the bind failed).
+    let listeners = if a.stdio {
+        None
+    } else {
+        Some(make_listeners(&a)?)
+    };
+    let metrics_listener = crate::metrics::bind(a.metrics)?;
+    // A socket file made here goes again if serving never starts.
+    let mut made_sockets = SocketFiles(
+        listeners
+            .iter()
+            .flat_map(|l| &l.listeners)
+            .filter_map(|l| match l {
+                Listener::Unix {
+                    unlink: Some(p), ..
+                } => Some(p.clone()),
+                _ => None,
+            })
+            .collect(),
+    );
+
     // One open volume per file, shared by every export that names it.
     let mut volumes: Vec<(PathBuf, Arc<Volume>)> = Vec::new();
     let mut by_path: HashMap<PathBuf, Arc<Volume>> = HashMap::new();
@@ -336,11 +360,6 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
     }
     drop(by_path);
     let exports = ExportSet::new(exports).map_err(anyhow::Error::msg)?;
-    let listeners = if a.stdio {
-        None
-    } else {
-        Some(make_listeners(&a)?)
-    };
     let cfg = ServerConfig {
         worker_threads: a
             .threads
@@ -361,8 +380,10 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
         ..ServerConfig::default()
     };
     let server = Server::new(exports, cfg);
-    crate::metrics::start(metrics.as_ref(), a.metrics, &server)?;
+    crate::metrics::start(metrics.as_ref(), metrics_listener, &server)?;
 
+    // From here the server removes its socket files itself.
+    made_sockets.0.clear();
     if let Some(Listeners { listeners, .. }) = listeners {
         // Signals first: whoever reads the announcement may stop us at once.
         let signals = server.install_signals()?;
@@ -501,6 +522,18 @@ fn parse_export_with(spec: &str, exists: impl Fn(&str) -> bool) -> anyhow::Resul
         journal,
         description,
     })
+}
+
+/// Unix socket files `serve` created, removed when dropped (an error
+/// before serving started).
+struct SocketFiles(Vec<PathBuf>);
+
+impl Drop for SocketFiles {
+    fn drop(&mut self) {
+        for p in &self.0 {
+            let _ = std::fs::remove_file(p);
+        }
+    }
 }
 
 struct Listeners {

@@ -587,6 +587,63 @@ fn rbd_format_preallocate_is_refused_before_anything_is_written() {
     assert!(o.status.success(), "{}", text(&o));
 }
 
+/// Session 21, defect 4: `format` of an existing RBD image smaller than
+/// the volume grows it and says so, from and to how many bytes (as it does
+/// for an image file); an image as large as needed is not resized and
+/// nothing is said. (Fails on the old code: it grew the image silently.)
+#[cfg(feature = "rbd")]
+#[test]
+fn rbd_format_says_when_it_grew_the_image() {
+    use jbdev_device::rbd::test_cluster;
+    let Some(conf) = test_cluster::or_skip() else {
+        return;
+    };
+    let home = test_cluster::target(&conf, &test_cluster::unique_image("grow"));
+    let small = jbdev_device::OpenOptions {
+        create_size: Some(8 << 20),
+        ..Default::default()
+    };
+    drop(jbdev_device::open_device(home.as_ref(), &small).unwrap());
+    let o = jbdev(&["format", &home, "--size", "16M", "--journal-size", "1M"]);
+    let t = text(&o);
+    assert!(o.status.success(), "{t}");
+    let needed = (16u64 << 20) + (1 << 20) + 4096;
+    assert!(
+        t.contains(&format!("grew the image from 8388608 to {needed} bytes")),
+        "{t}"
+    );
+    let o = jbdev(&[
+        "format",
+        &home,
+        "--size",
+        "16M",
+        "--journal-size",
+        "1M",
+        "--force",
+    ]);
+    let t = text(&o);
+    assert!(o.status.success() && !t.contains("grew"), "{t}");
+}
+
+/// An image file smaller than the volume is extended, and format says so.
+#[test]
+fn format_says_when_it_extended_the_image_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let img = dir.path().join("v.img");
+    std::fs::File::create(&img)
+        .unwrap()
+        .set_len(8 << 20)
+        .unwrap();
+    let o = format_16m(img.to_str().unwrap(), &[]);
+    let needed = (16u64 << 20) + (1 << 20) + 4096;
+    let t = text(&o);
+    assert!(
+        t.contains(&format!("grew the image from 8388608 to {needed} bytes")),
+        "{t}"
+    );
+    assert_eq!(std::fs::metadata(&img).unwrap().len(), needed);
+}
+
 /// `jbdev ARGS` with `$CEPH_CONF` naming a file that does not exist: the
 /// node has no default Ceph cluster, only what targets name (`:conf=`).
 #[cfg(feature = "rbd")]

@@ -409,6 +409,173 @@ mod rbd {
         assert!(srv.stop(), "server did not stop cleanly:\n{log}");
     }
 
+    /// The test cluster's OSD stopped (SIGSTOP) until this is dropped; a
+    /// watchdog resumes it after two minutes whatever happens.
+    struct FrozenOsd {
+        pid: String,
+        _watchdog: std::thread::JoinHandle<()>,
+    }
+
+    impl FrozenOsd {
+        fn new() -> Self {
+            let pids = std::fs::read_to_string(test_cluster::dir().join("pids")).unwrap();
+            let pid = pids
+                .lines()
+                .find_map(|l| l.strip_prefix("osd "))
+                .expect("the cluster's OSD pid")
+                .trim()
+                .to_string();
+            run_ok("kill", &["-STOP", &pid], 10);
+            let p = pid.clone();
+            let watchdog = std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_secs(120));
+                let _ = run_tool("kill", &["-CONT", &p], 10);
+            });
+            Self {
+                pid,
+                _watchdog: watchdog,
+            }
+        }
+    }
+
+    impl Drop for FrozenOsd {
+        fn drop(&mut self) {
+            let _ = run_tool("kill", &["-CONT", &self.pid], 10);
+        }
+    }
+
+    /// A dead holder of `home`'s exclusive lock: a server killed with
+    /// SIGKILL after acknowledging FUA writes (its lock record stays; its
+    /// watch on the image expires after osd_client_watch_timeout).
+    fn dead_holder(home: &str) {
+        let srv = ServerProc::start(&[home], None);
+        drop(client_after_fua_writes(&srv, "", 2));
+        srv.crash();
+    }
+
+    /// Whether `jbdev info` says some client holds `home`'s lock.
+    fn lock_held(home: &str) -> bool {
+        let out = run_tool(JBDEV, &["info", home], 60);
+        String::from_utf8_lossy(&out.stdout).contains("rbd lock        held by")
+    }
+
+    /// Session 21, defect 2: SIGTERM while the OSD does not answer ends
+    /// within about one `rados_osd_op_timeout` (8 s here; the close's
+    /// later requests fail at once, and releasing the lock is given a few
+    /// seconds), saying that the lock could not be released; and a plain
+    /// restart (no --break-lock) then works once the dead server's watch
+    /// has expired, with every acknowledged write there. (Fails on the old
+    /// code: the close waited out four timeouts, over 32 s, and the lock it
+    /// left refused every plain restart.)
+    #[test]
+    fn sigterm_with_a_hung_osd_ends_soon_and_a_plain_restart_works() {
+        let Some(conf) = test_cluster::or_skip() else {
+            return;
+        };
+        let home = test_cluster::target(&conf, &test_cluster::unique_image("hung"));
+        run_ok(JBDEV, &["format", &home, "--size", "16M"], 120);
+        let served = format!("{home}:rados_osd_op_timeout=8");
+        let mut srv = ServerProc::start(&[&served], None);
+        drop(client_after_fua_writes(&srv, "", 4));
+        let frozen = FrozenOsd::new();
+        srv.signal("TERM");
+        // A bound, not a timing check: the old code took four timeouts.
+        let exited = srv.wait_exit(Duration::from_secs(24));
+        drop(frozen);
+        let log = srv.log_text();
+        assert!(
+            exited.is_some(),
+            "SIGTERM with the OSD stopped did not end within 24 s:\n{log}"
+        );
+        assert!(log.contains("lock could not be released"), "{log}");
+        // Bounded: the OSD expires the dead server's watch within
+        // osd_client_watch_timeout (30 s) of resuming.
+        let deadline = Instant::now() + Duration::from_secs(90);
+        let srv = loop {
+            match ServerProc::try_start(&[&home], None) {
+                Ok(s) => break s,
+                Err(log) => {
+                    assert!(
+                        Instant::now() < deadline,
+                        "a plain restart is still refused after 90 s:\n{log}"
+                    );
+                    std::thread::sleep(Duration::from_secs(2));
+                }
+            }
+        };
+        assert!(srv.log_text().contains("breaking the exclusive lock"));
+        let addr: Address = srv.tcp.clone().unwrap().parse().unwrap();
+        let mut c = Client::connect(&addr, "").expect("connect");
+        let got = c.call(CMD_READ, 0, 0, 4 * 4096, &[]).unwrap();
+        assert_eq!(got, Ok(vec![0x42; 4 * 4096]), "acknowledged writes lost");
+        drop(c);
+        let log = srv.log_text();
+        assert!(srv.stop(), "server did not stop cleanly:\n{log}");
+    }
+
+    /// Session 21, defect 3: `serve --break-lock` with a `--listen` that
+    /// cannot be bound fails before it opens anything: the dead holder's
+    /// lock is still there. (Fails on the old code: it waited for the
+    /// watch, broke the lock, blocklisted the holder, and only then failed
+    /// to listen.)
+    #[test]
+    fn serve_break_lock_with_a_bad_listen_breaks_no_lock() {
+        let Some(conf) = test_cluster::or_skip() else {
+            return;
+        };
+        let home = test_cluster::target(&conf, &test_cluster::unique_image("listen"));
+        run_ok(JBDEV, &["format", &home, "--size", "16M"], 120);
+        dead_holder(&home);
+        let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = taken.local_addr().unwrap().to_string();
+        let out = run_tool(
+            JBDEV,
+            &["serve", &home, "--break-lock", "--listen", &port],
+            120,
+        );
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{err}");
+        assert!(err.contains("cannot listen"), "{err}");
+        assert!(!err.contains("breaking the exclusive lock"), "{err}");
+        assert!(lock_held(&home), "the dead holder's lock was broken: {err}");
+    }
+
+    /// Session 21, defect 5: `journal reset --break-lock`, with serve's
+    /// semantics: a reset that would be refused anyway (a journal that an
+    /// open can still replay, without --force) is refused before any lock
+    /// is broken; one that goes ahead breaks the dead holder's lock (once
+    /// its watch has expired) and resets. (Fails on the old code: no such
+    /// flag, a usage error.)
+    #[test]
+    fn journal_reset_break_lock_breaks_only_for_a_reset_that_goes_ahead() {
+        let Some(conf) = test_cluster::or_skip() else {
+            return;
+        };
+        let home = test_cluster::target(&conf, &test_cluster::unique_image("reset"));
+        run_ok(JBDEV, &["format", &home, "--size", "16M"], 120);
+        dead_holder(&home);
+        let out = run_tool(JBDEV, &["journal", "reset", &home, "--break-lock"], 120);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{err}");
+        assert_ne!(out.status.code(), Some(64), "{err}");
+        assert!(err.contains("--force"), "{err}");
+        assert!(!err.contains("breaking the exclusive lock"), "{err}");
+        assert!(lock_held(&home), "a refused reset broke the lock: {err}");
+        // A bound, not a timing check: it waits for the killed holder's
+        // watch to expire (osd_client_watch_timeout, 30 s) first.
+        let out = run_tool(
+            JBDEV,
+            &["journal", "reset", &home, "--break-lock", "--force"],
+            120,
+        );
+        let text = String::from_utf8_lossy(&out.stdout).to_string()
+            + &String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{text}");
+        assert!(text.contains("new empty journal"), "{text}");
+        assert!(text.contains("breaking the exclusive lock"), "{text}");
+        assert!(!lock_held(&home), "{text}");
+    }
+
     #[test]
     fn kill_9_on_rbd_with_local_journal_loses_nothing_acknowledged() {
         crash_on_rbd(false);

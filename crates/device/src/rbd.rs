@@ -22,7 +22,13 @@
 //! second writer on any machine is refused with the holder's name.
 //! [`crate::OpenOptions::break_lock`] breaks the current holder's lock first
 //! (librbd blocklists that client, so a holder that is in fact alive is
-//! fenced, not silently shared with).
+//! fenced, not silently shared with). Without it, only the lock of a holder
+//! that no longer watches the image (dead) is broken, loudly.
+//!
+//! While open, the device refuses every write, zeroing and flush once the
+//! image was shrunk under it ([`Health`]: checked around every mutation and
+//! by a header-update watch) or once a request timed out; dropping it waits
+//! at most [`CLOSE_WAIT`] for librbd's close.
 //!
 //! The FFI below is written by hand rather than generated with bindgen: the
 //! backend uses about twenty functions with plain C signatures (opaque
@@ -34,14 +40,16 @@
 
 mod queue;
 
-use std::ffi::{c_char, c_int, CStr, CString};
+use std::ffi::{c_char, c_int, c_void, CStr, CString};
 use std::io::{self, IoSlice, IoSliceMut};
 use std::ptr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::{
-    check_request, iov_len, iov_len_mut, BlockDevice, DeviceError, IoPriority, IoQueue, Result,
-    WriteReq,
+    check_request, iov_len, iov_len_mut, BlockDevice, DeviceError, Extent, IoPriority, IoQueue,
+    Result, WriteReq,
 };
 
 #[allow(non_camel_case_types)]
@@ -53,6 +61,8 @@ mod ffi {
     pub type rbd_image_t = *mut c_void;
     pub type rbd_completion_t = *mut c_void;
     pub type rbd_callback_t = Option<unsafe extern "C" fn(rbd_completion_t, *mut c_void)>;
+    /// `rbd_update_callback_t`: called after the image's header changed.
+    pub type rbd_update_callback_t = Option<unsafe extern "C" fn(*mut c_void)>;
     /// `rbd_lock_mode_t`: a C enum (int).
     pub type rbd_lock_mode_t = c_int;
     pub const RBD_LOCK_MODE_EXCLUSIVE: rbd_lock_mode_t = 0;
@@ -170,6 +180,25 @@ mod ffi {
             op_flags: c_int,
         ) -> c_int;
         pub fn rbd_aio_flush(image: rbd_image_t, c: rbd_completion_t) -> c_int;
+
+        pub fn rbd_update_watch(
+            image: rbd_image_t,
+            handle: *mut u64,
+            watch_cb: rbd_update_callback_t,
+            arg: *mut c_void,
+        ) -> c_int;
+        pub fn rbd_update_unwatch(image: rbd_image_t, handle: u64) -> c_int;
+
+        pub fn rbd_diff_iterate2(
+            image: rbd_image_t,
+            fromsnapname: *const c_char,
+            ofs: u64,
+            len: u64,
+            include_parent: u8,
+            whole_object: u8,
+            cb: Option<unsafe extern "C" fn(u64, usize, c_int, *mut c_void) -> c_int>,
+            arg: *mut c_void,
+        ) -> c_int;
     }
 }
 
@@ -395,9 +424,12 @@ struct Cluster(ffi::rados_t);
 
 impl Drop for Cluster {
     fn drop(&mut self) {
+        if self.0.is_null() {
+            return; // handed to the close thread (`Closing`)
+        }
         // SAFETY: the handle came from a successful rados_create, every ioctx
         // and image opened on it was dropped before (field order of
-        // RbdDevice), and it is shut down exactly once here.
+        // RbdDevice and `Closing`), and it is shut down exactly once here.
         unsafe { ffi::rados_shutdown(self.0) }
     }
 }
@@ -407,8 +439,12 @@ struct Ioctx(ffi::rados_ioctx_t);
 
 impl Drop for Ioctx {
     fn drop(&mut self) {
+        if self.0.is_null() {
+            return; // handed to the close thread (`Closing`)
+        }
         // SAFETY: from a successful rados_ioctx_create; the image opened on
-        // it is closed before (field order of RbdDevice); destroyed once.
+        // it is closed before (field order of RbdDevice and `Closing`);
+        // destroyed once.
         unsafe { ffi::rados_ioctx_destroy(self.0) }
     }
 }
@@ -509,24 +545,255 @@ impl Drop for Completion {
 /// An open RBD image.
 pub struct RbdDevice {
     // Field order is drop order: the image closes before its ioctx, the
-    // ioctx before the cluster connection.
+    // ioctx before the cluster connection. (`Drop for RbdDevice` hands all
+    // three to a close thread; these drops then do nothing.)
     image: Image,
     _io: Ioctx,
     _cluster: Cluster,
     name: String,
     size: u64,
     read_only: bool,
+    /// This handle took the image's exclusive lock.
+    locked: bool,
+    /// Shrinks and timeouts seen; shared with the header-update callback.
+    health: Arc<Health>,
+    /// The `rbd_update_watch` handle of [`on_header_update`], if registered.
+    update_watch: Option<u64>,
 }
 
 struct Image(ffi::rbd_image_t);
 
 impl Drop for Image {
     fn drop(&mut self) {
+        if self.0.is_null() {
+            return; // handed to the close thread (`Closing`)
+        }
         // SAFETY: from a successful rbd_open; every request on it has
         // completed (each call waits for its completions before returning,
         // and a queue, which borrows the device, waits for its requests when
         // it is dropped); closed once. Closing releases the exclusive lock.
         unsafe { ffi::rbd_close(self.0) };
+    }
+}
+
+/// How long dropping a device waits for librbd to close the image — which
+/// releases the exclusive lock, an OSD request — before it returns and
+/// leaves the close to finish (or time out) on its own thread. On a
+/// healthy cluster the close takes milliseconds; an OSD that does not
+/// answer would hold it for `rados_osd_op_timeout` per request (a server's
+/// SIGTERM took four of them, two minutes, before session 21).
+pub const CLOSE_WAIT: Duration = Duration::from_secs(5);
+
+/// What the device learnt while open that makes later requests fail at
+/// once: the image was shrunk under it, or a request timed out. Shared
+/// with librbd's header-update callback ([`on_header_update`]).
+struct Health {
+    image: ffi::rbd_image_t,
+    name: String,
+    /// `POOL/IMAGE`, as the `rbd` tool names it.
+    spec: String,
+    /// The image's size when it was opened: the size the volume on it was
+    /// laid out for.
+    open_size: u64,
+    /// The smaller size the image was found at (`u64::MAX`: never).
+    shrunk_to: AtomicU64,
+    /// A request failed with `ETIMEDOUT` (`rados_osd_op_timeout`).
+    timed_out: AtomicBool,
+    /// That timeout, as librados prints it (for messages).
+    op_timeout: String,
+}
+
+// SAFETY: the image handle is used only for rbd_get_size, which librbd
+// allows on a shared handle from any thread (see RbdDevice's Send); the
+// rest is atomics and immutable strings.
+unsafe impl Send for Health {}
+// SAFETY: as for Send: every method takes &self and is thread-safe.
+unsafe impl Sync for Health {}
+
+impl Health {
+    /// The image's size now (librbd refreshes its header first if another
+    /// client changed it); a size below the open size is recorded, logged
+    /// once, and returned as the error every later write gets.
+    fn poll_size(&self, op: &'static str) -> Result<()> {
+        if let Some(e) = self.shrink_error(op) {
+            return Err(e);
+        }
+        let mut size = 0u64;
+        // SAFETY: an open image (the device, or the close thread before it
+        // unwatches, keeps it open while this runs) and a valid out pointer.
+        let r = unsafe { ffi::rbd_get_size(self.image, &mut size) };
+        if r < 0 {
+            return Err(rbd_err("rbd_get_size", &self.name, r));
+        }
+        if size < self.open_size {
+            if self
+                .shrunk_to
+                .compare_exchange(u64::MAX, size, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+            {
+                tracing::error!("{}: {}", self.name, self.shrink_text(size));
+            }
+            return Err(self.shrink_error(op).unwrap_or_else(|| {
+                DeviceError::io(op, self.name.clone(), io::Error::other("image shrunk"))
+            }));
+        }
+        Ok(())
+    }
+
+    fn shrink_error(&self, op: &'static str) -> Option<DeviceError> {
+        let to = self.shrunk_to.load(Ordering::Acquire);
+        (to != u64::MAX).then(|| {
+            DeviceError::io(
+                op,
+                self.name.clone(),
+                io::Error::other(self.shrink_text(to)),
+            )
+        })
+    }
+
+    fn shrink_text(&self, to: u64) -> String {
+        let from = self.open_size;
+        format!(
+            "the image was shrunk from {from} to {to} bytes by another client (rbd resize \
+             --allow-shrink) while it was open: every write to it is refused from then on, and \
+             reads past byte {to} fail; whatever had reached bytes {to}..{from} was deleted \
+             with the shrink. Grow it back (rbd resize --size {from}B {}) and reopen it: the \
+             journal replays what it still holds",
+            self.spec
+        )
+    }
+
+    /// Notes a failed request: a timeout marks the cluster as not
+    /// answering (logged once). Returns the error, or the shrink error if
+    /// the image was shrunk (a read past the new end fails with EINVAL).
+    fn failed(&self, op: &'static str, e: DeviceError) -> DeviceError {
+        if let DeviceError::Io { error, .. } = &e {
+            if error.raw_os_error() == Some(libc::ETIMEDOUT)
+                && !self.timed_out.swap(true, Ordering::AcqRel)
+            {
+                tracing::error!(
+                    "{}: a request timed out (rados_osd_op_timeout {} s): the cluster is taken as \
+                     not answering, and every later write and flush fails at once until the \
+                     image is reopened",
+                    self.name,
+                    self.op_timeout
+                );
+            }
+        }
+        match self.poll_size(op) {
+            Err(shrunk) if self.shrunk_to.load(Ordering::Acquire) != u64::MAX => shrunk,
+            _ => e,
+        }
+    }
+
+    /// Before a write, zeroing or flush is sent: refused at once after a
+    /// timeout, or when the image was shrunk.
+    fn check_mutation(&self, op: &'static str) -> Result<()> {
+        if self.timed_out.load(Ordering::Acquire) {
+            return Err(DeviceError::io(
+                op,
+                self.name.clone(),
+                io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!(
+                        "not sent: an earlier request timed out (rados_osd_op_timeout {} s), so \
+                         the cluster is taken as not answering until the image is reopened",
+                        self.op_timeout
+                    ),
+                ),
+            ));
+        }
+        self.poll_size(op)
+    }
+}
+
+/// librbd's header-update callback: a resize by another client (the lock
+/// owner, which is this process, carries it out for them) is noticed at
+/// once, and logged, not only at the next request.
+unsafe extern "C" fn on_header_update(arg: *mut c_void) {
+    // SAFETY: `arg` is the `Health` registered with this callback; the
+    // device keeps it alive until `rbd_update_unwatch` returned, which
+    // waits for a callback in progress (`Closing::close`).
+    let health = unsafe { &*arg.cast::<Health>() };
+    let _ = health.poll_size("header update");
+}
+
+/// The handles of a device being closed, for the close thread (see
+/// [`CLOSE_WAIT`]). Field order is drop order.
+struct Closing {
+    image: Image,
+    _io: Ioctx,
+    _cluster: Cluster,
+    update_watch: Option<u64>,
+    _health: Arc<Health>,
+}
+
+// SAFETY: librbd and librados handles may be closed from any thread; this
+// one is their only owner.
+unsafe impl Send for Closing {}
+
+impl Closing {
+    /// Unwatches and closes the image (releasing its lock); `rbd_close`'s
+    /// result. The ioctx and cluster go when `self` is dropped.
+    fn close(mut self) -> c_int {
+        if let Some(h) = self.update_watch.take() {
+            // SAFETY: an open image and the handle rbd_update_watch gave;
+            // waits for a callback in progress, whose Health we still hold.
+            unsafe { ffi::rbd_update_unwatch(self.image.0, h) };
+        }
+        let image = std::mem::replace(&mut self.image.0, ptr::null_mut());
+        // SAFETY: from a successful rbd_open, closed once (the Image drop
+        // now sees null); every request on it completed (see Image).
+        unsafe { ffi::rbd_close(image) }
+    }
+}
+
+impl Drop for RbdDevice {
+    /// Closes the image on its own thread and waits at most [`CLOSE_WAIT`]:
+    /// an OSD that does not answer cannot hold a server's shutdown for
+    /// `rados_osd_op_timeout` per request. If the close does not finish,
+    /// the lock stays with this client: the log says so and how it ends.
+    fn drop(&mut self) {
+        let take = |p: &mut *mut c_void| std::mem::replace(p, ptr::null_mut());
+        let closing = Closing {
+            image: Image(take(&mut self.image.0)),
+            _io: Ioctx(take(&mut self._io.0)),
+            _cluster: Cluster(take(&mut self._cluster.0)),
+            update_watch: self.update_watch.take(),
+            _health: self.health.clone(),
+        };
+        let (tx, rx) = std::sync::mpsc::channel();
+        let spawned = std::thread::Builder::new()
+            .name("jbdev-rbd-close".into())
+            .spawn(move || {
+                let _ = tx.send(closing.close());
+            });
+        if let Err(e) = spawned {
+            // The closure (and the handles in it) was dropped unrun: the
+            // Image drop closed the image inline.
+            tracing::warn!("{}: closed without a close thread ({e})", self.name);
+            return;
+        }
+        let lock = if self.locked {
+            "; the exclusive lock could not be released: it stays with this client until \
+             the next read-write open breaks it, which it does once this client's watch on \
+             the image has expired (osd_client_watch_timeout, 30 s by default)"
+        } else {
+            ""
+        };
+        match rx.recv_timeout(CLOSE_WAIT) {
+            Ok(0) => {}
+            Ok(r) => tracing::warn!(
+                "{}: closing the image failed ({}){lock}",
+                self.name,
+                io::Error::from_raw_os_error(-r)
+            ),
+            Err(_) => tracing::warn!(
+                "{}: the cluster did not answer the close within {} s{lock}",
+                self.name,
+                CLOSE_WAIT.as_secs()
+            ),
+        }
     }
 }
 
@@ -564,7 +831,8 @@ impl RbdDevice {
             }
             other => other?,
         };
-        if !opts.read_only && opts.exclusive {
+        let locked = !opts.read_only && opts.exclusive;
+        if locked {
             let break_lock = opts.break_lock.then(|| break_lock_wait(&cluster));
             lock(&image, &name, break_lock)?;
         }
@@ -579,6 +847,34 @@ impl RbdDevice {
                 size = image_size(&image, &name)?;
             }
         }
+        let health = Arc::new(Health {
+            image: image.0,
+            name: name.clone(),
+            spec: format!("{}/{}", target.pool, target.image),
+            open_size: size,
+            shrunk_to: AtomicU64::new(u64::MAX),
+            timed_out: AtomicBool::new(false),
+            op_timeout: conf_get(&cluster, "rados_osd_op_timeout").unwrap_or_else(|| "?".into()),
+        });
+        let mut handle = 0u64;
+        // SAFETY: an open image; the callback's argument is the Health
+        // this device keeps (an Arc) until the watch is removed in its
+        // close (`Closing::close`).
+        let r = unsafe {
+            ffi::rbd_update_watch(
+                image.0,
+                &mut handle,
+                Some(on_header_update),
+                Arc::as_ptr(&health).cast_mut().cast::<c_void>(),
+            )
+        };
+        if r < 0 {
+            // Every request still checks the size; only the early log goes.
+            tracing::debug!(
+                "{name}: no header-update watch ({})",
+                io::Error::from_raw_os_error(-r)
+            );
+        }
         Ok(Self {
             image,
             _io: io,
@@ -586,6 +882,9 @@ impl RbdDevice {
             name,
             size: size - size % u64::from(RBD_BLOCK_SIZE),
             read_only: opts.read_only,
+            locked,
+            health,
+            update_watch: (r >= 0).then_some(handle),
         })
     }
 
@@ -609,6 +908,12 @@ impl RbdDevice {
             ));
         }
         Ok(())
+    }
+
+    /// [`RbdDevice::check_writable`], then [`Health::check_mutation`].
+    fn check_mutation(&self, op: &'static str) -> Result<()> {
+        self.check_writable()?;
+        self.health.check_mutation(op)
     }
 
     /// Submits one vectored write on `comp` (not waited for).
@@ -642,15 +947,30 @@ impl RbdDevice {
         }
         let mut c = Completion::new(&self.name)?;
         self.submit_write(&mut c, bufs, offset)?;
-        c.wait("rbd write", &self.name).map(drop)
+        self.done("rbd write", c.wait("rbd write", &self.name))
+            .map(drop)
     }
 
     fn flush_wait(&self) -> Result<()> {
+        self.health.check_mutation("rbd flush")?;
         let mut c = Completion::new(&self.name)?;
         // SAFETY: an open image and a fresh completion.
         let r = unsafe { ffi::rbd_aio_flush(self.image.0, c.c) };
         c.submitted("rbd_aio_flush", &self.name, r)?;
-        c.wait("rbd flush", &self.name).map(drop)
+        let r = c.wait("rbd flush", &self.name);
+        r.map(drop).map_err(|e| self.health.failed("rbd flush", e))
+    }
+
+    /// The result of a completed write or zeroing: a failure is noted
+    /// ([`Health::failed`]), and a success is checked against a shrink of
+    /// the image (librbd clips a write that crosses the image's new end to
+    /// the part below it and reports success: none of it may count as
+    /// written).
+    fn done(&self, op: &'static str, r: Result<u64>) -> Result<u64> {
+        match r {
+            Ok(n) => self.health.poll_size(op).map(|()| n),
+            Err(e) => Err(self.health.failed(op, e)),
+        }
     }
 }
 
@@ -709,7 +1029,33 @@ fn connect(target: &RbdTarget, name: &str) -> Result<Cluster> {
     // SAFETY: a configured, unconnected handle.
     let r = unsafe { ffi::rados_connect(cluster.0) };
     if r < 0 {
-        return Err(rbd_err("connecting to the Ceph cluster", name, r));
+        // Which monitors were tried, and where that came from: "timed
+        // out" alone does not say which cluster, or which config, is wrong.
+        let mons = conf_get(&cluster, "mon_host")
+            .filter(|m| !m.trim().is_empty())
+            .map_or_else(
+                || "no mon_host set".to_string(),
+                |m| format!("monitors {m}"),
+            );
+        let from = match &target.conf {
+            Some(c) => format!("config {c}"),
+            None => "the default config ($CEPH_CONF, /etc/ceph/ceph.conf)".to_string(),
+        };
+        let by_target = if target.options.iter().any(|(k, _)| {
+            matches!(
+                k.replace('-', "_").as_str(),
+                "mon_host" | "mon_dns_srv_name"
+            )
+        }) {
+            ", overridden by the target"
+        } else {
+            ""
+        };
+        return Err(rbd_err(
+            "connecting to the Ceph cluster",
+            &format!("{name} ({mons}, from {from}{by_target})"),
+            r,
+        ));
     }
     Ok(cluster)
 }
@@ -1084,26 +1430,40 @@ fn lock(image: &Image, name: &str, break_lock: Option<Duration>) -> Result<()> {
         for owner in &owners {
             wait_for_dead_owner(image, name, owner, wait)?;
         }
-        for owner in owners {
-            tracing::warn!("{name}: breaking the exclusive lock held by {owner} (--break-lock; it no longer watches the image); that client is blocklisted");
-            let o = cstring("lock owner", &owner)?;
-            // SAFETY: an open image and a NUL-terminated owner string.
-            let r =
-                unsafe { ffi::rbd_lock_break(image.0, ffi::RBD_LOCK_MODE_EXCLUSIVE, o.as_ptr()) };
-            if r < 0 && r != -libc::ENOENT {
-                return Err(rbd_err("rbd_lock_break", name, r));
-            }
-        }
+        break_locks(
+            image,
+            name,
+            owners,
+            "--break-lock; it no longer watches the image",
+        )?;
     } else {
-        // Any holder, alive or not, is refused here. Left to itself,
-        // rbd_lock_acquire would wait for a dead holder's watch to expire
-        // (30 s by default) and then break its lock silently; breaking a lock
-        // is the operator's explicit decision (--break-lock). (An image
-        // without the exclusive-lock feature cannot list owners: the
-        // acquire below says so clearly.)
+        // A holder that still watches the image is refused at once: it is
+        // alive, or died less than osd_client_watch_timeout ago (left to
+        // itself, rbd_lock_acquire would wait for that watch to expire and
+        // then break the lock silently). A holder without a watch is dead,
+        // or has not reached the OSDs for longer than that timeout — and so,
+        // with rados_osd_op_timeout at most as long, has had its own
+        // requests time out: its lock is broken, loudly, and librbd
+        // blocklists it, so it cannot write behind us. That is what lets a
+        // server that could not release its lock (an OSD that did not
+        // answer its close, a kill -9) restart without --break-lock once
+        // its watch has gone. (An image without the exclusive-lock feature
+        // cannot list owners: the acquire below says so clearly.)
         let owners = lock_owners(image, name).unwrap_or_default();
         if !owners.is_empty() {
-            return Err(held_by(name, &owners));
+            let Ok(watchers) = watcher_addrs(image, name) else {
+                return Err(held_by(name, &owners));
+            };
+            if owners.iter().any(|o| owner_watches(o, &watchers)) {
+                return Err(held_by(name, &owners));
+            }
+            break_locks(
+                image,
+                name,
+                owners,
+                "it no longer watches the image: it is dead, or has not reached the cluster \
+                 for longer than osd_client_watch_timeout",
+            )?;
         }
     }
     // SAFETY: an open, writable image.
@@ -1124,6 +1484,23 @@ fn lock(image: &Image, name: &str, break_lock: Option<Duration>) -> Result<()> {
     Err(held_by(name, &owners))
 }
 
+/// Breaks the exclusive lock of each of `owners`, saying so and `why`
+/// (librbd blocklists each).
+fn break_locks(image: &Image, name: &str, owners: Vec<String>, why: &str) -> Result<()> {
+    for owner in owners {
+        tracing::warn!(
+            "{name}: breaking the exclusive lock held by {owner} ({why}); that client is blocklisted"
+        );
+        let o = cstring("lock owner", &owner)?;
+        // SAFETY: an open image and a NUL-terminated owner string.
+        let r = unsafe { ffi::rbd_lock_break(image.0, ffi::RBD_LOCK_MODE_EXCLUSIVE, o.as_ptr()) };
+        if r < 0 && r != -libc::ENOENT {
+            return Err(rbd_err("rbd_lock_break", name, r));
+        }
+    }
+    Ok(())
+}
+
 fn held_by(name: &str, owners: &[String]) -> DeviceError {
     let who = if owners.is_empty() {
         "another client".to_string()
@@ -1131,7 +1508,10 @@ fn held_by(name: &str, owners: &[String]) -> DeviceError {
         owners.join(", ")
     };
     DeviceError::Busy(format!(
-        "{name} (exclusive lock held by {who}; if that holder is dead, --break-lock breaks its lock)"
+        "{name} (exclusive lock held by {who}, which still watches the image: it is alive, or \
+         stopped less than osd_client_watch_timeout (30 s by default) ago, and then a plain \
+         open works once its watch has expired; if that holder is dead, --break-lock waits \
+         for that and breaks its lock)"
     ))
 }
 
@@ -1168,13 +1548,16 @@ impl BlockDevice for RbdDevice {
         // waited for below (or by Completion::drop on an early return).
         let r = unsafe { ffi::rbd_aio_readv(self.image.0, iov, bufs.len() as c_int, offset, c.c) };
         c.submitted("rbd_aio_readv", &self.name, r)?;
-        let n = c.wait("rbd read", &self.name)?;
+        let n = c
+            .wait("rbd read", &self.name)
+            .map_err(|e| self.health.failed("rbd read", e))?;
         if n != len {
-            return Err(DeviceError::io(
+            let short = DeviceError::io(
                 "rbd read",
                 self.name.clone(),
                 io::Error::new(io::ErrorKind::UnexpectedEof, format!("{n} of {len} bytes")),
-            ));
+            );
+            return Err(self.health.failed("rbd read", short));
         }
         Ok(())
     }
@@ -1186,7 +1569,7 @@ impl BlockDevice for RbdDevice {
         _prio: IoPriority,
     ) -> Result<()> {
         check_request(self.size, RBD_BLOCK_SIZE, offset, iov_len(bufs))?;
-        self.check_writable()?;
+        self.check_mutation("rbd write")?;
         self.write_wait(bufs, offset)
     }
 
@@ -1194,7 +1577,7 @@ impl BlockDevice for RbdDevice {
         for r in reqs {
             check_request(self.size, RBD_BLOCK_SIZE, r.offset, iov_len(r.bufs))?;
         }
-        self.check_writable()?;
+        self.check_mutation("rbd write")?;
         // Long vectors go one by one (bounced); the rest all at once.
         let (long, short): (Vec<&WriteReq<'_>>, Vec<&WriteReq<'_>>) = reqs
             .iter()
@@ -1217,7 +1600,7 @@ impl BlockDevice for RbdDevice {
         }
         // Every submitted request is waited for, error or not.
         for c in &mut comps {
-            if let Err(e) = c.wait("rbd write", &self.name) {
+            if let Err(e) = self.done("rbd write", c.wait("rbd write", &self.name)) {
                 first_err.get_or_insert(e);
             }
         }
@@ -1236,7 +1619,7 @@ impl BlockDevice for RbdDevice {
 
     fn write_zeroes(&self, offset: u64, len: u64) -> Result<()> {
         check_request(self.size, RBD_BLOCK_SIZE, offset, len)?;
-        self.check_writable()?;
+        self.check_mutation("rbd write zeroes")?;
         let mut done = 0;
         while done < len {
             let n = (len - done).min(ZEROES_STEP);
@@ -1246,10 +1629,40 @@ impl BlockDevice for RbdDevice {
                 ffi::rbd_aio_write_zeroes(self.image.0, offset + done, n as usize, c.c, 0, 0)
             };
             c.submitted("rbd_aio_write_zeroes", &self.name, r)?;
-            c.wait("rbd write zeroes", &self.name)?;
+            self.done("rbd write zeroes", c.wait("rbd write zeroes", &self.name))?;
             done += n;
         }
         Ok(())
+    }
+
+    /// What librbd reports allocated (`rbd_diff_iterate2` from the image's
+    /// creation, parent included): an object never written, or removed by
+    /// a zeroing of all of it, is a hole; within a written object, the
+    /// extents the OSD reports. Holes read as zeroes.
+    fn allocation(&self, offset: u64, len: u64) -> Result<Vec<Extent>> {
+        check_request(self.size, RBD_BLOCK_SIZE, offset, len)?;
+        let mut data: Vec<(u64, u64)> = Vec::new();
+        // SAFETY: an open image, no snapshot (null: since creation), and a
+        // callback whose argument is `data`, used only during this call.
+        let r = unsafe {
+            ffi::rbd_diff_iterate2(
+                self.image.0,
+                ptr::null(),
+                offset,
+                len,
+                1,
+                0,
+                Some(on_diff_extent),
+                (&mut data as *mut Vec<(u64, u64)>).cast::<c_void>(),
+            )
+        };
+        if r < 0 {
+            return Err(self.health.failed(
+                "rbd_diff_iterate2",
+                rbd_err("rbd_diff_iterate2", &self.name, r),
+            ));
+        }
+        Ok(allocation_map(offset, len, data))
     }
 
     /// A native queue: every request an `rbd_aio_*` call of its own, up to
@@ -1263,9 +1676,77 @@ impl BlockDevice for RbdDevice {
     }
 }
 
+/// `rbd_diff_iterate2`'s callback: collects the extents that exist.
+unsafe extern "C" fn on_diff_extent(
+    off: u64,
+    len: usize,
+    exists: c_int,
+    arg: *mut c_void,
+) -> c_int {
+    // SAFETY: `arg` is the Vec RbdDevice::allocation passed, alive and not
+    // otherwise borrowed during the call that runs this callback.
+    let data = unsafe { &mut *arg.cast::<Vec<(u64, u64)>>() };
+    if exists != 0 && len > 0 {
+        data.push((off, len as u64));
+    }
+    0
+}
+
+/// `[offset, offset+len)` as consecutive extents: the `data` ranges
+/// (any order, may overlap or stick out) allocated, the rest holes.
+fn allocation_map(offset: u64, len: u64, mut data: Vec<(u64, u64)>) -> Vec<Extent> {
+    let end = offset + len;
+    data.sort_unstable();
+    let mut out: Vec<Extent> = Vec::new();
+    let mut pos = offset;
+    let push = |out: &mut Vec<Extent>, at: u64, to: u64, allocated: bool| {
+        if to <= at {
+            return;
+        }
+        match out.last_mut() {
+            Some(l) if l.allocated == allocated && l.offset + l.len == at => l.len += to - at,
+            _ => out.push(Extent {
+                offset: at,
+                len: to - at,
+                allocated,
+            }),
+        }
+    };
+    for (off, n) in data {
+        let (s, e) = (off.max(pos), (off + n).min(end));
+        if e <= s {
+            continue;
+        }
+        push(&mut out, pos, s, false);
+        push(&mut out, s, e, true);
+        pos = e;
+    }
+    push(&mut out, pos, end, false);
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn allocation_maps_cover_the_range_in_order() {
+        let m = allocation_map(100, 100, vec![(150, 10), (90, 20), (155, 10), (190, 50)]);
+        let got: Vec<(u64, u64, bool)> = m.iter().map(|e| (e.offset, e.len, e.allocated)).collect();
+        assert_eq!(
+            got,
+            vec![
+                (100, 10, true),
+                (110, 40, false),
+                (150, 15, true),
+                (165, 25, false),
+                (190, 10, true)
+            ]
+        );
+        let empty = allocation_map(0, 8, vec![]);
+        assert_eq!(empty.len(), 1);
+        assert!(!empty[0].allocated);
+    }
 
     #[test]
     fn targets_parse_like_qemu() {

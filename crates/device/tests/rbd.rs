@@ -49,6 +49,9 @@ fn rbd_device_conformance() {
     assert_eq!(dev.size_bytes(), SIZE_BYTES);
     conformance(
         dev.as_ref(),
+        // librbd's allocation map (rbd_diff_iterate2) has holes where no
+        // object was written, but a range zeroed inside a written object
+        // is still data (allocation_reports_unwritten_objects_as_holes).
         Traits {
             reports_holes: false,
         },
@@ -613,4 +616,191 @@ fn rbd_queue_dropped_with_requests_in_flight_waits_for_them() {
             );
         }
     }
+}
+
+/// Runs the `rbd` tool against the test cluster as another client; panics
+/// on failure.
+fn rbd_tool(conf: &Path, args: &[&str]) {
+    let out = Command::new("timeout")
+        .arg("60")
+        .arg("rbd")
+        .arg("-c")
+        .arg(conf)
+        .args(args)
+        .output()
+        .expect("run rbd");
+    assert!(
+        out.status.success(),
+        "rbd {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Session 21, defect 1: `rbd resize --allow-shrink` by another client
+/// under an open image. From then on every write, zeroing and flush fails
+/// with an error naming the shrink and both sizes — also the first one,
+/// which straddles the new end (librbd clips it to the part below the end
+/// and reports success: a checkpoint would have counted it home); reads
+/// below the new end still work, reads beyond fail with the same cause,
+/// through the queue too. (Fails on the old code: the straddling write
+/// succeeded, and a read beyond the end failed with a bare "Invalid
+/// argument".)
+#[test]
+fn a_shrunk_image_refuses_writes_and_names_the_cause() {
+    let Some(conf) = cluster() else { return };
+    let img = test_cluster::unique_image("shrink");
+    let t = test_cluster::target(&conf, &img);
+    let dev = open_device(t.as_ref(), &create_opts()).unwrap().device;
+    dev.write_at(&[5u8; 4096], 0, IoPriority::Urgent).unwrap();
+    dev.write_at(&[6u8; 4096], 6 << 20, IoPriority::Urgent)
+        .unwrap();
+    dev.flush().unwrap();
+    let new_size: u64 = 4 << 20;
+    rbd_tool(
+        &conf,
+        &[
+            "resize",
+            "--allow-shrink",
+            "--size",
+            "4M",
+            &format!("rbd/{img}"),
+        ],
+    );
+    let shrunk = |what: &str, r: Result<(), DeviceError>| {
+        let msg = match r {
+            Ok(()) => panic!("{what} succeeded on an image shrunk under it"),
+            Err(e) => e.to_string(),
+        };
+        println!("{what}: {msg}");
+        assert!(
+            msg.contains("shrunk") && msg.contains(&new_size.to_string()),
+            "{what}: {msg}"
+        );
+        assert!(msg.contains(&SIZE_BYTES.to_string()), "{what}: {msg}");
+    };
+    shrunk(
+        "a write across the new end",
+        dev.write_at(&[7u8; 8192], new_size - 4096, IoPriority::Urgent),
+    );
+    let mut buf = vec![0u8; 4096];
+    shrunk("a read beyond the new end", dev.read_at(&mut buf, 6 << 20));
+    shrunk(
+        "a write below the new end",
+        dev.write_at(&[8u8; 4096], 4096, IoPriority::Urgent),
+    );
+    shrunk("write_zeroes", dev.write_zeroes(8192, 4096));
+    shrunk("a flush", dev.flush());
+    dev.read_at(&mut buf, 0).unwrap();
+    assert_eq!(buf, vec![5u8; 4096], "a read below the new end");
+    let mut q = dev.queue(8).unwrap();
+    q.push(IoRequest::write(new_size - 4096, vec![9u8; 8192]), 1)
+        .unwrap();
+    q.push(IoRequest::read(0, vec![0u8; 4096]), 2).unwrap();
+    for d in drain(&mut *q) {
+        match d.tag {
+            1 => shrunk("a queued write across the new end", d.result),
+            _ => d.result.unwrap(),
+        }
+    }
+}
+
+/// Session 21, defect 2: once a request has timed out
+/// (`rados_osd_op_timeout`) the cluster is not answering, and every later
+/// write or flush fails at once, saying so, instead of waiting out the
+/// timeout again — a close after a timeout made four such waits. Reads are
+/// still sent. (Fails on the old code: each later request waited for its
+/// own timeout and failed with a bare "Connection timed out".)
+#[test]
+fn after_a_timeout_later_writes_fail_at_once_naming_it() {
+    let Some(conf) = cluster() else { return };
+    let t = test_cluster::target(&conf, &test_cluster::unique_image("timeout"));
+    let t = format!("{t}:rados_osd_op_timeout=3");
+    let dev = open_device(t.as_ref(), &create_opts()).unwrap().device;
+    dev.write_at(&[1u8; 4096], 0, IoPriority::Urgent).unwrap();
+    dev.flush().unwrap();
+    let frozen = FrozenOsd::new();
+    let first = dev
+        .write_at(&[2u8; 4096], 4096, IoPriority::Urgent)
+        .expect_err("a write to a stopped OSD");
+    assert!(
+        matches!(&first, DeviceError::Io { error, .. } if error.raw_os_error() == Some(libc::ETIMEDOUT)),
+        "{first}"
+    );
+    let later: Vec<(&str, Result<(), DeviceError>)> = vec![
+        (
+            "a write",
+            dev.write_at(&[3u8; 4096], 8192, IoPriority::Urgent),
+        ),
+        ("a flush", dev.flush()),
+        ("write_zeroes", dev.write_zeroes(0, 4096)),
+    ];
+    assert!(frozen.thaw(), "the requests waited for the OSD");
+    for (what, r) in later {
+        let msg = r.expect_err(what).to_string();
+        println!("{what} after a timeout: {msg}");
+        assert!(msg.contains("earlier request timed out"), "{what}: {msg}");
+    }
+    let mut buf = vec![0u8; 4096];
+    dev.read_at(&mut buf, 0).unwrap();
+    assert_eq!(buf, vec![1u8; 4096]);
+}
+
+/// Session 21, defect 6: a monitor that does not answer is named in the
+/// error, with the configuration file read. (Fails on the old code:
+/// "connecting to the Ceph cluster failed on rbd:…: Connection timed out",
+/// naming neither.)
+#[test]
+fn an_unreachable_monitor_is_named_with_the_config() {
+    let Some(conf) = cluster() else { return };
+    // Nothing listens on port 9 of 127.0.0.2.
+    let t = format!(
+        "{}:mon_host=127.0.0.2\\:9:client_mount_timeout=3",
+        test_cluster::target(&conf, &test_cluster::unique_image("nomon"))
+    );
+    let msg = open_device(t.as_ref(), &OpenOptions::default())
+        .err()
+        .expect("connected through a monitor that is not there")
+        .to_string();
+    println!("{msg}");
+    assert!(msg.contains("127.0.0.2:9"), "{msg}");
+    assert!(msg.contains(&conf.display().to_string()), "{msg}");
+}
+
+/// Session 21, defect 7: `allocation` reports what librbd says is
+/// allocated (rbd_diff_iterate2): objects never written are holes, written
+/// ones data. (Fails on the old code: the whole range was "allocated".)
+#[test]
+fn allocation_reports_unwritten_objects_as_holes() {
+    let Some(conf) = cluster() else { return };
+    let t = test_cluster::target(&conf, &test_cluster::unique_image("alloc"));
+    // 1 MiB objects.
+    let t = format!("{t}:rbd_default_order=20");
+    let dev = open_device(t.as_ref(), &create_opts()).unwrap().device;
+    dev.write_at(&[1u8; 4096], 0, IoPriority::Urgent).unwrap();
+    dev.write_at(&[2u8; 4096], 5 << 20, IoPriority::Urgent)
+        .unwrap();
+    dev.flush().unwrap();
+    let map = dev.allocation(0, SIZE_BYTES).unwrap();
+    println!("{map:?}");
+    let mut pos = 0;
+    for e in &map {
+        assert_eq!(e.offset, pos, "gap in {map:?}");
+        pos += e.len;
+    }
+    assert_eq!(pos, SIZE_BYTES, "{map:?}");
+    let allocated_at = |at: u64| {
+        map.iter()
+            .find(|e| e.offset <= at && at < e.offset + e.len)
+            .map(|e| e.allocated)
+    };
+    assert_eq!(allocated_at(0), Some(true), "{map:?}");
+    assert_eq!(allocated_at(5 << 20), Some(true), "{map:?}");
+    for hole in [1u64 << 20, 3 << 20, 7 << 20] {
+        assert_eq!(allocated_at(hole), Some(false), "{hole}: {map:?}");
+    }
+    // A sub-range starts and ends where asked.
+    let part = dev.allocation(4 << 20, 2 << 20).unwrap();
+    assert_eq!(part.first().map(|e| e.offset), Some(4 << 20), "{part:?}");
+    let end = part.last().map(|e| e.offset + e.len);
+    assert_eq!(end, Some(6 << 20), "{part:?}");
 }

@@ -34,7 +34,9 @@ pub use options::{
     MAX_WAIT,
 };
 pub use overlay::CallerBuf;
-pub use reset::{reset_journal, reset_journal_device, JournalReset};
+pub use reset::{
+    reset_journal, reset_journal_device, reset_journal_with, JournalReset, ResetOptions,
+};
 pub use volume::{
     check_replay_plan, default_journal_bytes, file_format_would_create, format_layout,
     journal_target, session_mismatch, stale_journal, CreateTarget, Extent, ExtentState,

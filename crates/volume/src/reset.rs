@@ -43,7 +43,63 @@ pub struct JournalReset {
 /// journal (truncated) is refused without `force`, and with it extended
 /// and rewritten; a refused reset leaves every byte as it was.
 pub fn reset_journal(path: &Path, journal: Option<&Path>, force: bool) -> Result<JournalReset> {
-    let dopts = jbdev_device::OpenOptions::default();
+    reset_journal_with(
+        path,
+        journal,
+        &ResetOptions {
+            force,
+            break_lock: false,
+        },
+    )
+}
+
+/// How [`reset_journal_with`] goes about it.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ResetOptions {
+    /// Overwrite a journal that a reset would otherwise refuse (see
+    /// [`reset_journal`]).
+    pub force: bool,
+    /// RBD: break a dead holder's exclusive lock of the volume and its
+    /// journal image (as `OpenOptions::break_lock`), but only for a reset
+    /// that goes ahead: every reason to refuse is checked first, without
+    /// any lock, so a refused reset breaks nothing.
+    pub break_lock: bool,
+}
+
+/// [`reset_journal`] with [`ResetOptions`].
+pub fn reset_journal_with(
+    path: &Path,
+    journal: Option<&Path>,
+    opts: &ResetOptions,
+) -> Result<JournalReset> {
+    if opts.break_lock {
+        reset(path, journal, opts, Pass::Check)?;
+    }
+    reset(path, journal, opts, Pass::Write)
+}
+
+/// A dry run that only reads, through unlocked read-only opens, and
+/// returns the reason a reset would be refused; or the reset itself.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Pass {
+    Check,
+    Write,
+}
+
+fn reset(
+    path: &Path,
+    journal: Option<&Path>,
+    opts: &ResetOptions,
+    pass: Pass,
+) -> Result<JournalReset> {
+    let check = pass == Pass::Check;
+    let force = opts.force;
+    let dopts = jbdev_device::OpenOptions {
+        read_only: check,
+        exclusive: !check,
+        break_lock: opts.break_lock && !check,
+        ..Default::default()
+    };
     let dev = open_device(path, &dopts)?.device;
     let sb = read_volume_superblock(dev.as_ref(), &path.display().to_string())?;
     let JournalLocation::External {
@@ -53,19 +109,26 @@ pub fn reset_journal(path: &Path, journal: Option<&Path>, force: bool) -> Result
     } = &sb.journal
     else {
         refuse_unused_journal_path(path, journal)?;
-        return reset_journal_device(dev, None, force);
+        return reset_device(dev, None, force, pass);
     };
     let (jp, _) = external_journal_path(path, path_hint, journal)?;
     // Only a missing journal is created, and an existing one is extended
     // only once the reset goes ahead: a refused reset changes nothing.
     let created =
         file_format_would_create(&jp).or_else(|| rbd_image_absent(&jp).then(|| jp.clone()));
+    if check && created.is_some() {
+        return Ok(JournalReset {
+            location: jp.display().to_string(),
+            created: true,
+            previous: "missing".into(),
+        });
+    }
     let open = |create: bool| {
         open_device(
             &jp,
             &jbdev_device::OpenOptions {
                 create_size: create.then_some(*len_bytes),
-                ..Default::default()
+                ..dopts.clone()
             },
         )
     };
@@ -80,10 +143,18 @@ pub fn reset_journal(path: &Path, journal: Option<&Path>, force: bool) -> Result
             if !force {
                 return Err(truncated_journal_file(path, &jp, held, *len_bytes));
             }
+            if check {
+                // --force extends and rewrites it, whatever it holds.
+                return Ok(JournalReset {
+                    location: jp.display().to_string(),
+                    created: false,
+                    previous: "a truncated journal file".into(),
+                });
+            }
             drop(opened);
             opened = open(true)?;
         }
-        let mut r = reset_journal_device(dev, Some(opened.device), force)?;
+        let mut r = reset_device(dev, Some(opened.device), force, pass)?;
         r.location = jp.display().to_string();
         r.created = created.is_some();
         if r.created {
@@ -110,6 +181,15 @@ pub fn reset_journal_device(
     dev: Arc<dyn BlockDevice>,
     journal: Option<Arc<dyn BlockDevice>>,
     force: bool,
+) -> Result<JournalReset> {
+    reset_device(dev, journal, force, Pass::Write)
+}
+
+fn reset_device(
+    dev: Arc<dyn BlockDevice>,
+    journal: Option<Arc<dyn BlockDevice>>,
+    force: bool,
+    pass: Pass,
 ) -> Result<JournalReset> {
     let sb = read_volume_superblock(dev.as_ref(), "the volume device")?;
     let bs = sb.block_size;
@@ -148,7 +228,9 @@ pub fn reset_journal_device(
             return Err(VolumeError::InvalidArgument(why.clone()));
         }
     }
-    write_empty_journal(&jdev, joff, jlen, bs, uuid, sb.journal_session)?;
+    if pass == Pass::Write {
+        write_empty_journal(&jdev, joff, jlen, bs, uuid, sb.journal_session)?;
+    }
     Ok(JournalReset {
         location,
         created: false,

@@ -176,7 +176,8 @@ impl ServerProc {
             .unwrap_or_else(|log| panic!("jbdev serve did not start: {log}"))
     }
 
-    fn try_start(args: &[&str], socket: Option<&Path>) -> Result<Self, String> {
+    /// [`ServerProc::start`], or the server's log if it did not start.
+    pub fn try_start(args: &[&str], socket: Option<&Path>) -> Result<Self, String> {
         let mut cmd = Command::new(JBDEV);
         cmd.arg("serve")
             .args(args)

@@ -138,15 +138,23 @@ impl Running {
         let stage = self.stage;
         let n = match self.comp.result(stage.name(), &dev.name) {
             Ok(n) => n,
-            Err(e) => return Some(Err(e)),
+            Err(e) => return Some(Err(dev.health.failed(stage.name(), e))),
         };
+        if let Stage::Write { .. } | Stage::Zeroes { .. } = stage {
+            // librbd clips a write across a shrunk image's new end and
+            // reports success: none of it may count as written.
+            if let Err(e) = dev.health.poll_size(stage.name()) {
+                return Some(Err(e));
+            }
+        }
         let next = match stage {
             Stage::Read { len, .. } if n != len => {
-                return Some(Err(DeviceError::io(
+                let short = DeviceError::io(
                     "rbd read",
                     dev.name.clone(),
                     io::Error::new(io::ErrorKind::UnexpectedEof, format!("{n} of {len} bytes")),
-                )))
+                );
+                return Some(Err(dev.health.failed("rbd read", short)));
             }
             Stage::Write { durable: true, .. } => Stage::Flush,
             Stage::Zeroes { offset, piece, end } if offset + piece < end => {
@@ -228,6 +236,17 @@ fn start(dev: &RbdDevice, mut req: IoRequest, tag: u64) -> Started {
             req,
         });
     };
+    // After a timeout, or on a shrunk image, a mutation is refused here
+    // (see `Health::check_mutation`).
+    if !matches!(first, Stage::Read { .. }) {
+        if let Err(e) = dev.health.check_mutation(first.name()) {
+            return Started::Done(IoDone {
+                tag,
+                result: Err(e),
+                req,
+            });
+        }
+    }
     let comp = match Completion::new(&dev.name) {
         Ok(c) => c,
         Err(e) => {
