@@ -916,14 +916,15 @@ pub fn session_mismatch(sb: &VolumeSuperblock, jsb: &JournalSuperblock) -> Optio
         return None;
     }
     // An open writes `pending` here, then the journal's stamp, then
-    // `journal_session` here: a journal ahead by exactly the pending
-    // number is an open interrupted before its last write. Without a
-    // pending number (a volume last opened by a jbdev before session 21),
-    // one ahead is taken for that.
+    // `journal_session` here, so every crash leaves `vs <= js <= pending`
+    // (an open interrupted before its last write, perhaps followed by
+    // another interrupted before its journal stamp). Without a pending
+    // number (a volume last opened by a jbdev before session 21), one
+    // ahead is taken for an interrupted open.
     let interrupted = if pending != 0 {
-        js == pending
+        js <= pending
     } else {
-        js == vs.wrapping_add(1)
+        js <= vs.wrapping_add(1)
     };
     if js < vs {
         Some(SessionMismatch::Stale {
@@ -2384,9 +2385,9 @@ mod tests {
     use jbdev_device::mem::MemDevice;
 
     /// Stale only when the log needs replay, both stamps are set, and the
-    /// journal's is older; ahead when it is newer by anything but an open
-    /// interrupted between its stamps (the pending number, or one ahead for
-    /// a volume without one); another volume's journal is neither.
+    /// journal's is older; ahead when it is newer than any interrupted open
+    /// explains (above the pending number, or more than one ahead for a
+    /// volume without one); another volume's journal is neither.
     #[test]
     fn a_journal_mismatches_only_with_a_log_to_replay_and_a_stamp_no_open_explains() {
         use SessionMismatch::{Ahead, Stale};
@@ -2420,6 +2421,11 @@ mod tests {
             check(5, 6, 5, true),
             None,
             "interrupted before the journal's"
+        );
+        assert_eq!(
+            check(5, 7, 6, true),
+            None,
+            "interrupted after the journal's, then again before it"
         );
         let ahead = |js| {
             Some(Ahead {
