@@ -18,6 +18,16 @@ fn assert_clean_error(o: &Output, what: &str) {
     assert!(!t.trim().is_empty(), "{what}: no message");
 }
 
+/// The test cluster's config and a new image target on it named after
+/// `tag`, or `None` (the test skips) without a cluster.
+#[cfg(feature = "rbd")]
+fn rbd_test_image(tag: &str) -> Option<(std::path::PathBuf, String)> {
+    use jbdev_device::rbd::test_cluster;
+    let conf = test_cluster::or_skip()?;
+    let home = test_cluster::target(&conf, &test_cluster::unique_image(tag));
+    Some((conf, home))
+}
+
 /// `jbdev format P --size 16M --journal-size 1M EXTRA...`, which must succeed.
 fn format_16m(p: &str, extra: &[&str]) -> Output {
     let mut args = vec!["format", p, "--size", "16M", "--journal-size", "1M"];
@@ -557,10 +567,9 @@ fn rbd_format_info_check_dump_with_each_placement() {
 #[test]
 fn rbd_format_preallocate_is_refused_before_anything_is_written() {
     use jbdev_device::rbd::test_cluster;
-    let Some(conf) = test_cluster::or_skip() else {
+    let Some((_, home)) = rbd_test_image("prealloc") else {
         return;
     };
-    let home = test_cluster::target(&conf, &test_cluster::unique_image("prealloc"));
     let dir = tempfile::tempdir().unwrap();
     let local_j = dir.path().join("j");
     let o = jbdev(&[
@@ -594,11 +603,9 @@ fn rbd_format_preallocate_is_refused_before_anything_is_written() {
 #[cfg(feature = "rbd")]
 #[test]
 fn rbd_format_says_when_it_grew_the_image() {
-    use jbdev_device::rbd::test_cluster;
-    let Some(conf) = test_cluster::or_skip() else {
+    let Some((_, home)) = rbd_test_image("grow") else {
         return;
     };
-    let home = test_cluster::target(&conf, &test_cluster::unique_image("grow"));
     let small = jbdev_device::OpenOptions {
         create_size: Some(8 << 20),
         ..Default::default()
@@ -666,10 +673,9 @@ fn jbdev_without_default_ceph(args: &[&str]) -> std::process::Output {
 #[test]
 fn rbd_a_bare_journal_target_is_on_the_homes_cluster() {
     use jbdev_device::rbd::test_cluster;
-    let Some(conf) = test_cluster::or_skip() else {
+    let Some((conf, home)) = rbd_test_image("bare-h") else {
         return;
     };
-    let home = test_cluster::target(&conf, &test_cluster::unique_image("bare-h"));
     let bare = format!("rbd:rbd/{}", test_cluster::unique_image("bare-j"));
     let run = jbdev_without_default_ceph;
     let o = run(&[
@@ -716,10 +722,9 @@ fn rbd_a_bare_journal_target_is_on_the_homes_cluster() {
 #[test]
 fn rbd_an_unreadable_ceph_config_is_not_a_missing_journal() {
     use jbdev_device::rbd::test_cluster;
-    let Some(conf) = test_cluster::or_skip() else {
+    let Some((conf, home)) = rbd_test_image("noconf-h") else {
         return;
     };
-    let home = test_cluster::target(&conf, &test_cluster::unique_image("noconf-h"));
     let jimg = test_cluster::unique_image("noconf-j");
     let journal = test_cluster::target(&conf, &jimg);
     let o = jbdev(&[

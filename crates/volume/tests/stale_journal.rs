@@ -270,14 +270,23 @@ fn opens_cut_short_at_every_write_twice_in_a_row_still_open() {
     use jbdev_device::fault::PowerDomain;
     let (home, jnl) = devices();
     let v = open_with(&home, &jnl, &quiet_open_options()).unwrap();
-    v.write_at(&[0x5a; BS as usize], 0, WriteFlags::FUA).unwrap();
+    v.write_at(&[0x5a; BS as usize], 0, WriteFlags::FUA)
+        .unwrap();
     let (h0, j0) = (home.durable_image(), jnl.durable_image());
     drop(v);
     // Devices on one power supply that fails after `n` mutating ops.
     let powered = |h: Vec<u8>, j: Vec<u8>, n: Option<u64>| {
         let power = PowerDomain::new();
-        let h = Arc::new(FaultDevice::from_image_in_domain(h, SECTOR as u32, power.clone()));
-        let j = Arc::new(FaultDevice::from_image_in_domain(j, SECTOR as u32, power.clone()));
+        let h = Arc::new(FaultDevice::from_image_in_domain(
+            h,
+            SECTOR as u32,
+            power.clone(),
+        ));
+        let j = Arc::new(FaultDevice::from_image_in_domain(
+            j,
+            SECTOR as u32,
+            power.clone(),
+        ));
         if let Some(n) = n {
             power.crash_after_ops(n);
         }
@@ -308,5 +317,8 @@ fn opens_cut_short_at_every_write_twice_in_a_row_still_open() {
             break;
         }
     }
-    assert!(cut > 4, "only {cut} cut points: the opens write less than assumed");
+    assert!(
+        cut > 4,
+        "only {cut} cut points: the opens write less than assumed"
+    );
 }
