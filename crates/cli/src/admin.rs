@@ -1130,6 +1130,9 @@ pub fn check(a: CheckArgs) -> anyhow::Result<()> {
             std::process::exit(EXIT_CORRUPT);
         }
     };
+    if let Some(why) = jbdev_volume::journal_behind_home(&ins.superblock, &scan) {
+        anyhow::bail!("{why}; every open refuses it");
+    }
     let (plan, revoked) = recovery::replay_plan(&scan.txns);
     // The checks every open applies to what recovery would replay.
     if let Err(e) = jbdev_volume::check_replay_plan(&ins.superblock, &plan) {

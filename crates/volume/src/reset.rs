@@ -229,6 +229,14 @@ fn reset_device(
         }
     }
     if pass == Pass::Write {
+        // The checkpoint mark names a transaction of the old journal: gone
+        // first (a crash before the new journal is written leaves the old
+        // one with no mark, as a volume from before marks).
+        if sb.checkpoint_sequence != 0 {
+            let mut cleared = sb.clone();
+            cleared.checkpoint_sequence = 0;
+            crate::volume::write_volume_superblock(dev.as_ref(), &cleared)?;
+        }
         write_empty_journal(&jdev, joff, jlen, bs, uuid, sb.journal_session)?;
     }
     Ok(JournalReset {
@@ -316,6 +324,10 @@ fn describe_old_journal(
             })
         }
         None => {}
+    }
+    if let Some(why) = crate::volume::journal_behind_home(sb, &scan) {
+        // Older than what the checkpoint wrote home: as stale as above.
+        return Ok(Old::Replaceable(why));
     }
     let n = scan.txns.len();
     Ok(match scan.end {

@@ -61,8 +61,10 @@ mod off {
     pub const JOURNAL_SESSION: usize = PATH_HINT + super::MAX_PATH_HINT_LEN + 1;
     /// `VolumeSuperblock::journal_session_pending` (since session 21).
     pub const JOURNAL_SESSION_PENDING: usize = JOURNAL_SESSION + 4;
+    /// `VolumeSuperblock::checkpoint_sequence` (since session 21).
+    pub const CHECKPOINT_SEQUENCE: usize = JOURNAL_SESSION_PENDING + 4;
     /// Reserved, zero when written, ignored when read.
-    pub const RESERVED: usize = JOURNAL_SESSION_PENDING + 4;
+    pub const RESERVED: usize = CHECKPOINT_SEQUENCE + 4;
     pub const CHECKSUM: usize = 508;
 }
 
@@ -142,6 +144,14 @@ pub struct VolumeSuperblock {
     /// a copy) or the journal was used by another copy of this volume. 0:
     /// not written (a jbdev before session 21; the check is then lenient).
     pub journal_session_pending: u32,
+    /// The journal sequence of the newest transaction the checkpoint has
+    /// made durable at home (rewritten, in the same flush as its home
+    /// writes, before the journal's tail moves past it). A journal whose
+    /// log needs replay and ends before this transaction is an old copy of
+    /// the journal (taken earlier in the same session, where the session
+    /// stamps cannot tell): replaying it would roll home blocks back. 0:
+    /// none recorded (a jbdev before session 21, or a journal reset since).
+    pub checkpoint_sequence: u32,
 }
 
 /// What is wrong with a volume superblock.
@@ -257,6 +267,7 @@ impl VolumeSuperblock {
             off::JOURNAL_SESSION_PENDING,
             self.journal_session_pending,
         );
+        put_u32(b, off::CHECKPOINT_SEQUENCE, self.checkpoint_sequence);
         put_u32(b, off::FEATURE_COMPAT, self.feature_compat);
         put_u32(b, off::FEATURE_INCOMPAT, self.feature_incompat);
         put_u32(b, off::FEATURE_RO_COMPAT, self.feature_ro_compat);
@@ -352,6 +363,7 @@ impl VolumeSuperblock {
             created_unix_secs: get_u64(b, off::CREATED_UNIX_SECS),
             journal_session: get_u32(b, off::JOURNAL_SESSION),
             journal_session_pending: get_u32(b, off::JOURNAL_SESSION_PENDING),
+            checkpoint_sequence: get_u32(b, off::CHECKPOINT_SEQUENCE),
         };
         sb.validate()?;
         Ok(sb)
@@ -450,6 +462,7 @@ mod tests {
             created_unix_secs: 1_763_000_000,
             journal_session: 0,
             journal_session_pending: 0,
+            checkpoint_sequence: 0,
         }
     }
 
@@ -618,7 +631,7 @@ mod tests {
             9u32..=16,
             any::<[u8; 16]>(),
             (1u64..1 << 30, 1u64..1 << 20, any::<bool>()),
-            any::<(u32, u32, u64, (u32, u32))>(),
+            any::<(u32, u32, u64, (u32, u32, u32))>(),
             prop::option::of(("[a-zA-Z0-9/._ é-]{0,80}", any::<[u8; 16]>())),
         )
             .prop_map(
@@ -626,7 +639,7 @@ mod tests {
                     shift,
                     uuid,
                     (data_blocks, journal_blocks, data_first),
-                    (compat, ro, created, (session, pending)),
+                    (compat, ro, created, (session, pending, checkpointed)),
                     ext,
                 )| {
                     let bs = 1u64 << shift;
@@ -666,6 +679,7 @@ mod tests {
                         created_unix_secs: created,
                         journal_session: session,
                         journal_session_pending: pending,
+                        checkpoint_sequence: checkpointed,
                     }
                 },
             )

@@ -860,7 +860,7 @@ pub fn file_format_would_create(p: &Path) -> Option<PathBuf> {
 /// Writes the volume superblock into block 0 (zero-padded to a whole
 /// block: nothing else lives in block 0) and flushes it. The 512 bytes it
 /// uses are one sector, written atomically.
-fn write_volume_superblock(dev: &dyn BlockDevice, vsb: &VolumeSuperblock) -> Result<()> {
+pub(crate) fn write_volume_superblock(dev: &dyn BlockDevice, vsb: &VolumeSuperblock) -> Result<()> {
     let mut buf = AlignedBuf::zeroed(vsb.block_size as usize);
     vsb.encode(&mut buf);
     dev.write_at(&buf, 0, IoPriority::Urgent)?;
@@ -944,6 +944,35 @@ pub fn session_mismatch(sb: &VolumeSuperblock, jsb: &JournalSuperblock) -> Optio
 /// [`session_mismatch`] as the message that refuses the replay.
 pub fn stale_journal(sb: &VolumeSuperblock, jsb: &JournalSuperblock) -> Option<String> {
     session_mismatch(sb, jsb).map(|m| m.to_string())
+}
+
+/// Why a journal whose log needs replay must not be replayed because it
+/// ends before the transaction the volume's checkpoint mark names
+/// (`checkpoint_sequence`, FORMAT.md): an old copy of the journal, taken
+/// earlier in the current session, which the session stamps cannot tell
+/// from the live one (found by an adversarial pass, session 21: replaying
+/// such a copy rolled a checkpointed block back). `None` otherwise, and
+/// for another volume's journal (its own check).
+pub fn journal_behind_home(sb: &VolumeSuperblock, scan: &recovery::Scan) -> Option<String> {
+    let (mark, jsb) = (sb.checkpoint_sequence, &scan.superblock);
+    if mark == 0 || jsb.is_clean() || jsb.uuid != sb.journal_uuid() {
+        return None;
+    }
+    // The newest transaction the log holds (or, for an empty log, the one
+    // before its tail); sequences wrap, compared as jbd2 does.
+    let end = scan
+        .txns
+        .last()
+        .map_or(jsb.sequence.wrapping_sub(1), |t| t.sequence);
+    ((mark.wrapping_sub(end) as i32) > 0).then(|| {
+        format!(
+            "the journal is stale: its log ends at transaction {end}, but the volume's home \
+             already holds transaction {mark} of this journal (the checkpoint wrote it there). \
+             It is an old copy of the journal (taken while the volume ran, and restored?): \
+             replaying it would roll back blocks written since. Give --journal the current \
+             journal, or discard this one with `jbdev journal reset`"
+        )
+    })
 }
 
 /// Writes an empty journal of `journal_bytes` at `joff` of `jdev`, for a
@@ -1313,6 +1342,7 @@ impl Volume {
             created_unix_secs: now_unix_secs(),
             journal_session: 0,
             journal_session_pending: 0,
+            checkpoint_sequence: 0,
         };
         write_volume_superblock(dev.as_ref(), &vsb)
     }
@@ -1362,7 +1392,9 @@ impl Volume {
                 "the journal belongs to another volume (its uuid differs from the volume's)".into(),
             ));
         }
-        if let Some(why) = stale_journal(&sb, &scan.superblock) {
+        if let Some(why) =
+            stale_journal(&sb, &scan.superblock).or_else(|| journal_behind_home(&sb, &scan))
+        {
             return Err(VolumeError::CorruptJournal(why));
         }
         let was_clean = scan.end == ScanEnd::CleanJournal;
@@ -1480,6 +1512,7 @@ impl Volume {
             *engine.log.jsb.get_mut() = jsb;
             sb.journal_session = session;
             write_volume_superblock(dev.as_ref(), &sb)?;
+            engine.record_checkpoints_in(sb.clone());
         }
         if !was_clean {
             tracing::info!(

@@ -322,3 +322,69 @@ fn opens_cut_short_at_every_write_twice_in_a_row_still_open() {
         "only {cut} cut points: the opens write less than assumed"
     );
 }
+
+/// Found by an adversarial pass (session 21; left alone since session 19):
+/// a copy of the journal taken while the volume ran carries the current
+/// session's stamp, so after a crash that lost the live journal the copy,
+/// put back, was replayed over home blocks the checkpoint had written
+/// since: a FUA-acknowledged, checkpointed block rolled back. The
+/// checkpoint now records its newest transaction in the volume superblock
+/// (`checkpoint_sequence`), and a log that ends before it is refused.
+#[test]
+fn a_journal_copy_older_than_what_the_checkpoint_wrote_home_is_refused() {
+    let (home, jnl) = devices();
+    let o = OpenOptions {
+        checkpoint_interval: std::time::Duration::from_millis(5),
+        ..quiet_open_options()
+    };
+    let v = open_with(&home, &jnl, &o).unwrap();
+    v.write_at(&[0xa1; BS as usize], 0, WriteFlags::FUA)
+        .unwrap();
+    let copy = jnl.durable_image();
+    let before = v.stats().checkpoints;
+    v.write_at(&[0xb2; BS as usize], 0, WriteFlags::FUA)
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while v.stats().checkpoints == before || v.stats().checkpoint_lag_transactions > 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no checkpoint within 20 s"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    let (home_now, jnl_now) = crashed(&home, &jnl);
+    drop(v);
+    // The live journal as it crashed recovers 0xb2.
+    let (h, j) = (
+        Arc::new(FaultDevice::from_image(
+            home_now.durable_image(),
+            SECTOR as u32,
+        )),
+        Arc::new(FaultDevice::from_image(
+            jnl_now.durable_image(),
+            SECTOR as u32,
+        )),
+    );
+    let v = open_with(&h, &j, &quiet_open_options()).unwrap();
+    assert_eq!(read_block(&v, 0), vec![0xb2; BS as usize]);
+    v.close().unwrap();
+    // The copy is refused instead of rolling block 0 back to 0xa1.
+    let restored = Arc::new(FaultDevice::from_image(copy, SECTOR as u32));
+    let e = open_error(&home_now, &restored, false);
+    assert!(e.contains("stale") && e.contains("roll back"), "{e}");
+    // A reset discards it without --force, and clears the mark with it;
+    // the volume then opens with what its home holds.
+    let r = jbdev_volume::reset_journal_device(
+        home_now.clone() as Arc<dyn BlockDevice>,
+        Some(restored.clone() as Arc<dyn BlockDevice>),
+        false,
+    )
+    .unwrap();
+    assert!(r.previous.contains("stale"), "{r:?}");
+    let img = home_now.durable_image();
+    let sb = jbdev_volume::superblock::VolumeSuperblock::decode(&img[..512]).unwrap();
+    assert_eq!(sb.checkpoint_sequence, 0);
+    let v = open_with(&home_now, &restored, &quiet_open_options()).unwrap();
+    assert_eq!(read_block(&v, 0), vec![0xb2; BS as usize]);
+    v.close().unwrap();
+}

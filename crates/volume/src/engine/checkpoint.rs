@@ -253,6 +253,32 @@ impl Engine {
         }
     }
 
+    /// From now on each checkpoint records the sequence of its newest
+    /// transaction in the volume superblock `sb` (block 0 of the home
+    /// device), as the open stamped it (FORMAT.md, `checkpoint_sequence`).
+    pub fn record_checkpoints_in(&self, sb: crate::superblock::VolumeSuperblock) {
+        *self.home.superblock.lock() = Some(sb);
+    }
+
+    /// Rewrites the volume superblock with `checkpoint_sequence =
+    /// sequence` (not flushed: the checkpoint's home flush covers it).
+    /// One sector, written whole, so it is atomic.
+    fn write_checkpoint_mark(&self, sequence: u32) -> Result<()> {
+        let buf = {
+            let mut sb = self.home.superblock.lock();
+            let Some(sb) = sb.as_mut() else {
+                return Ok(());
+            };
+            sb.checkpoint_sequence = sequence;
+            let mut buf = AlignedBuf::zeroed(sb.block_size as usize);
+            sb.encode(&mut buf);
+            buf
+        };
+        // Written by the checkpoint thread alone, so no two marks race.
+        self.home.dev.write_at(&buf, 0, IoPriority::Background)?;
+        Ok(())
+    }
+
     /// Writes the blocks of `batch` (oldest first) home, makes them durable,
     /// advances the journal tail and forgets them.
     /// `later` maps blocks of the batch to a newer version in a committed
@@ -336,6 +362,15 @@ impl Engine {
                 std::thread::yield_now();
             }
         }
+        // The mark goes into the same home flush: once the tail moves past
+        // `last`, the home says it has everything up to it.
+        let last = batch.last().expect("non-empty batch");
+        if let Err(e) = self.write_checkpoint_mark(last.sequence) {
+            if !is_no_space(e.errno()) {
+                self.home_write_failed(format!("checkpoint mark write failed: {e}"), e.errno());
+            }
+            return Err(e);
+        }
         self.home
             .flusher
             .flush(self.home.dev.as_ref())
@@ -346,7 +381,6 @@ impl Engine {
             })?;
         // Advance the tail: to the oldest transaction still in the log, or
         // to the head when the log is empty.
-        let last = batch.last().expect("non-empty batch");
         let (tail_pos, tail_seq) = {
             let st = self.state();
             let q = self.log.committed.lock();

@@ -414,6 +414,10 @@ pub struct Home {
     /// Large buffers of direct writes kept for reuse (a leaf lock, never
     /// held with another).
     direct_bufs: Leaf<Vec<AlignedBuf>>,
+    /// The volume superblock (block 0 of `dev`) as the open stamped it,
+    /// for the checkpoint's mark (`checkpoint_sequence`); `None` until
+    /// [`Engine::record_checkpoints_in`], and for a read-only volume.
+    superblock: Leaf<Option<crate::superblock::VolumeSuperblock>>,
 }
 
 /// The log area: the journal's device region and superblock, what a commit
@@ -614,6 +618,7 @@ impl Engine {
                 written_gen: AtomicU64::new(0),
                 flushed_gen: AtomicU64::new(0),
                 direct_bufs: Leaf::new(Vec::new()),
+                superblock: Leaf::new(None),
             },
             log: Log {
                 region,
