@@ -156,10 +156,21 @@ fn open_file_once(
                 "{what}: the filesystem refuses O_DIRECT; using buffered I/O \
                  (durability unchanged; put the image on ext4/xfs for direct I/O)"
             );
-            // The refused open has already created the file (the kernel
-            // creates before it checks O_DIRECT), exclusively: it is ours.
-            match open(false, false) {
+            // The refused open may have created the file already
+            // (exclusively, so it is ours): Linux creates before it checks
+            // O_DIRECT. If not, create it now, exclusively again.
+            let buffered = open(false, false).or_else(|e| {
+                if creating && e.kind() == io::ErrorKind::NotFound {
+                    open(false, true)
+                } else {
+                    Err(e)
+                }
+            });
+            match buffered {
                 Ok(f) => (f, false),
+                Err(e) if creating && e.kind() == io::ErrorKind::AlreadyExists => {
+                    return Err(OpenRace::Appeared)
+                }
                 Err(e) if busy(&e) => return Err(DeviceError::Busy(held_exclusively(&what)).into()),
                 Err(e) => return Err(DeviceError::io("open", what, e).into()),
             }
