@@ -406,21 +406,26 @@ mod tests {
             let v = VOLUMES.insert(1).unwrap();
             let t = TXNS.insert(2).unwrap();
             assert_ne!(v, t, "round {round}: one value for two kinds");
-            let e = VOLUMES.with(t, |x| Ok(*x)).unwrap_err();
-            assert_eq!(e.errno, libc::EBADF, "round {round}");
-            assert!(
-                e.message.contains("transaction handle")
-                    && e.message.contains("volume handle is expected"),
-                "{}",
-                e.message
+            // Refused with EBADF, naming the kind given and the one expected.
+            let wrong_kind = |e: Error, given: &str, expected: &str| {
+                assert_eq!(e.errno, libc::EBADF, "round {round}");
+                assert!(
+                    e.message.contains(&format!("{given} handle"))
+                        && e.message
+                            .contains(&format!("{expected} handle is expected")),
+                    "{}",
+                    e.message
+                );
+            };
+            wrong_kind(
+                VOLUMES.with(t, |x| Ok(*x)).unwrap_err(),
+                "transaction",
+                "volume",
             );
-            let e = TXNS.with_mut(v, |x| Ok(*x)).unwrap_err();
-            assert_eq!(e.errno, libc::EBADF, "round {round}");
-            assert!(
-                e.message.contains("volume handle")
-                    && e.message.contains("transaction handle is expected"),
-                "{}",
-                e.message
+            wrong_kind(
+                TXNS.with_mut(v, |x| Ok(*x)).unwrap_err(),
+                "volume",
+                "transaction",
             );
             assert_eq!(VOLUMES.remove(t).unwrap_err().errno, libc::EBADF);
             assert_eq!(TXNS.remove(v).unwrap_err().errno, libc::EBADF);

@@ -267,6 +267,15 @@ mod rbd {
     use super::*;
     use jbdev_device::rbd::test_cluster;
 
+    /// A new 16 MiB volume formatted on the test cluster, its image named
+    /// after `tag`; `None` (the test skips) without a cluster.
+    fn formatted_image(tag: &str) -> Option<String> {
+        let conf = test_cluster::or_skip()?;
+        let home = test_cluster::target(&conf, &test_cluster::unique_image(tag));
+        run_ok(JBDEV, &["format", &home, "--size", "16M"], 120);
+        Some(home)
+    }
+
     fn crash_on_rbd(rbd_journal: bool) {
         let conf = match test_cluster::ensure() {
             Ok(c) => c,
@@ -387,11 +396,9 @@ mod rbd {
     /// --break-lock" advice.)
     #[test]
     fn two_spellings_of_one_rbd_image_share_one_volume() {
-        let Some(conf) = test_cluster::or_skip() else {
+        let Some(home) = formatted_image("spell") else {
             return;
         };
-        let home = test_cluster::target(&conf, &test_cluster::unique_image("spell"));
-        run_ok(JBDEV, &["format", &home, "--size", "16M"], 120);
         let a = format!("a={home}");
         let b = format!("b={home}:rbd_cache=false");
         let srv = ServerProc::start(&["--export", &a, "--export", &b], None);
@@ -469,11 +476,9 @@ mod rbd {
     /// left refused every plain restart.)
     #[test]
     fn sigterm_with_a_hung_osd_ends_soon_and_a_plain_restart_works() {
-        let Some(conf) = test_cluster::or_skip() else {
+        let Some(home) = formatted_image("hung") else {
             return;
         };
-        let home = test_cluster::target(&conf, &test_cluster::unique_image("hung"));
-        run_ok(JBDEV, &["format", &home, "--size", "16M"], 120);
         let served = format!("{home}:rados_osd_op_timeout=8");
         let mut srv = ServerProc::start(&[&served], None);
         drop(client_after_fua_writes(&srv, "", 4));
@@ -520,11 +525,9 @@ mod rbd {
     /// to listen.)
     #[test]
     fn serve_break_lock_with_a_bad_listen_breaks_no_lock() {
-        let Some(conf) = test_cluster::or_skip() else {
+        let Some(home) = formatted_image("listen") else {
             return;
         };
-        let home = test_cluster::target(&conf, &test_cluster::unique_image("listen"));
-        run_ok(JBDEV, &["format", &home, "--size", "16M"], 120);
         dead_holder(&home);
         let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let port = taken.local_addr().unwrap().to_string();
@@ -548,11 +551,9 @@ mod rbd {
     /// flag, a usage error.)
     #[test]
     fn journal_reset_break_lock_breaks_only_for_a_reset_that_goes_ahead() {
-        let Some(conf) = test_cluster::or_skip() else {
+        let Some(home) = formatted_image("reset") else {
             return;
         };
-        let home = test_cluster::target(&conf, &test_cluster::unique_image("reset"));
-        run_ok(JBDEV, &["format", &home, "--size", "16M"], 120);
         dead_holder(&home);
         let out = run_tool(JBDEV, &["journal", "reset", &home, "--break-lock"], 120);
         let err = String::from_utf8_lossy(&out.stderr);

@@ -35,6 +35,18 @@ fn open_with(
     )
 }
 
+/// `jbdev journal reset` (no --force) of the volume on `home` with `jnl`.
+fn reset_without_force(
+    home: &Arc<FaultDevice>,
+    jnl: &Arc<FaultDevice>,
+) -> jbdev_volume::Result<jbdev_volume::JournalReset> {
+    jbdev_volume::reset_journal_device(
+        home.clone() as Arc<dyn BlockDevice>,
+        Some(jnl.clone() as Arc<dyn BlockDevice>),
+        false,
+    )
+}
+
 fn read_block(v: &Volume, b: u64) -> Vec<u8> {
     let mut back = vec![0u8; BS as usize];
     v.read_at(&mut back, b * BS).unwrap();
@@ -84,12 +96,7 @@ fn a_journal_restored_from_an_old_copy_is_refused_not_replayed() {
     v.close().unwrap();
     // A reset discards the stale copy without --force (nothing in it is
     // wanted), and the volume opens with it, with v2.
-    let r = jbdev_volume::reset_journal_device(
-        home.clone() as Arc<dyn BlockDevice>,
-        Some(restored.clone() as Arc<dyn BlockDevice>),
-        false,
-    )
-    .unwrap();
+    let r = reset_without_force(&home, &restored).unwrap();
     assert!(r.previous.contains("stale"), "{r:?}");
     let v = open_with(&home, &restored, &quiet_open_options()).unwrap();
     assert_eq!(read_block(&v, 5), v2);
@@ -176,12 +183,7 @@ fn an_older_home_under_a_journal_that_needs_replay_is_refused() {
         );
     }
     // Without --force a reset refuses to discard it too.
-    let e = jbdev_volume::reset_journal_device(
-        restored.clone() as Arc<dyn BlockDevice>,
-        Some(jnl3.clone() as Arc<dyn BlockDevice>),
-        false,
-    )
-    .unwrap_err();
+    let e = reset_without_force(&restored, &jnl3).unwrap_err();
     assert!(e.to_string().contains("ahead of the volume"), "{e}");
     // The pair as it crashed recovers: 0xcc over 0xbb.
     let v = open_with(&home3, &jnl3, &quiet_open_options()).unwrap();
@@ -246,12 +248,7 @@ fn a_reset_without_force_leaves_another_volume_s_journal_alone() {
             .unwrap();
     }
     let before = jnl_b.durable_image();
-    let e = jbdev_volume::reset_journal_device(
-        home_a.clone() as Arc<dyn BlockDevice>,
-        Some(jnl_b.clone() as Arc<dyn BlockDevice>),
-        false,
-    )
-    .unwrap_err();
+    let e = reset_without_force(&home_a, &jnl_b).unwrap_err();
     assert!(e.to_string().contains("another volume"), "{e}");
     assert!(jnl_b.durable_image() == before, "B's journal was changed");
     let v = open_with(&home_b, &jnl_b, &quiet_open_options()).unwrap();
@@ -374,12 +371,7 @@ fn a_journal_copy_older_than_what_the_checkpoint_wrote_home_is_refused() {
     assert!(e.contains("stale") && e.contains("roll back"), "{e}");
     // A reset discards it without --force, and clears the mark with it;
     // the volume then opens with what its home holds.
-    let r = jbdev_volume::reset_journal_device(
-        home_now.clone() as Arc<dyn BlockDevice>,
-        Some(restored.clone() as Arc<dyn BlockDevice>),
-        false,
-    )
-    .unwrap();
+    let r = reset_without_force(&home_now, &restored).unwrap();
     assert!(r.previous.contains("stale"), "{r:?}");
     let img = home_now.durable_image();
     let sb = jbdev_volume::superblock::VolumeSuperblock::decode(&img[..512]).unwrap();
