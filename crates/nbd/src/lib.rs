@@ -37,21 +37,40 @@
 //! server's network threads (see [`server`] for the thread model).
 #![deny(unsafe_code)]
 
-pub mod backend;
-pub mod buffers;
-pub mod client;
 pub mod codec;
-pub mod conn;
-pub mod export;
-pub mod handshake;
-pub mod pool;
 pub mod proto;
+
+// Everything above the codec needs the `server` feature (on by default);
+// without it the crate is the protocol alone, which is what the fuzz
+// target builds.
+#[cfg(feature = "server")]
+pub mod backend;
+#[cfg(feature = "server")]
+pub mod buffers;
+#[cfg(feature = "server")]
+pub mod client;
+#[cfg(feature = "server")]
+pub mod conn;
+#[cfg(feature = "server")]
+pub mod export;
+#[cfg(feature = "server")]
+pub mod handshake;
+#[cfg(feature = "server")]
+pub mod pool;
+#[cfg(feature = "server")]
 pub mod server;
+#[cfg(feature = "server")]
 pub mod stream;
+#[cfg(feature = "server")]
 pub mod tls;
 
+#[cfg(feature = "server")]
 pub use backend::{Backend, BackendError, Extent, MemBackend, OwnedPayload, VolumeBackend};
+#[cfg(feature = "server")]
 pub use export::{Export, ExportSet};
+#[cfg(feature = "server")]
 pub use server::{Server, ServerConfig, ShutdownHandle};
+#[cfg(feature = "server")]
 pub use stream::{Listener, Stream};
+#[cfg(feature = "server")]
 pub use tls::{TlsConfig, TlsMode};
