@@ -93,6 +93,11 @@
 // Write flag: return only once the data is durable (force unit access).
 #define JBDEV_WRITE_FUA 1
 
+// `jbdev_write_zeroes` flag: keep the zeroed range allocated (NBD's
+// `NO_HOLE`, `fallocate`'s `ZERO_RANGE`), so a preallocated image keeps
+// its space. Without it the range may be deallocated.
+#define JBDEV_ZERO_NO_HOLE 2
+
 // `jbdev_open_options.backend`: io_uring when available, else pread/pwrite.
 #define JBDEV_BACKEND_AUTO 0
 
@@ -432,7 +437,9 @@ int jbdev_flush(const struct jbdev_volume *vol);
 // `flags` as for `jbdev_write`.
 int jbdev_trim(const struct jbdev_volume *vol, uint64_t offset, uint64_t len, uint32_t flags);
 
-// Zeroes `[offset, offset + len)`. `flags` as for `jbdev_write`.
+// Zeroes `[offset, offset + len)`. `flags` as for `jbdev_write`, plus
+// `JBDEV_ZERO_NO_HOLE` to keep the range allocated (without it, it may be
+// deallocated).
 int jbdev_write_zeroes(const struct jbdev_volume *vol,
                        uint64_t offset,
                        uint64_t len,

@@ -14,7 +14,8 @@ use crate::error::{close_error, ffi_call, with_last_error, Error, Result};
 use crate::handle::{Kind, Table};
 use crate::types::{
     jbdev_format_options, jbdev_open_options, jbdev_stats, jbdev_txn, jbdev_volume,
-    FORMAT_OPTIONS_V1_SIZE, JBDEV_ABI_VERSION, JBDEV_WRITE_FUA, OPEN_OPTIONS_V1_SIZE,
+    FORMAT_OPTIONS_V1_SIZE, JBDEV_ABI_VERSION, JBDEV_WRITE_FUA, JBDEV_ZERO_NO_HOLE,
+    OPEN_OPTIONS_V1_SIZE,
 };
 
 /// An open volume as the handle table holds it.
@@ -608,7 +609,9 @@ pub extern "C" fn jbdev_trim(vol: *const jbdev_volume, offset: u64, len: u64, fl
     })
 }
 
-/// Zeroes `[offset, offset + len)`. `flags` as for `jbdev_write`.
+/// Zeroes `[offset, offset + len)`. `flags` as for `jbdev_write`, plus
+/// `JBDEV_ZERO_NO_HOLE` to keep the range allocated (without it, it may be
+/// deallocated).
 #[no_mangle]
 pub extern "C" fn jbdev_write_zeroes(
     vol: *const jbdev_volume,
@@ -617,10 +620,15 @@ pub extern "C" fn jbdev_write_zeroes(
     flags: u32,
 ) -> c_int {
     ffi_call(|| {
-        let flags = write_flags(flags)?;
+        let no_hole = flags & JBDEV_ZERO_NO_HOLE != 0;
+        let flags = write_flags(flags & !JBDEV_ZERO_NO_HOLE)?;
         VOLUMES.with(vol.addr(), |e| {
             check_writable(e)?;
-            e.volume.write_zeroes(offset, len, flags)?;
+            if no_hole {
+                e.volume.write_zeroes_allocated(offset, len, flags)?;
+            } else {
+                e.volume.write_zeroes(offset, len, flags)?;
+            }
             Ok(0)
         })
     })

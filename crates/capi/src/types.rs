@@ -33,6 +33,11 @@ pub const JBDEV_ABI_VERSION: u32 = 1;
 /// Write flag: return only once the data is durable (force unit access).
 pub const JBDEV_WRITE_FUA: u32 = 1;
 
+/// `jbdev_write_zeroes` flag: keep the zeroed range allocated (NBD's
+/// `NO_HOLE`, `fallocate`'s `ZERO_RANGE`), so a preallocated image keeps
+/// its space. Without it the range may be deallocated.
+pub const JBDEV_ZERO_NO_HOLE: u32 = 2;
+
 /// `jbdev_open_options.backend`: io_uring when available, else pread/pwrite.
 pub const JBDEV_BACKEND_AUTO: u32 = 0;
 /// `jbdev_open_options.backend`: io_uring only.

@@ -407,8 +407,16 @@ impl<B: Backend> Backend for Instrumented<B> {
     fn trim(&self, offset: u64, length: u64, fua: bool) -> BackendResult<()> {
         self.measure(TRIM, fua, |b| b.trim(offset, length, fua))
     }
-    fn write_zeroes(&self, offset: u64, length: u64, fua: bool) -> BackendResult<()> {
-        self.measure(WRITE_ZEROES, fua, |b| b.write_zeroes(offset, length, fua))
+    fn write_zeroes(
+        &self,
+        offset: u64,
+        length: u64,
+        fua: bool,
+        no_hole: bool,
+    ) -> BackendResult<()> {
+        self.measure(WRITE_ZEROES, fua, |b| {
+            b.write_zeroes(offset, length, fua, no_hole)
+        })
     }
     fn zeroes_are_fast(&self, offset: u64, length: u64) -> bool {
         self.inner.zeroes_are_fast(offset, length)

@@ -192,6 +192,25 @@ pub trait BlockDevice: Send + Sync {
     /// other request. Durable like a write: after a later flush.
     fn write_zeroes(&self, offset: u64, len: u64) -> Result<()>;
 
+    /// Makes `[offset, offset+len)` read back as zeroes and keeps it
+    /// allocated (NBD's `NO_HOLE`, `fallocate`'s `ZERO_RANGE`): a later
+    /// write there needs no new space, which a preallocated image counts
+    /// on. Durable like a write: after a later flush. The default writes
+    /// zero blocks; file backends use `ZERO_RANGE` (files) or `BLKZEROOUT`
+    /// (block devices, which never unmaps).
+    fn write_zeroes_allocated(&self, offset: u64, len: u64) -> Result<()> {
+        check_request(self.size_bytes(), self.logical_block_size(), offset, len)?;
+        let zeroes = AlignedBuf::zeroed(len.min(ZERO_CHUNK) as usize);
+        let mut pos = offset;
+        while pos < offset + len {
+            let n = (offset + len - pos).min(zeroes.len() as u64) as usize;
+            #[allow(clippy::indexing_slicing)] // n <= zeroes.len(): the min above
+            self.write_at(&zeroes[..n], pos, IoPriority::Urgent)?;
+            pos += n as u64;
+        }
+        Ok(())
+    }
+
     /// Which parts of `[offset, offset+len)` are allocated. The default says
     /// everything is; file backends answer from SEEK_DATA/SEEK_HOLE.
     fn allocation(&self, offset: u64, len: u64) -> Result<Vec<Extent>> {
@@ -215,6 +234,10 @@ pub trait BlockDevice: Send + Sync {
         self.write_vectored_at(&[IoSlice::new(buf)], offset, prio)
     }
 }
+
+/// Largest zero buffer [`BlockDevice::write_zeroes_allocated`]'s default
+/// writes at a time.
+const ZERO_CHUNK: u64 = 1 << 20;
 
 /// One write of a [`BlockDevice::write_batch`].
 #[derive(Clone, Copy, Debug)]

@@ -752,6 +752,11 @@ impl BlockDevice for UringDevice {
         crate::file::zero_range(&self.f, offset, len)
     }
 
+    fn write_zeroes_allocated(&self, offset: u64, len: u64) -> Result<()> {
+        check_request(self.f.size_bytes, self.f.logical_block_size, offset, len)?;
+        crate::file::zero_range_allocated(&self.f, offset, len)
+    }
+
     fn allocation(&self, offset: u64, len: u64) -> Result<Vec<crate::Extent>> {
         crate::file::allocation(&self.f, offset, len)
     }

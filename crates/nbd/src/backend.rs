@@ -130,9 +130,13 @@ pub trait Backend: Send + Sync + 'static {
     }
     /// Deallocates; the range then reads as zeroes.
     fn trim(&self, offset: u64, length: u64, fua: bool) -> BackendResult<()>;
-    fn write_zeroes(&self, offset: u64, length: u64, fua: bool) -> BackendResult<()>;
-    /// Whether zeroing this range is cheaper than writing zero bytes to it
-    /// (decides the answer to `NBD_CMD_FLAG_FAST_ZERO`).
+    /// Zeroes the range; with `no_hole` (`NBD_CMD_FLAG_NO_HOLE`) it stays
+    /// allocated, otherwise it may be deallocated.
+    fn write_zeroes(&self, offset: u64, length: u64, fua: bool, no_hole: bool)
+        -> BackendResult<()>;
+    /// Whether zeroing this range (allowed to deallocate) is cheaper than
+    /// writing zero bytes to it (decides the answer to
+    /// `NBD_CMD_FLAG_FAST_ZERO`).
     fn zeroes_are_fast(&self, offset: u64, length: u64) -> bool;
     /// Allocation map of `[offset, offset+length)`: consecutive extents
     /// starting at `offset`, covering at least one byte.
@@ -207,8 +211,14 @@ impl<B: Backend + ?Sized> Backend for Arc<B> {
     fn trim(&self, offset: u64, length: u64, fua: bool) -> BackendResult<()> {
         (**self).trim(offset, length, fua)
     }
-    fn write_zeroes(&self, offset: u64, length: u64, fua: bool) -> BackendResult<()> {
-        (**self).write_zeroes(offset, length, fua)
+    fn write_zeroes(
+        &self,
+        offset: u64,
+        length: u64,
+        fua: bool,
+        no_hole: bool,
+    ) -> BackendResult<()> {
+        (**self).write_zeroes(offset, length, fua, no_hole)
     }
     fn zeroes_are_fast(&self, offset: u64, length: u64) -> bool {
         (**self).zeroes_are_fast(offset, length)
@@ -414,10 +424,20 @@ impl Backend for VolumeBackend {
             vol.trim(off, len, flags)
         })
     }
-    fn write_zeroes(&self, offset: u64, length: u64, fua: bool) -> BackendResult<()> {
+    fn write_zeroes(
+        &self,
+        offset: u64,
+        length: u64,
+        fua: bool,
+        no_hole: bool,
+    ) -> BackendResult<()> {
         let vol = &self.volume;
         self.call(offset, length, fua, |off, len, flags| {
-            vol.write_zeroes(off, len, flags)
+            if no_hole {
+                vol.write_zeroes_allocated(off, len, flags)
+            } else {
+                vol.write_zeroes(off, len, flags)
+            }
         })
     }
     fn zeroes_are_fast(&self, offset: u64, length: u64) -> bool {
@@ -552,8 +572,14 @@ impl Backend for MemBackend {
     fn trim(&self, offset: u64, length: u64, _fua: bool) -> BackendResult<()> {
         self.fill(offset, length, false)
     }
-    fn write_zeroes(&self, offset: u64, length: u64, _fua: bool) -> BackendResult<()> {
-        self.fill(offset, length, false)
+    fn write_zeroes(
+        &self,
+        offset: u64,
+        length: u64,
+        _fua: bool,
+        no_hole: bool,
+    ) -> BackendResult<()> {
+        self.fill(offset, length, no_hole)
     }
     fn zeroes_are_fast(&self, _offset: u64, _length: u64) -> bool {
         true

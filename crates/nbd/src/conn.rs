@@ -532,13 +532,16 @@ fn execute(conn: &ConnShared, req: &Request, cmd: Command) -> Vec<Part> {
             offset,
             length,
             fua,
+            no_hole,
             fast,
-            ..
         } => {
             // FAST_ZERO: succeed only where zeroing is a hole punch, a
             // discard or a metadata change; ENOTSUP where it would write
             // zero blocks (the client then writes its own data instead).
-            if fast && !b.zeroes_are_fast(offset, length) {
+            // With NO_HOLE the range must stay allocated, which may mean
+            // writing zero blocks (no ZERO_RANGE on tmpfs, BLKZEROOUT
+            // without offload): never promised fast.
+            if fast && (no_hole || !b.zeroes_are_fast(offset, length)) {
                 b.rejected(req.kind, ENOTSUP);
                 Err(BackendError::new(
                     ENOTSUP,
@@ -547,7 +550,7 @@ fn execute(conn: &ConnShared, req: &Request, cmd: Command) -> Vec<Part> {
             } else if length == 0 {
                 Ok(ok_reply(cookie))
             } else {
-                b.write_zeroes(offset, length, fua)
+                b.write_zeroes(offset, length, fua, no_hole)
                     .map(|_| ok_reply(cookie))
             }
         }

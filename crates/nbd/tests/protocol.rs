@@ -86,8 +86,8 @@ impl Backend for GatedBackend {
     fn trim(&self, o: u64, l: u64, f: bool) -> BackendResult<()> {
         self.inner.trim(o, l, f)
     }
-    fn write_zeroes(&self, o: u64, l: u64, f: bool) -> BackendResult<()> {
-        self.inner.write_zeroes(o, l, f)
+    fn write_zeroes(&self, o: u64, l: u64, f: bool, h: bool) -> BackendResult<()> {
+        self.inner.write_zeroes(o, l, f, h)
     }
     fn zeroes_are_fast(&self, _o: u64, _l: u64) -> bool {
         true

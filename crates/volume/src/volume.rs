@@ -14,7 +14,7 @@ use parking_lot::Mutex;
 use smallvec::SmallVec;
 
 use crate::bufpool::SharedBuf;
-use crate::engine::{AbortCause, Completion, DirectSync, Durability, Engine, Op};
+use crate::engine::{AbortCause, Completion, DirectSync, Durability, Engine, Op, Zeroing};
 use crate::overlay::{BlockRef, CallerBuf, DirectData, Overlay, Source, Version};
 use crate::superblock::{JournalLocation, VolumeSuperblock};
 use crate::{FormatOptions, JournalPlacement, OpenOptions, Result, VolumeError};
@@ -1834,7 +1834,13 @@ impl Volume {
     /// Writes the aligned middle `mid` of a large write straight home.
     fn write_middle(&self, mid: (u64, u64), data: DirectData, sync: DirectSync) -> Result<()> {
         let bs = self.engine.bs as u64;
-        self.engine.direct(mid.0 / bs, mid.1 / bs, Some(data), sync)
+        self.engine.direct(
+            mid.0 / bs,
+            mid.1 / bs,
+            Some(data),
+            Zeroing::Deallocate,
+            sync,
+        )
     }
 
     /// [`Volume::write_at`] without waiting for durability: the data is
@@ -1944,23 +1950,46 @@ impl Volume {
         self.write_zeroes(offset, len, flags)
     }
 
-    /// Zeroes a range. Ranges that fit in a transaction go through the
-    /// journal (atomic); larger ones are zeroed in place (hole punch /
-    /// BLKZEROOUT) with revokes.
+    /// Zeroes a range; its blocks may be deallocated at home (a hole
+    /// punch), as NBD's WRITE_ZEROES without `NO_HOLE` allows. Ranges that
+    /// fit in a transaction go through the journal (atomic); larger ones
+    /// are zeroed in place (hole punch / BLKZEROOUT) with revokes.
     pub fn write_zeroes(&self, offset: u64, len: u64, flags: WriteFlags) -> Result<()> {
+        self.zero(offset, len, flags, Zeroing::Deallocate)
+    }
+
+    /// Zeroes a range and keeps it allocated at home (NBD's `NO_HOLE`,
+    /// `fallocate`'s `ZERO_RANGE`), so that a preallocated image keeps its
+    /// space: journaled zero blocks are checkpointed as data, a large range
+    /// is zeroed in place with `ZERO_RANGE` (files; zero blocks are
+    /// written where the filesystem has no `ZERO_RANGE`) or BLKZEROOUT
+    /// (block devices). Atomicity and durability as
+    /// [`Volume::write_zeroes`].
+    pub fn write_zeroes_allocated(&self, offset: u64, len: u64, flags: WriteFlags) -> Result<()> {
+        self.zero(offset, len, flags, Zeroing::KeepAllocated)
+    }
+
+    fn zero(&self, offset: u64, len: u64, flags: WriteFlags, zeroing: Zeroing) -> Result<()> {
         let Some((mid_start, mid_end)) = self.route(offset, len)? else {
-            return self
-                .engine
-                .journaled(&[Op::Zero { offset, len }], flags.fua);
+            return self.engine.journaled(
+                &[Op::Zero {
+                    offset,
+                    len,
+                    zeroing,
+                }],
+                flags.fua,
+            );
         };
         self.journal_edges([
             Op::Zero {
                 offset,
                 len: mid_start - offset,
+                zeroing,
             },
             Op::Zero {
                 offset: mid_end,
                 len: offset + len - mid_end,
+                zeroing,
             },
         ])?;
         let bs = self.engine.bs as u64;
@@ -1970,7 +1999,8 @@ impl Volume {
         } else {
             DirectSync::None
         };
-        self.engine.direct(mid_start / bs, mid_end / bs, None, sync)
+        self.engine
+            .direct(mid_start / bs, mid_end / bs, None, zeroing, sync)
     }
 
     /// True if [`Volume::write_zeroes`] of this range zeroes in place (hole
@@ -2405,6 +2435,7 @@ impl Transaction<'_> {
                 TxOp::Zero(off, len) => Op::Zero {
                     offset: *off,
                     len: *len,
+                    zeroing: Zeroing::Deallocate,
                 },
             })
             .collect();

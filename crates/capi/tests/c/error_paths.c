@@ -351,6 +351,13 @@ static void test_out_of_range(void)
 	CHECK_OK(jbdev_read(vol, back, sizeof back, size - 100));
 	for (size_t i = 0; i < sizeof back; i++)
 		CHECK(back[i] == 0x5a);
+	/* NO_HOLE is a flag of write-zeroes only. */
+	CHECK_ERR(jbdev_write(vol, buf, 10, 0, JBDEV_ZERO_NO_HOLE), EINVAL);
+	CHECK_OK(jbdev_write(vol, buf, 10, 0, 0));
+	CHECK_OK(jbdev_write_zeroes(vol, 0, 4096, JBDEV_ZERO_NO_HOLE | JBDEV_WRITE_FUA));
+	CHECK_OK(jbdev_read(vol, back, 10, 0));
+	for (size_t i = 0; i < 10; i++)
+		CHECK(back[i] == 0);
 	CHECK_OK(jbdev_close(vol));
 }
 

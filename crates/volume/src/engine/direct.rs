@@ -45,19 +45,20 @@ impl Engine {
     ///    supersedes older ones anyway.
     ///
     /// `sync` says what must be durable when this returns (see
-    /// [`DirectSync`]).
+    /// [`DirectSync`]). No `data` zeroes the range, as `zeroing` says.
     pub fn direct(
         &self,
         start: Lba,
         end: Lba,
         data: Option<DirectData>,
+        zeroing: Zeroing,
         sync: DirectSync,
     ) -> Result<()> {
         self.check_writable()?;
         if start >= end {
             return Ok(());
         }
-        self.direct_under(self.home.lock.read(), start, end, data, sync)
+        self.direct_under(self.home.lock.read(), start, end, data, zeroing, sync)
     }
 
     /// [`Engine::direct`] of data, not FUA, only if it need not wait: the
@@ -87,8 +88,15 @@ impl Engine {
             return Ok(Err(buf));
         };
         let data = DirectData::Caller(buf, range);
-        self.direct_under(home_guard, start, end, Some(data), DirectSync::None)
-            .map(Ok)
+        self.direct_under(
+            home_guard,
+            start,
+            end,
+            Some(data),
+            Zeroing::Deallocate,
+            DirectSync::None,
+        )
+        .map(Ok)
     }
 
     /// Journal credits a direct write of `[start, end)` reserves for its
@@ -105,6 +113,7 @@ impl Engine {
         start: Lba,
         end: Lba,
         data: Option<DirectData>,
+        zeroing: Zeroing,
         sync: DirectSync,
     ) -> Result<()> {
         let data = data.map(Arc::new);
@@ -180,10 +189,13 @@ impl Engine {
                 .home
                 .dev
                 .write_at(buf, self.home_offset(start), IoPriority::Urgent),
-            None => self
-                .home
-                .dev
-                .write_zeroes(self.home_offset(start), (end - start) * self.bs as u64),
+            None => {
+                let (off, len) = (self.home_offset(start), (end - start) * self.bs as u64);
+                match zeroing {
+                    Zeroing::Deallocate => self.home.dev.write_zeroes(off, len),
+                    Zeroing::KeepAllocated => self.home.dev.write_zeroes_allocated(off, len),
+                }
+            }
         };
         if let Err(e) = res {
             // IMPORTANT: abort while still holding the home lock. Step 1 told

@@ -338,15 +338,33 @@ pub type Completion = Box<dyn FnOnce(Result<()>) + Send + 'static>;
 
 /// One write operation of a journaled request, in bytes.
 pub enum Op<'a> {
-    Write { offset: u64, data: &'a [u8] },
-    Zero { offset: u64, len: u64 },
+    Write {
+        offset: u64,
+        data: &'a [u8],
+    },
+    Zero {
+        offset: u64,
+        len: u64,
+        zeroing: Zeroing,
+    },
+}
+
+/// What zeroing does to the home blocks' allocation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Zeroing {
+    /// They may become holes (trim, write-zeroes): the checkpoint punches
+    /// whole zeroed blocks out of home, a large range is punched in place.
+    Deallocate,
+    /// They stay allocated (NBD's `NO_HOLE`): zero blocks are written home,
+    /// a large range is zeroed with `ZERO_RANGE` / BLKZEROOUT.
+    KeepAllocated,
 }
 
 impl Op<'_> {
     fn range(&self) -> (u64, u64) {
         match self {
             Op::Write { offset, data } => (*offset, *offset + data.len() as u64),
-            Op::Zero { offset, len } => (*offset, *offset + *len),
+            Op::Zero { offset, len, .. } => (*offset, *offset + *len),
         }
     }
 

@@ -476,10 +476,19 @@ fn fill_and_seal(
 ) {
     apply_ops(buf, ops, lbas, bs, &want);
     // A request of zeroings only (write-zeroes, trim) marks the blocks it
-    // covers whole: the checkpoint may punch those out of home. A partial
+    // covers whole: the checkpoint may punch those out of home. Not when
+    // asked to keep them allocated (NO_HOLE): they are written as data. A partial
     // block keeps bytes of its old content, and a transaction that also
     // writes may have zeroes that are data: not marked.
-    let zeroing = ops.iter().all(|op| matches!(op, Op::Zero { .. }));
+    let zeroing = ops.iter().all(|op| {
+        matches!(
+            op,
+            Op::Zero {
+                zeroing: Zeroing::Deallocate,
+                ..
+            }
+        )
+    });
     for i in (0..lbas.len()).filter(|&i| want(i)) {
         buf.seal(i);
         if zeroing && covered_whole(ops, lbas[i], bs) {
