@@ -44,7 +44,7 @@
 //! the slot as closing, for the generation it ends; a call that gets its
 //! read lock and sees the mark is refused with `-EBADF` at once.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, OnceLock, PoisonError};
 
 use crossbeam_utils::sync::ShardedLock;
@@ -130,9 +130,49 @@ struct Slot<T> {
     /// the close takes the write lock; calls of that generation that take
     /// their read lock after it fail instead of entering.
     closing: AtomicUsize,
+    /// [`forks`] when the current occupant was stored: a handle is the
+    /// process's that made it, never a forked child's (see [`forks`]).
+    made_after_forks: AtomicU64,
+}
+
+/// Counts the forks this process is a child of (bumped in the child by a
+/// `pthread_atfork` handler, registered before the first handle exists).
+///
+/// IMPORTANT: a child of `fork()` inherits the parent's handles but not
+/// its volumes: the engine's threads are gone, its locks may be held
+/// forever by threads that do not exist in the child, and its descriptors
+/// are the parent's. A child that used one wrote its own commit into the
+/// parent's journal (the parent then lost an acknowledged write after a
+/// crash, 10 of 10 runs), hung, or panicked in close (session 22's
+/// adversarial pass). So every call refuses a handle made before the
+/// latest fork, before it takes any lock, and its close leaves the
+/// parent's volume alone (the child's copy of it is simply not freed).
+static FORKS: AtomicU64 = AtomicU64::new(0);
+
+extern "C" fn count_fork_in_child() {
+    // Async-signal-safe: one atomic add.
+    FORKS.fetch_add(1, Ordering::Relaxed);
+}
+
+/// [`FORKS`] now, registering its handler on first use.
+fn forks() -> u64 {
+    static REGISTERED: std::sync::Once = std::sync::Once::new();
+    REGISTERED.call_once(|| {
+        // SAFETY: registers a handler that only touches an atomic; it runs
+        // in the child right after fork, where that is allowed.
+        // (It fails only without memory for the entry; the library then
+        // cannot tell a child, as before.)
+        let _ = unsafe { libc::pthread_atfork(None, None, Some(count_fork_in_child)) };
+    });
+    FORKS.load(Ordering::Relaxed)
 }
 
 impl<T> Slot<T> {
+    /// The occupant was made before a fork this process is a child of.
+    fn inherited(&self) -> bool {
+        self.made_after_forks.load(Ordering::Acquire) != forks()
+    }
+
     /// A close of `generation` has begun: its calls are refused.
     fn closing(&self, generation: usize) -> bool {
         self.closing.load(Ordering::Acquire) == generation
@@ -229,6 +269,23 @@ impl<T> Table<T> {
         Error::bad_handle(self.kind.name())
     }
 
+    /// `-EBADF` for a handle this process inherited through `fork()` (see
+    /// [`FORKS`]), before any lock is taken.
+    fn refuse_inherited(&self, slot: &Slot<T>) -> Result<()> {
+        if slot.inherited() {
+            return Err(Error::new(
+                libc::EBADF,
+                format!(
+                    "this {} handle was made by the parent process before fork(): a child \
+                     cannot use it (open the volume in the child after the parent closed it); \
+                     the parent's volume is left as it is",
+                    self.kind.name()
+                ),
+            ));
+        }
+        Ok(())
+    }
+
     /// Stores `value` and returns its handle (never 0).
     pub(crate) fn insert(&self, value: T) -> Result<usize> {
         let index = {
@@ -264,6 +321,7 @@ impl<T> Table<T> {
                         value: None,
                     }),
                     closing: AtomicUsize::new(0),
+                    made_after_forks: AtomicU64::new(0),
                 })
                 .collect()
         });
@@ -277,6 +335,7 @@ impl<T> Table<T> {
         );
         state.generation += 1;
         state.value = Some(value);
+        slot.made_after_forks.store(forks(), Ordering::Release);
         Ok(encode(self.kind, index, state.generation))
     }
 
@@ -284,6 +343,7 @@ impl<T> Table<T> {
     /// lock; `-EBADF` if the handle is not live.
     pub(crate) fn with<R>(&self, handle: usize, f: impl FnOnce(&T) -> Result<R>) -> Result<R> {
         let (_, slot, generation) = self.locate(handle)?;
+        self.refuse_inherited(slot)?;
         // Refused before the lock too, so a call that starts during a
         // close does not queue on a shard the close holds already.
         if slot.closing(generation) {
@@ -303,6 +363,7 @@ impl<T> Table<T> {
         f: impl FnOnce(&mut T) -> Result<R>,
     ) -> Result<R> {
         let (_, slot, generation) = self.locate(handle)?;
+        self.refuse_inherited(slot)?;
         if slot.closing(generation) {
             return Err(self.bad_handle());
         }
@@ -318,6 +379,7 @@ impl<T> Table<T> {
     /// it; every later use of the handle fails with `-EBADF`.
     pub(crate) fn remove(&self, handle: usize) -> Result<T> {
         let (index, slot, generation) = self.locate(handle)?;
+        self.refuse_inherited(slot)?;
         // Calls that take their read lock from here on are refused; the
         // write lock below waits only for the ones already in.
         //

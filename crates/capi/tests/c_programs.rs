@@ -189,6 +189,39 @@ fn handles_of_the_wrong_kind_and_closes_of_unissued_ones_change_nothing() {
     assert!(String::from_utf8_lossy(&out.stdout).contains(" checks passed"));
 }
 
+/// A forked child's calls on handles it inherited are refused (-EBADF) and
+/// leave the parent's volume alone; a close from an `atexit` handler, after
+/// glibc destroyed the thread's io_uring, makes every plain write durable
+/// and prints nothing (see tests/c/lifecycle.c).
+#[test]
+fn a_forked_child_and_an_atexit_close_leave_the_volume_whole() {
+    let Some((work, exe)) = test_program("lifecycle") else {
+        return;
+    };
+    let run_mode = |mode: &str| {
+        run_ok(
+            Command::new(&exe)
+                .arg(work.path())
+                .arg(mode)
+                .env_remove("JBDEV_LOG")
+                .env("RUST_BACKTRACE", "0"),
+        )
+    };
+    let out = run_mode("fork");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains("lifecycle child: ") && stdout.contains("lifecycle: "),
+        "{stdout}"
+    );
+    let out = run_mode("atexit");
+    assert!(
+        out.stderr.is_empty(),
+        "the atexit close printed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    run_mode("check-atexit");
+}
+
 /// A tmpfs of a given size mounted for a test, unmounted on drop.
 struct Tmpfs(PathBuf);
 

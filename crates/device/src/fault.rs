@@ -231,6 +231,9 @@ struct State {
     /// Flushes attempted so far, and flush numbers that fail once.
     flushes: u64,
     fail_at_flushes: BTreeSet<u64>,
+    /// The errno a flush failure of [`FaultDevice::fail_flush_with`] reports
+    /// (None: an injected EIO).
+    flush_errno: Option<i32>,
     /// Reads so far, and read numbers that fail once.
     reads: u64,
     fail_at_reads: BTreeSet<u64>,
@@ -344,6 +347,7 @@ impl FaultDevice {
                 fail_at_attempts: std::collections::BTreeMap::new(),
                 flushes: 0,
                 fail_at_flushes: BTreeSet::new(),
+                flush_errno: None,
                 reads: 0,
                 fail_at_reads: BTreeSet::new(),
                 unreadable: Vec::new(),
@@ -416,6 +420,14 @@ impl FaultDevice {
         let mut st = self.state.lock();
         let at = st.flushes.saturating_add(n.max(1) - 1);
         st.fail_at_flushes.insert(at);
+    }
+
+    /// [`FaultDevice::fail_flush`] with the failure reported as `errno`
+    /// (ENOSPC: a file system that found no room for written data at
+    /// writeback, as NFS, FUSE or a thin store may).
+    pub fn fail_flush_with(&self, n: u64, errno: i32) {
+        self.fail_flush(n);
+        self.state.lock().flush_errno = Some(errno);
     }
 
     /// Makes the `n`-th read from now (`n == 1`: the next) fail once.
@@ -770,7 +782,14 @@ impl FaultDevice {
         let flush_no = st.flushes;
         st.flushes += 1;
         if !self.power.is_powered_off() && st.fail_at_flushes.remove(&flush_no) {
-            return Err(DeviceError::Injected("flush"));
+            return Err(match st.flush_errno {
+                Some(errno) => DeviceError::io(
+                    "flush",
+                    "the fault device",
+                    std::io::Error::from_raw_os_error(errno),
+                ),
+                None => DeviceError::Injected("flush"),
+            });
         }
         match self.admit(&mut st) {
             Admission::CutNow | Admission::PoweredOff => Err(DeviceError::PowerCut),

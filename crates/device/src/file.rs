@@ -615,6 +615,33 @@ pub(crate) fn zero_range_allocated(f: &DeviceFile, offset: u64, len: u64) -> Res
     zero(f, offset, len, libc::FALLOC_FL_ZERO_RANGE)
 }
 
+/// Fills the holes of a range of a regular file (`fallocate` mode 0:
+/// allocated blocks keep their content); nothing on a block device, nor on
+/// a file system without `fallocate`.
+pub(crate) fn allocate(f: &DeviceFile, offset: u64, len: u64) -> Result<()> {
+    check_writable(f)?;
+    if f.is_block_device || len == 0 {
+        return Ok(());
+    }
+    // SAFETY: fallocate on a valid descriptor with plain integer arguments.
+    let r = unsafe {
+        libc::fallocate(
+            f.file.as_raw_fd(),
+            libc::FALLOC_FL_KEEP_SIZE,
+            offset as libc::off_t,
+            len as libc::off_t,
+        )
+    };
+    if r == 0 {
+        return Ok(());
+    }
+    let e = io::Error::last_os_error();
+    match e.raw_os_error() {
+        Some(libc::EOPNOTSUPP) | Some(libc::ENOSYS) => Ok(()),
+        _ => Err(DeviceError::io("fallocate", f.what(), e)),
+    }
+}
+
 /// Zeroes a range with `fallocate(mode | KEEP_SIZE)` on a file, BLKZEROOUT
 /// on a block device, and by writing zeroes where `mode` is refused.
 fn zero(f: &DeviceFile, offset: u64, len: u64, mode: libc::c_int) -> Result<()> {

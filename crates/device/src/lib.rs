@@ -211,6 +211,15 @@ pub trait BlockDevice: Send + Sync {
         Ok(())
     }
 
+    /// Allocates whatever of `[offset, offset+len)` is a hole, leaving its
+    /// content as it is (`fallocate` mode 0 on a file), so later writes
+    /// there need no new space. The default does nothing: block devices
+    /// and the test doubles have no holes to fill.
+    fn allocate(&self, offset: u64, len: u64) -> Result<()> {
+        let _ = (offset, len);
+        Ok(())
+    }
+
     /// Which parts of `[offset, offset+len)` are allocated. The default says
     /// everything is; file backends answer from SEEK_DATA/SEEK_HOLE.
     fn allocation(&self, offset: u64, len: u64) -> Result<Vec<Extent>> {

@@ -81,6 +81,10 @@ impl BlockDevice for PreadDevice {
         check_request(self.f.size_bytes, self.f.logical_block_size, offset, len)?;
         crate::file::zero_range_allocated(&self.f, offset, len)
     }
+    fn allocate(&self, offset: u64, len: u64) -> Result<()> {
+        check_request(self.f.size_bytes, self.f.logical_block_size, offset, len)?;
+        crate::file::allocate(&self.f, offset, len)
+    }
     fn allocation(&self, offset: u64, len: u64) -> Result<Vec<crate::Extent>> {
         allocation(&self.f, offset, len)
     }

@@ -165,9 +165,13 @@ thread_local! {
 
 /// Runs `f` with this thread's ring, creating it on first use. Returns
 /// `None` if this thread cannot have a ring (the caller falls back to the
-/// portable path).
+/// portable path), which includes a thread whose thread-locals are gone:
+/// the main thread during `exit()` runs its C `atexit` handlers (and C++
+/// static destructors) after glibc destroyed them, and a `jbdev_close`
+/// there used to panic on the ring and abort the volume, losing the
+/// writes its flush was to make durable (session 22's adversarial pass).
 fn with_ring<R>(f: impl FnOnce(&mut Ring) -> R) -> Option<R> {
-    RING.with(|slot| {
+    RING.try_with(|slot| {
         let mut slot = slot.borrow_mut();
         let forks = FORK_GENERATION.load(Ordering::Relaxed);
         if matches!(&*slot, RingSlot::Ready(r) if r.fork_generation != forks) {
@@ -199,6 +203,8 @@ fn with_ring<R>(f: impl FnOnce(&mut Ring) -> R) -> Option<R> {
         }
         Some(out)
     })
+    .ok()
+    .flatten()
 }
 
 fn log_thread_fallback_once(e: &io::Error) {
@@ -755,6 +761,11 @@ impl BlockDevice for UringDevice {
     fn write_zeroes_allocated(&self, offset: u64, len: u64) -> Result<()> {
         check_request(self.f.size_bytes, self.f.logical_block_size, offset, len)?;
         crate::file::zero_range_allocated(&self.f, offset, len)
+    }
+
+    fn allocate(&self, offset: u64, len: u64) -> Result<()> {
+        check_request(self.f.size_bytes, self.f.logical_block_size, offset, len)?;
+        crate::file::allocate(&self.f, offset, len)
     }
 
     fn allocation(&self, offset: u64, len: u64) -> Result<Vec<crate::Extent>> {

@@ -77,14 +77,23 @@ pub enum VolumeError {
     /// the volume stays open: once space is freed on the store, the
     /// checkpoint resumes (it retries by itself) and the same write
     /// succeeds. Also the error of a direct write into unallocated space
-    /// (ARCHITECTURE, failure semantics).
+    /// (ARCHITECTURE, failure semantics), and of a close that could not
+    /// take everything home (`closing`: the volume is closed then, its
+    /// journal kept for the next open).
     #[error(
-        "the backing store is full ({reason}); free space on it and retry: nothing acknowledged \
-         is lost and the volume stays open"
+        "the backing store is full ({reason}); {}",
+        if *closing {
+            "the volume is closed with its journal intact: free space on the store, then open \
+             it again (restart `jbdev serve`): nothing acknowledged is lost"
+        } else {
+            "free space on it and retry: nothing acknowledged is lost and the volume stays open"
+        }
     )]
     StoreFull {
         /// The home write that failed, with the device's error.
         reason: String,
+        /// True for the error of a close.
+        closing: bool,
         /// `ENOSPC` or `EDQUOT` ([`VolumeError::errno`] says `ENOSPC` for
         /// both, as for [`VolumeError::Aborted`]).
         cause_errno: i32,

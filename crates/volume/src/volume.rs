@@ -404,6 +404,28 @@ fn open_external_journal_watched(
 /// An external journal device (not a file: see [`truncated_journal_file`])
 /// shorter than the journal: said plainly, not as a "corrupt journal" from
 /// the log's geometry check (found by an adversarial pass, session 21).
+/// Fills any holes of the journal's blocks (a read-write open). Format
+/// allocates them, but a sparse copy of the volume or of its journal file
+/// (`cp --sparse=always`, `rsync -S`, `tar -S`) punches its zeroed parts
+/// out again, and on a full file system every commit then failed, at every
+/// open, with nothing pointing at the journal (session 22's adversarial
+/// pass). Allocated here when there is room; said plainly when there is
+/// not, since the first commit into a hole will fail.
+fn allocate_journal(region: &JournalRegion, offset: u64, len: u64) {
+    if let Err(e) = region.device().allocate(offset, len) {
+        let hint = if crate::is_no_space(e.errno()) {
+            "its file system has no room left: commits will fail with ENOSPC (the volume aborts) \
+             until space is freed there"
+        } else {
+            "commits may fail where the journal has holes"
+        };
+        tracing::warn!(
+            "could not allocate the journal's blocks ({e}): a sparse copy of the journal or of \
+             the volume leaves holes there, and {hint}"
+        );
+    }
+}
+
 fn short_journal_device(what: &str, held: u64, len_bytes: u64) -> VolumeError {
     VolumeError::Truncated(format!(
         "{what} holds {held} bytes, less than this volume's {len_bytes}-byte journal: the \
@@ -1396,6 +1418,9 @@ impl Volume {
             stale_journal(&sb, &scan.superblock).or_else(|| journal_behind_home(&sb, &scan))
         {
             return Err(VolumeError::CorruptJournal(why));
+        }
+        if !opts.read_only {
+            allocate_journal(&region, joff, jlen);
         }
         let was_clean = scan.end == ScanEnd::CleanJournal;
         let end = describe_end(&scan.end);

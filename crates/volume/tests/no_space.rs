@@ -252,10 +252,45 @@ fn closing_while_the_store_is_full_keeps_the_journal_for_the_next_open() {
     let e = vol.close().expect_err("the final checkpoint cannot finish");
     assert!(is_store_full(&e), "{e:?}");
     assert!(e.to_string().contains("next open replays"), "{e}");
+    // It is closed: the advice is to open it again, not that it stays open.
+    assert!(
+        e.to_string().contains("then open it again") && !e.to_string().contains("stays open"),
+        "{e}"
+    );
     let image = dev.durable_image();
     let dev = Arc::new(FaultDevice::from_image(image, SECTOR as u32));
     let vol = Volume::open_device(dev.clone(), None, &options()).expect("reopen");
     assert!(vol.recovery_report().transactions_replayed > 0);
     assert_all_there(&vol, &done, "after recovery");
+    vol.close().expect("close");
+}
+
+/// A home flush that fails with ENOSPC (a file system that found no room
+/// for written data at writeback: NFS, FUSE, a thin store) is not a full
+/// store to retry: the device keeps a failed flush failed, so the volume
+/// aborts at once, and says ENOSPC, which tells the operator (and an NBD
+/// client) to free space and reopen. It used to be taken for a full store
+/// ("writes resume by themselves"), and the retry then aborted with EIO
+/// (session 22's adversarial pass). Nothing acknowledged is lost.
+#[test]
+fn a_home_flush_that_finds_no_space_aborts_with_enospc() {
+    let dev = full_device();
+    let vol = Volume::open_device(dev.clone(), None, &options()).unwrap();
+    let done = acknowledged(&vol);
+    // Journaled blocks the final checkpoint takes home and flushes.
+    let mut more = Vec::new();
+    for block in 8..16 {
+        let data = stamped(50 + block, block * BS, BS as usize);
+        vol.write_at(&data, block * BS, WriteFlags::FUA).unwrap();
+        more.push((block, data));
+    }
+    dev.fail_flush_with(1, libc::ENOSPC);
+    let e = vol.close().expect_err("a home flush failed");
+    assert_eq!(e.errno(), libc::ENOSPC, "{e:?}");
+    let image = dev.durable_image();
+    let dev = Arc::new(FaultDevice::from_image(image, SECTOR as u32));
+    let vol = Volume::open_device(dev, None, &options()).expect("reopen");
+    assert_all_there(&vol, &done, "after recovery");
+    assert_all_there(&vol, &more, "after recovery");
     vol.close().expect("close");
 }

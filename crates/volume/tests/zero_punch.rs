@@ -172,3 +172,64 @@ fn zeroes_kept_allocated_are_never_punched() {
         allocated(&img)
     );
 }
+
+/// A sparse copy of a volume (`cp --sparse=always`, `rsync -S`) punches
+/// the journal's unused, zeroed blocks out; a read-write open allocates
+/// them again, so commits do not depend on finding free space later (on a
+/// full file system every commit failed, at every open: session 22's
+/// adversarial pass). A read-only open changes nothing.
+#[test]
+fn a_read_write_open_allocates_the_holes_of_a_sparse_copy_s_journal() {
+    let dir = tempfile::tempdir().unwrap();
+    let img = dir.path().join("v.img");
+    let journal = 8 * MIB;
+    let mut f = FormatOptions::new(16 * MIB);
+    f.journal_bytes = Some(journal);
+    let opts = quiet_open_options();
+    Volume::create(&img, &f, &opts).unwrap().close().unwrap();
+    let formatted = allocated(&img);
+    // The internal journal follows the volume superblock's block; keep the
+    // journal's own superblock block and punch the rest, as a sparse copy
+    // of the zeroed log would.
+    let (off, len) = (2 * BS, journal - BS);
+    let punched = std::process::Command::new("fallocate")
+        .args([
+            "--punch-hole",
+            "--offset",
+            &off.to_string(),
+            "--length",
+            &len.to_string(),
+        ])
+        .arg(&img)
+        .status()
+        .expect("fallocate(1), from util-linux");
+    assert!(punched.success(), "fallocate --punch-hole failed");
+    let sparse = allocated(&img);
+    assert!(
+        sparse + journal / 2 < formatted,
+        "the punch took {formatted} -> {sparse}"
+    );
+    let ro = quiet_open_options_read_only();
+    Volume::open(&img, &ro).unwrap().close().unwrap();
+    assert_eq!(allocated(&img), sparse, "a read-only open allocated");
+    let v = Volume::open(&img, &opts).unwrap();
+    v.write_at(&[7; 4096], 0, WriteFlags::FUA).unwrap();
+    v.close().unwrap();
+    assert!(
+        allocated(&img) + BS >= formatted,
+        "the journal's holes stayed: {formatted} at format, {sparse} punched, {} after a read-write open",
+        allocated(&img)
+    );
+    let v = Volume::open(&img, &opts).unwrap();
+    let mut b = [0u8; 4096];
+    v.read_at(&mut b, 0).unwrap();
+    assert_eq!(b, [7; 4096]);
+    v.close().unwrap();
+}
+
+fn quiet_open_options_read_only() -> jbdev_volume::OpenOptions {
+    jbdev_volume::OpenOptions {
+        read_only: true,
+        ..quiet_open_options()
+    }
+}

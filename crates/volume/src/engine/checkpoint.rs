@@ -371,13 +371,20 @@ impl Engine {
             }
             return Err(e);
         }
+        // A failed flush is never "the store is full, retry": the device's
+        // flusher keeps it failed (written data may be gone from the page
+        // cache), so a retry could only abort later with EIO, after telling
+        // the operator writes would resume (session 22's adversarial pass).
+        // Abort now, with the flush's own errno: ENOSPC still reads "free
+        // space, then reopen", and clients see ENOSPC.
         self.home
             .flusher
             .flush(self.home.dev.as_ref())
             .inspect_err(|e| {
-                if !is_no_space(e.errno()) {
-                    self.note_home_failed();
-                }
+                self.home_write_failed(
+                    format!("the checkpoint's flush of the home device failed: {e}"),
+                    e.errno(),
+                );
             })?;
         // Advance the tail: to the oldest transaction still in the log, or
         // to the head when the log is empty.

@@ -228,6 +228,7 @@ impl Engine {
             if store_full {
                 let err = VolumeError::StoreFull {
                     reason: format!("direct write to the home location failed: {e}"),
+                    closing: false,
                     cause_errno: e.errno(),
                 };
                 self.log_store_full(&err);

@@ -911,6 +911,7 @@ impl Engine {
             return Err(match &st.home_full {
                 Some(f) => VolumeError::StoreFull {
                     reason: format!("{}; {kept}", f.reason),
+                    closing: true,
                     cause_errno: f.errno,
                 },
                 None => VolumeError::Internal(format!("the checkpoint thread ended early; {kept}")),

@@ -270,6 +270,7 @@ impl Engine {
                     (Some(f), Some(seen)) if st.home_full_attempts > seen => {
                         Some(VolumeError::StoreFull {
                             reason: f.reason.clone(),
+                            closing: false,
                             cause_errno: f.errno,
                         })
                     }
