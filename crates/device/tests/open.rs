@@ -23,6 +23,18 @@ fn backends() -> Vec<Backend> {
     v
 }
 
+/// The loop-device tests of this binary run one at a time: run together,
+/// one test's `losetup -f` could get the device number another had just
+/// detached while the kernel still held the old device's exclusive claim
+/// (a close's io_uring teardown is asynchronous), and its O_EXCL open then
+/// failed "held exclusively elsewhere" (about 1 run in 8 under load).
+fn one_loop_test_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    static LOOP_TESTS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    LOOP_TESTS
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 #[test]
 fn nonexistent_path_without_create_is_a_not_found_error() {
     let dir = temp_dir();
@@ -186,6 +198,7 @@ fn backend_choice_is_honoured() {
 
 #[test]
 fn a_second_open_of_a_loop_device_is_busy() {
+    let _serial = one_loop_test_at_a_time();
     let Some(lo) = LoopDevice::new(4 << 20, 512) else {
         return;
     };
@@ -210,6 +223,7 @@ fn a_second_open_of_a_loop_device_is_busy() {
 /// volume, and acknowledged writes lost (/work/s18/fail/loop_alias_loss.sh).
 #[test]
 fn a_loop_device_and_its_backing_file_exclude_each_other() {
+    let _serial = one_loop_test_at_a_time();
     let Some(lo) = LoopDevice::new(4 << 20, 512) else {
         return;
     };
@@ -349,6 +363,7 @@ fn spawn_until_locked(mut cmd: std::process::Command, what: &str) -> Option<std:
 /// Before, it passed for a dead holder's: the open waited 10 s first.
 #[test]
 fn a_dead_holders_lock_is_waited_for_through_a_loop_device_too() {
+    let _serial = one_loop_test_at_a_time();
     let Some(lo) = LoopDevice::new(4 << 20, 512) else {
         return;
     };
