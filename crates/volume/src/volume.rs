@@ -426,6 +426,33 @@ fn allocate_journal(region: &JournalRegion, offset: u64, len: u64) {
     }
 }
 
+/// Starts a read-write volume's commit threads (one per commit that may be
+/// in flight: completions, which never lead, see `Engine::when_durable`,
+/// then keep the pipeline as full as sleeping writers do; fixed by the
+/// options, never by the number of clients) and its checkpoint thread,
+/// into `threads`. A thread the system refuses is an error with its errno
+/// (EAGAIN under a process or thread limit), not an invalid argument.
+fn start_engine_threads(engine: &Arc<Engine>, threads: &mut Vec<JoinHandle<()>>) -> Result<()> {
+    let spawn = |name: String, run: fn(&Arc<Engine>)| {
+        let e = engine.clone();
+        std::thread::Builder::new()
+            .name(name.clone())
+            .spawn(move || run(&e))
+            .map_err(|err| {
+                VolumeError::Device(jbdev_device::DeviceError::io(
+                    "start a thread",
+                    format!("{name} (the system refused a thread: a process or thread limit?)"),
+                    err,
+                ))
+            })
+    };
+    for i in 0..engine.pipeline_depth() {
+        threads.push(spawn(format!("jbdev-commit-{i}"), Engine::commit_thread)?);
+    }
+    threads.push(spawn("jbdev-checkpoint".into(), Engine::checkpoint_thread)?);
+    Ok(())
+}
+
 fn short_journal_device(what: &str, held: u64, len_bytes: u64) -> VolumeError {
     VolumeError::Truncated(format!(
         "{what} holds {held} bytes, less than this volume's {len_bytes}-byte journal: the \
@@ -1557,34 +1584,19 @@ impl Volume {
         let engine = Arc::new(engine);
         let mut threads = Vec::new();
         if !opts.read_only {
-            // One commit thread per commit that may be in flight: completions
-            // (which never lead, see `Engine::when_durable`) then keep the
-            // pipeline as full as sleeping writers do. Fixed by the options,
-            // never by the number of clients.
-            for i in 0..engine.pipeline_depth() {
-                let e = engine.clone();
-                threads.push(
-                    std::thread::Builder::new()
-                        .name(format!("jbdev-commit-{i}"))
-                        .spawn(move || e.commit_thread())
-                        .map_err(|e| {
-                            VolumeError::InvalidArgument(format!(
-                                "cannot start a commit thread: {e}"
-                            ))
-                        })?,
-                );
+            if let Err(e) = start_engine_threads(&engine, &mut threads) {
+                // IMPORTANT: a failed open holds nothing. The threads that
+                // did start own the engine (its devices, its lock): stop
+                // and join them, or every later open of this volume in
+                // the process failed "already open" (session 22's
+                // adversarial pass, under a process limit).
+                engine.stop_commit();
+                engine.stop_checkpoint();
+                for t in threads {
+                    let _ = t.join();
+                }
+                return Err(e);
             }
-            let e = engine.clone();
-            threads.push(
-                std::thread::Builder::new()
-                    .name("jbdev-checkpoint".into())
-                    .spawn(move || e.checkpoint_thread())
-                    .map_err(|e| {
-                        VolumeError::InvalidArgument(format!(
-                            "cannot start the checkpoint thread: {e}"
-                        ))
-                    })?,
-            );
         }
         Ok(Volume {
             engine,
