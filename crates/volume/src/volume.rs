@@ -401,9 +401,6 @@ fn open_external_journal_watched(
     }
 }
 
-/// An external journal device (not a file: see [`truncated_journal_file`])
-/// shorter than the journal: said plainly, not as a "corrupt journal" from
-/// the log's geometry check (found by an adversarial pass, session 21).
 /// Fills any holes of the journal's blocks (a read-write open). Format
 /// allocates them, but a sparse copy of the volume or of its journal file
 /// (`cp --sparse=always`, `rsync -S`, `tar -S`) punches its zeroed parts
@@ -453,6 +450,9 @@ fn start_engine_threads(engine: &Arc<Engine>, threads: &mut Vec<JoinHandle<()>>)
     Ok(())
 }
 
+/// An external journal device (not a file: see [`truncated_journal_file`])
+/// shorter than the journal: said plainly, not as a "corrupt journal" from
+/// the log's geometry check (found by an adversarial pass, session 21).
 fn short_journal_device(what: &str, held: u64, len_bytes: u64) -> VolumeError {
     VolumeError::Truncated(format!(
         "{what} holds {held} bytes, less than this volume's {len_bytes}-byte journal: the \
@@ -466,7 +466,82 @@ fn short_journal_device(what: &str, held: u64, len_bytes: u64) -> VolumeError {
 /// signal).
 struct JournalWatch {
     _stop: std::sync::mpsc::Sender<()>,
-    watched: Arc<WatchedJournal>,
+    watched: Option<Arc<WatchedJournal>>,
+    home: Option<Arc<WatchedHome>>,
+}
+
+/// A read-write volume's home file, watched like its external journal
+/// file. Deleted while open, it took every write with it at the close
+/// while each was still acknowledged (with an internal journal, the
+/// journal too); truncated, the data past the cut was gone at once and
+/// writes there only grew a sparse file (session 22's adversarial pass).
+/// Either way the volume now aborts: nothing is acknowledged after it.
+struct WatchedHome {
+    /// A descriptor of the file (`O_PATH`, from `open_device`).
+    file: std::fs::File,
+    path: PathBuf,
+    /// The byte where the volume's data ends.
+    end: u64,
+}
+
+impl WatchedHome {
+    fn new(file: std::fs::File, path: &Path, sb: &VolumeSuperblock) -> Self {
+        WatchedHome {
+            file,
+            path: path.to_path_buf(),
+            end: sb.data_offset_bytes + sb.size_bytes,
+        }
+    }
+
+    fn problem(&self) -> Option<JournalFileProblem> {
+        file_problem(&self.file, &self.path, self.end)
+    }
+
+    /// The abort's message: what happened and what the operator can do.
+    fn abort_message(&self, p: &JournalFileProblem) -> String {
+        use std::os::unix::io::AsRawFd;
+        let h = self.path.display();
+        match p {
+            JournalFileProblem::Deleted => {
+                let (pid, fd) = (std::process::id(), self.file.as_raw_fd());
+                format!(
+                    "the volume file {h} was deleted while the volume was open: writes are \
+                     refused from now on, and its content (every acknowledged write) is gone \
+                     when the volume closes. Before that, this process (pid {pid}) still holds \
+                     it: `cp /proc/{pid}/fd/{fd} {h}` saves it as it is now, and the next open \
+                     of that copy replays its journal"
+                )
+            }
+            JournalFileProblem::Truncated { len } => format!(
+                "the volume file {h} was truncated while the volume was open: it holds {len} \
+                 bytes, below the volume's end at byte {}: writes are refused from now on, and \
+                 the data past the cut is gone. To open what is left: `truncate -s {} {h}`, \
+                 then `jbdev check {h}`",
+                self.end, self.end
+            ),
+        }
+    }
+}
+
+/// [`JournalFileProblem`] of a watched file whose content must reach byte
+/// `end`, from one `fstat` of its descriptor; `None` while nothing is wrong
+/// (or the `fstat` failed: logged).
+fn file_problem(file: &std::fs::File, path: &Path, end: u64) -> Option<JournalFileProblem> {
+    use std::os::unix::fs::MetadataExt;
+    let md = match file.metadata() {
+        Ok(md) => md,
+        Err(e) => {
+            tracing::warn!("cannot fstat {}: {e}", path.display());
+            return None;
+        }
+    };
+    if md.nlink() == 0 {
+        Some(JournalFileProblem::Deleted)
+    } else if md.len() < end {
+        Some(JournalFileProblem::Truncated { len: md.len() })
+    } else {
+        None
+    }
 }
 
 /// How often an open volume checks that its external journal file is still
@@ -502,24 +577,7 @@ impl WatchedJournal {
     /// journal can no longer give, so the volume aborts
     /// ([`VolumeError::JournalFileLost`]): nothing is acknowledged after it.
     fn problem(&self) -> Option<JournalFileProblem> {
-        use std::os::unix::fs::MetadataExt;
-        let md = match self.file.metadata() {
-            Ok(md) => md,
-            Err(e) => {
-                tracing::warn!(
-                    "cannot fstat the external journal {}: {e}",
-                    self.path.display()
-                );
-                return None;
-            }
-        };
-        if md.nlink() == 0 {
-            Some(JournalFileProblem::Deleted)
-        } else if md.len() < self.region_end {
-            Some(JournalFileProblem::Truncated { len: md.len() })
-        } else {
-            None
-        }
+        file_problem(&self.file, &self.path, self.region_end)
     }
 
     /// What happened, as the start of a message.
@@ -1173,15 +1231,15 @@ impl Volume {
                     region_end: journal_bytes,
                 })
             });
+            let home_file = held[home].watch.take();
             Self::format_device(dev.clone(), jdev.clone(), fopts)?;
             let vol = Self::open_device(dev, jdev, oopts)?;
             // Watched like an opened volume's (found by a C ABI pass: a
             // created volume went on acknowledging writes with its journal
             // file deleted).
-            if let Some(watched) = watch {
-                if !oopts.read_only {
-                    vol.watch_journal_file(watched)?;
-                }
+            if !oopts.read_only {
+                let home_watch = home_file.map(|f| WatchedHome::new(f, path, vol.superblock()));
+                vol.watch_files(watch, home_watch)?;
             }
             Ok(vol)
         })();
@@ -1251,7 +1309,8 @@ impl Volume {
             // A file is refused by its shared flock; an RBD image here.
             refuse_held_rbd(path)?;
         }
-        let dev = open_device(path, &dopts)?.device;
+        let opened = open_device(path, &dopts)?;
+        let (dev, home_file) = (opened.device, opened.watch);
         let sb = read_volume_superblock(dev.as_ref(), &path.display().to_string())?;
         let (jdev, watch) = match &sb.journal {
             JournalLocation::Internal { .. } => {
@@ -1278,21 +1337,28 @@ impl Volume {
             }
         };
         let vol = Self::open_device(dev, jdev, opts)?;
-        if let Some(watched) = watch {
-            if !opts.read_only {
-                vol.watch_journal_file(watched)?;
-            }
+        if !opts.read_only {
+            let home_watch = home_file.map(|f| WatchedHome::new(f, path, vol.superblock()));
+            vol.watch_files(watch, home_watch)?;
         }
         Ok(vol)
     }
 
-    /// Starts the thread that checks the external journal file every
-    /// [`JOURNAL_WATCH_INTERVAL`] and aborts the volume if it was deleted or
-    /// truncated while open (see [`WatchedJournal::problem`]).
-    fn watch_journal_file(&self, watched: WatchedJournal) -> Result<()> {
+    /// Starts the thread that checks the external journal file and the
+    /// home file every [`JOURNAL_WATCH_INTERVAL`] and aborts the volume if
+    /// either was deleted or truncated while open (see
+    /// [`WatchedJournal::problem`], [`WatchedHome`]).
+    fn watch_files(
+        &self,
+        journal: Option<WatchedJournal>,
+        home: Option<WatchedHome>,
+    ) -> Result<()> {
+        if journal.is_none() && home.is_none() {
+            return Ok(());
+        }
         let (stop, stopped) = std::sync::mpsc::channel::<()>();
-        let watched = Arc::new(watched);
-        let w = watched.clone();
+        let (journal, home) = (journal.map(Arc::new), home.map(Arc::new));
+        let (j, h) = (journal.clone(), home.clone());
         let engine = Arc::downgrade(&self.engine);
         let t = std::thread::Builder::new()
             .name("jbdev-journal-watch".into())
@@ -1301,21 +1367,31 @@ impl Volume {
                 while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) =
                     stopped.recv_timeout(JOURNAL_WATCH_INTERVAL)
                 {
-                    let Some(p) = w.problem() else {
-                        continue;
-                    };
-                    if let Some(e) = engine.upgrade() {
-                        e.abort_journal(AbortCause::JournalFileLost(w.abort_message(&p)));
+                    if let Some((w, p)) = j.as_ref().and_then(|w| Some((w, w.problem()?))) {
+                        if let Some(e) = engine.upgrade() {
+                            e.abort_journal(AbortCause::JournalFileLost(w.abort_message(&p)));
+                        }
+                        return;
                     }
-                    return;
+                    if let Some((w, p)) = h.as_ref().and_then(|w| Some((w, w.problem()?))) {
+                        if let Some(e) = engine.upgrade() {
+                            e.abort_home(AbortCause::JournalFileLost(w.abort_message(&p)));
+                        }
+                        return;
+                    }
                 }
             })
             .map_err(|e| {
-                VolumeError::InvalidArgument(format!("cannot start the journal watch thread: {e}"))
+                VolumeError::Device(jbdev_device::DeviceError::io(
+                    "start a thread",
+                    "the file watch thread",
+                    e,
+                ))
             })?;
         *self.journal_watch.lock() = Some(JournalWatch {
             _stop: stop,
-            watched,
+            watched: journal,
+            home,
         });
         self.threads.lock().push(t);
         Ok(())
@@ -2232,7 +2308,11 @@ impl Volume {
         }
         // Stopped first: an abort now would keep the final checkpoint from
         // writing home what only the journal holds. Checked once more below.
-        let watch = self.journal_watch.lock().take().map(|w| w.watched);
+        let (watch, home_watch) = self
+            .journal_watch
+            .lock()
+            .take()
+            .map_or((None, None), |w| (w.watched, w.home));
         if self.engine.read_only {
             return Ok(());
         }
@@ -2281,6 +2361,19 @@ impl Volume {
                 // the operator must still hear that the journal is gone.
                 tracing::error!("{}", w.close_message(&p));
             }
+        }
+        // A home file deleted or cut since the watch last looked: the
+        // close must not report success for writes that are gone with it.
+        if let Some((h, p)) = home_watch.as_deref().and_then(|h| Some((h, h.problem()?))) {
+            let msg = match p {
+                JournalFileProblem::Deleted => format!(
+                    "the volume file {} was deleted while the volume was open: its content \
+                     (every acknowledged write) is gone with this close",
+                    h.path.display()
+                ),
+                p => h.abort_message(&p),
+            };
+            return Err(VolumeError::JournalFileLost(msg));
         }
         res
     }

@@ -806,6 +806,13 @@ impl Engine {
         self.abort_with(cause);
     }
 
+    /// [`Engine::abort`] for a failure of the home device (its file deleted
+    /// or truncated under the open volume): no salvage after it.
+    pub fn abort_home(&self, cause: AbortCause) {
+        self.note_home_failed();
+        self.abort_with(cause);
+    }
+
     /// Records that the failure about to abort the volume is the journal's
     /// (before the abort is raised: [`Engine::salvage_due`] reads it after).
     fn note_journal_failed(&self) {
