@@ -349,7 +349,10 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
                     anyhow::Error::new(e)
                         .context(format!("cannot open volume {}{hint}", path.display()))
                 })?);
-                warn_if_sparse_on_a_small_fs(path);
+                if !a.read_only {
+                    // A read-only server writes nothing: no ENOSPC to warn of.
+                    warn_if_sparse_on_a_small_fs(path);
+                }
                 by_path.insert(key.clone(), v.clone());
                 volumes.push((key.clone(), v.clone()));
                 v
