@@ -2,7 +2,7 @@
 # Runs every test of jbdev on a fresh Debian 12 machine (as root): installs
 # the tools the tests drive (fio, qemu-utils, libnbd tools, e2fsprogs, …),
 # then the workspace tests, then a short fuzz run of every decoder.
-#   scripts/test.sh                 # everything (about 10-15 minutes)
+#   scripts/test.sh                 # everything (15-25 minutes on 2 cores)
 #   FUZZ_SECONDS=0 scripts/test.sh  # skip the fuzz smoke run
 #   JBDEV_RBD_TESTS=0 scripts/test.sh  # skip the Ceph RBD tests (issue 14)
 set -euo pipefail
