@@ -603,7 +603,9 @@ fn file_dio_block_size(file: &File) -> u32 {
     512
 }
 
-/// Zeroes a range of a file or block device (hole punch / BLKZEROOUT).
+/// Zeroes a range of a file or block device (hole punch / BLKZEROOUT). The
+/// range is checked like any request (as are [`zero_range_allocated`]'s and
+/// [`allocate`]'s).
 pub(crate) fn zero_range(f: &DeviceFile, offset: u64, len: u64) -> Result<()> {
     zero(f, offset, len, libc::FALLOC_FL_PUNCH_HOLE)
 }
@@ -619,6 +621,7 @@ pub(crate) fn zero_range_allocated(f: &DeviceFile, offset: u64, len: u64) -> Res
 /// allocated blocks keep their content); nothing on a block device, nor on
 /// a file system without `fallocate`.
 pub(crate) fn allocate(f: &DeviceFile, offset: u64, len: u64) -> Result<()> {
+    check_request(f.size_bytes, f.logical_block_size, offset, len)?;
     check_writable(f)?;
     if f.is_block_device || len == 0 {
         return Ok(());
@@ -645,6 +648,7 @@ pub(crate) fn allocate(f: &DeviceFile, offset: u64, len: u64) -> Result<()> {
 /// Zeroes a range with `fallocate(mode | KEEP_SIZE)` on a file, BLKZEROOUT
 /// on a block device, and by writing zeroes where `mode` is refused.
 fn zero(f: &DeviceFile, offset: u64, len: u64, mode: libc::c_int) -> Result<()> {
+    check_request(f.size_bytes, f.logical_block_size, offset, len)?;
     check_writable(f)?;
     if len == 0 {
         return Ok(());

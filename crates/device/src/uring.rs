@@ -754,17 +754,14 @@ impl BlockDevice for UringDevice {
     }
 
     fn write_zeroes(&self, offset: u64, len: u64) -> Result<()> {
-        check_request(self.f.size_bytes, self.f.logical_block_size, offset, len)?;
         crate::file::zero_range(&self.f, offset, len)
     }
 
     fn write_zeroes_allocated(&self, offset: u64, len: u64) -> Result<()> {
-        check_request(self.f.size_bytes, self.f.logical_block_size, offset, len)?;
         crate::file::zero_range_allocated(&self.f, offset, len)
     }
 
     fn allocate(&self, offset: u64, len: u64) -> Result<()> {
-        check_request(self.f.size_bytes, self.f.logical_block_size, offset, len)?;
         crate::file::allocate(&self.f, offset, len)
     }
 
