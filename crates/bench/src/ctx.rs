@@ -141,40 +141,40 @@ impl Ctx<'_> {
         let mut f = FormatOptions::new(self.volume_bytes());
         f.journal_bytes = self.cfg.journal_bytes;
         let o = self.open_options(policy);
-        self.while_busy(|| Volume::create(&self.backing.path, &f, &o))
+        while_busy(|| Volume::create(&self.backing.path, &f, &o))
     }
 
     /// Reopens the volume with another batching policy.
     pub fn open_volume(&self, policy: BatchPolicy) -> Result<Volume> {
         let o = self.open_options(policy);
-        self.while_busy(|| Volume::open(&self.backing.path, &o))
+        while_busy(|| Volume::open(&self.backing.path, &o))
     }
+}
 
-    /// Runs `open` again while the backing block device is held
-    /// exclusively (EBUSY), for at most [`BUSY_WAIT`]: the kernel releases
-    /// a device some time after the phase before let go of it (an unmount
-    /// of the kernel side's ext4, the last reference of an io_uring that
-    /// is being torn down), and a round that starts in that window must
-    /// not fail. Held longer, the error is the device's own.
-    fn while_busy(&self, mut open: impl FnMut() -> jbdev_volume::Result<Volume>) -> Result<Volume> {
-        let deadline = std::time::Instant::now() + BUSY_WAIT;
-        let mut said = false;
-        loop {
-            match open() {
-                Err(jbdev_volume::VolumeError::Device(jbdev_device::DeviceError::Busy(what)))
-                    if std::time::Instant::now() < deadline =>
-                {
-                    if !said {
-                        eprintln!(
-                            "jbdev bench: {what} is still held; waiting up to {} s for its release",
-                            BUSY_WAIT.as_secs()
-                        );
-                        said = true;
-                    }
-                    std::thread::sleep(Duration::from_millis(50));
+/// Runs `open` again while the backing block device is held
+/// exclusively (EBUSY), for at most [`BUSY_WAIT`]: the kernel releases
+/// a device some time after the phase before let go of it (an unmount
+/// of the kernel side's ext4, the last reference of an io_uring that
+/// is being torn down), and a round that starts in that window must
+/// not fail. Held longer, the error is the device's own.
+fn while_busy(mut open: impl FnMut() -> jbdev_volume::Result<Volume>) -> Result<Volume> {
+    let deadline = std::time::Instant::now() + BUSY_WAIT;
+    let mut said = false;
+    loop {
+        match open() {
+            Err(jbdev_volume::VolumeError::Device(jbdev_device::DeviceError::Busy(what)))
+                if std::time::Instant::now() < deadline =>
+            {
+                if !said {
+                    eprintln!(
+                        "jbdev bench: {what} is still held; waiting up to {} s for its release",
+                        BUSY_WAIT.as_secs()
+                    );
+                    said = true;
                 }
-                r => return Ok(r?),
+                std::thread::sleep(Duration::from_millis(50));
             }
+            r => return Ok(r?),
         }
     }
 }

@@ -131,12 +131,11 @@ struct Slot<T> {
     /// their read lock after it fail instead of entering.
     closing: AtomicUsize,
     /// [`forks`] when the current occupant was stored: a handle is the
-    /// process's that made it, never a forked child's (see [`forks`]).
+    /// process's that made it, never a forked child's.
     made_after_forks: AtomicU64,
 }
 
-/// Counts the forks this process is a child of (bumped in the child by a
-/// `pthread_atfork` handler, registered before the first handle exists).
+/// [`jbdev_device::fork::generation`] now.
 ///
 /// IMPORTANT: a child of `fork()` inherits the parent's handles but not
 /// its volumes: the engine's threads are gone, its locks may be held
@@ -147,24 +146,8 @@ struct Slot<T> {
 /// adversarial pass). So every call refuses a handle made before the
 /// latest fork, before it takes any lock, and its close leaves the
 /// parent's volume alone (the child's copy of it is simply not freed).
-static FORKS: AtomicU64 = AtomicU64::new(0);
-
-extern "C" fn count_fork_in_child() {
-    // Async-signal-safe: one atomic add.
-    FORKS.fetch_add(1, Ordering::Relaxed);
-}
-
-/// [`FORKS`] now, registering its handler on first use.
 fn forks() -> u64 {
-    static REGISTERED: std::sync::Once = std::sync::Once::new();
-    REGISTERED.call_once(|| {
-        // SAFETY: registers a handler that only touches an atomic; it runs
-        // in the child right after fork, where that is allowed.
-        // (It fails only without memory for the entry; the library then
-        // cannot tell a child, as before.)
-        let _ = unsafe { libc::pthread_atfork(None, None, Some(count_fork_in_child)) };
-    });
-    FORKS.load(Ordering::Relaxed)
+    jbdev_device::fork::generation()
 }
 
 impl<T> Slot<T> {
@@ -270,7 +253,7 @@ impl<T> Table<T> {
     }
 
     /// `-EBADF` for a handle this process inherited through `fork()` (see
-    /// [`FORKS`]), before any lock is taken.
+    /// [`forks`]), before any lock is taken.
     fn refuse_inherited(&self, slot: &Slot<T>) -> Result<()> {
         if slot.inherited() {
             return Err(Error::new(

@@ -8,6 +8,11 @@ use std::process::{Command, Output};
 mod cli_common;
 use cli_common::{jbdev, text};
 
+/// Creates `path` as a sparse file of `len` bytes.
+fn sparse_file(path: &std::path::Path, len: u64) {
+    std::fs::File::create(path).unwrap().set_len(len).unwrap();
+}
+
 fn assert_clean_error(o: &Output, what: &str) {
     let t = text(o);
     assert!(
@@ -344,10 +349,7 @@ fn format_refuses_to_destroy_a_volume_or_data_without_force() {
     assert_eq!(std::fs::read(&data).unwrap(), bytes);
     // A file system is named.
     let fs = dir.path().join("ext4.img");
-    std::fs::File::create(&fs)
-        .unwrap()
-        .set_len(8 << 20)
-        .unwrap();
+    sparse_file(&fs, 8 << 20);
     match Command::new("mkfs.ext4")
         .args(["-q", "-F"])
         .arg(&fs)
@@ -364,10 +366,7 @@ fn format_refuses_to_destroy_a_volume_or_data_without_force() {
     // A fresh target (`truncate -s`) reads as zeroes (all holes): format
     // takes it without --force.
     let zeroes = dir.path().join("z.img");
-    std::fs::File::create(&zeroes)
-        .unwrap()
-        .set_len(32 << 20)
-        .unwrap();
+    sparse_file(&zeroes, 32 << 20);
     format_16m(zeroes.to_str().unwrap(), &[]);
 
     // A journal without a volume superblock (a format interrupted before
@@ -637,10 +636,7 @@ fn rbd_format_says_when_it_grew_the_image() {
 fn format_says_when_it_extended_the_image_file() {
     let dir = tempfile::tempdir().unwrap();
     let img = dir.path().join("v.img");
-    std::fs::File::create(&img)
-        .unwrap()
-        .set_len(8 << 20)
-        .unwrap();
+    sparse_file(&img, 8 << 20);
     let o = format_16m(img.to_str().unwrap(), &[]);
     let needed = (16u64 << 20) + (1 << 20) + 4096;
     let t = text(&o);
@@ -1273,10 +1269,7 @@ fn the_journal_path_hint_keeps_symlinks_and_raw_bytes() {
     let dir = tempfile::tempdir().unwrap();
     // A symlink stays the symlink (a /dev/disk/by-id name stays that name).
     let real = dir.path().join("real.journal");
-    std::fs::File::create(&real)
-        .unwrap()
-        .set_len(1 << 20)
-        .unwrap();
+    sparse_file(&real, 1 << 20);
     let link = dir.path().join("by-id-link");
     std::os::unix::fs::symlink(&real, &link).unwrap();
     let img = dir.path().join("v.img");
@@ -1350,10 +1343,7 @@ impl Drop for LoopDev {
 fn format_of_a_whole_device_uses_all_of_it() {
     let dir = tempfile::tempdir().unwrap();
     let backing = dir.path().join("loop.img");
-    std::fs::File::create(&backing)
-        .unwrap()
-        .set_len(64 << 20)
-        .unwrap();
+    sparse_file(&backing, 64 << 20);
     let Some(lo) = loop_device(&backing, false) else {
         println!("SKIP: no loop device (losetup needs root)");
         return;
@@ -1426,10 +1416,7 @@ fn check_of_a_volume_on_a_device_with_larger_sectors_is_not_corruption() {
 fn format_names_a_read_only_device() {
     let dir = tempfile::tempdir().unwrap();
     let backing = dir.path().join("ro.img");
-    std::fs::File::create(&backing)
-        .unwrap()
-        .set_len(16 << 20)
-        .unwrap();
+    sparse_file(&backing, 16 << 20);
     let Some(lo) = loop_device(&backing, true) else {
         println!("SKIP: no loop device (losetup needs root)");
         return;

@@ -251,8 +251,7 @@ fn restart_right_after_kill_9_always_opens() {
         }
     }
     eprintln!("{RESTARTS} restarts after kill -9, {waited} waited for a dead holder's lock");
-    let log = srv.log_text();
-    assert!(srv.stop(), "server did not stop cleanly:\n{log}");
+    srv.stop_cleanly();
 }
 
 /// kill -9 of `jbdev serve` on an RBD-homed volume under FUA load, with the
@@ -385,8 +384,7 @@ mod rbd {
             .expect("write after the refused --break-lock");
         assert!(reply.is_ok(), "the live server was fenced: {reply:?}");
         drop(c);
-        let log = srv.log_text();
-        assert!(srv.stop(), "server did not stop cleanly:\n{log}");
+        srv.stop_cleanly();
     }
 
     /// Report s20 #6: two exports naming one RBD image in two spellings
@@ -412,8 +410,7 @@ mod rbd {
         let got = cb.call(CMD_READ, 0, 8192, 4096, &[]).unwrap();
         assert_eq!(got, Ok(vec![0x5a; 4096]), "export b does not see a's write");
         drop((ca, cb));
-        let log = srv.log_text();
-        assert!(srv.stop(), "server did not stop cleanly:\n{log}");
+        srv.stop_cleanly();
     }
 
     /// The test cluster's OSD stopped (SIGSTOP) until this is dropped; a
@@ -425,13 +422,7 @@ mod rbd {
 
     impl FrozenOsd {
         fn new() -> Self {
-            let pids = std::fs::read_to_string(test_cluster::dir().join("pids")).unwrap();
-            let pid = pids
-                .lines()
-                .find_map(|l| l.strip_prefix("osd "))
-                .expect("the cluster's OSD pid")
-                .trim()
-                .to_string();
+            let pid = test_cluster::osd_pid();
             run_ok("kill", &["-STOP", &pid], 10);
             let p = pid.clone();
             let watchdog = std::thread::spawn(move || {
@@ -514,8 +505,7 @@ mod rbd {
         let got = c.call(CMD_READ, 0, 0, 4 * 4096, &[]).unwrap();
         assert_eq!(got, Ok(vec![0x42; 4 * 4096]), "acknowledged writes lost");
         drop(c);
-        let log = srv.log_text();
-        assert!(srv.stop(), "server did not stop cleanly:\n{log}");
+        srv.stop_cleanly();
     }
 
     /// Session 21, defect 3: `serve --break-lock` with a `--listen` that

@@ -214,7 +214,7 @@ fn flood_of_idle_trickling_and_non_reading_clients_does_not_starve_a_normal_one(
         .unwrap();
     assert_eq!(back.len(), 4096);
     normal.disconnect().unwrap();
-    assert!(srv.stop(), "server did not stop cleanly");
+    srv.stop_cleanly();
 }
 
 /// The server's threads are a fixed set: the count with one client is the
@@ -288,7 +288,7 @@ fn thread_count_does_not_depend_on_the_number_of_connections() {
         c.disconnect().unwrap();
     }
     first.disconnect().unwrap();
-    assert!(srv.stop(), "server did not stop cleanly");
+    srv.stop_cleanly();
 }
 
 /// `jbdev_nbd_requests_total` of READs on the default export.
@@ -359,7 +359,7 @@ fn a_dropped_client_s_requests_are_not_carried_out() {
         after < 64.0,
         "{after} reads of 16 MiB were run for a client that never read a reply"
     );
-    assert!(srv.stop(), "server did not stop cleanly");
+    srv.stop_cleanly();
 }
 
 /// True if the server has not closed `s` (nothing to read yet, no EOF).
@@ -447,5 +447,5 @@ fn clients_holding_large_payload_buffers_do_not_stall_small_requests() {
     }
     normal.disconnect().unwrap();
     drop(stallers);
-    assert!(srv.stop(), "server did not stop cleanly");
+    srv.stop_cleanly();
 }

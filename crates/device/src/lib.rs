@@ -39,6 +39,7 @@ pub mod error;
 pub mod fault;
 pub mod file;
 pub mod flush;
+pub mod fork;
 pub mod heap;
 #[cfg(any(test, feature = "testing"))]
 pub mod mem;

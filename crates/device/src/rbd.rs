@@ -1872,6 +1872,17 @@ pub mod test_cluster {
             .unwrap_or_else(|| PathBuf::from("/tmp/jbdev-ceph-test"))
     }
 
+    /// The pid of the cluster's one OSD (from the state directory's `pids`
+    /// file), for tests that freeze it (SIGSTOP) to make the store hang.
+    pub fn osd_pid() -> String {
+        let pids = std::fs::read_to_string(dir().join("pids")).expect("the cluster's pids file");
+        pids.lines()
+            .find_map(|l| l.strip_prefix("osd "))
+            .expect("the cluster's OSD pid")
+            .trim()
+            .to_string()
+    }
+
     /// The project's cluster script.
     pub fn script() -> PathBuf {
         Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/ceph-test-cluster.sh")

@@ -40,7 +40,6 @@ mod queue;
 use std::cell::RefCell;
 use std::io::{self, IoSlice, IoSliceMut};
 use std::os::unix::io::{AsRawFd, RawFd};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Once, OnceLock};
 
 use io_uring::{opcode, squeue, types, IoUring};
@@ -98,38 +97,8 @@ pub fn log_fallback_once(e: &DeviceError) {
     });
 }
 
-/// Counts the forks this process is a child of (bumped in the child by a
-/// `pthread_atfork` handler). A thread's ring is tied to the process that
-/// made it: the kernel refuses submissions to a `SINGLE_ISSUER` ring from
-/// any other task (`EEXIST`), and a child's copy of a plain ring would
-/// share its queues with the parent. So the thread that forked, in the
-/// child, replaces the ring it inherited instead of using it.
-static FORK_GENERATION: AtomicU64 = AtomicU64::new(0);
-
-extern "C" fn count_fork_in_child() {
-    // Async-signal-safe: one atomic add.
-    FORK_GENERATION.fetch_add(1, Ordering::Relaxed);
-}
-
-/// Registers [`count_fork_in_child`], once, before the first ring exists.
-fn watch_forks() {
-    static REGISTERED: Once = Once::new();
-    REGISTERED.call_once(|| {
-        // SAFETY: registers a handler that only touches an atomic; it
-        // runs in the child right after fork, where that is allowed.
-        let rc = unsafe { libc::pthread_atfork(None, None, Some(count_fork_in_child)) };
-        if rc != 0 {
-            tracing::warn!(
-                "pthread_atfork failed ({rc}): a child process forked after jbdev used \
-                 io_uring cannot do I/O on this thread"
-            );
-        }
-    });
-}
-
 /// Creates a ring, with the single-issuer flags where the kernel has them.
 fn new_ring() -> io::Result<IoUring> {
-    watch_forks();
     let mut builder = IoUring::builder();
     builder.setup_single_issuer().setup_coop_taskrun();
     match builder.build(RING_ENTRIES) {
@@ -143,7 +112,8 @@ fn new_ring() -> io::Result<IoUring> {
 /// The calling thread's ring and its request tag.
 struct Ring {
     ring: IoUring,
-    /// [`FORK_GENERATION`] when the ring was made.
+    /// [`crate::fork::generation`] when the ring was made: the thread that
+    /// forked, in the child, replaces the ring it inherited.
     fork_generation: u64,
     /// Tag of the next request; only this thread touches it.
     next_user_data: u64,
@@ -173,7 +143,7 @@ thread_local! {
 fn with_ring<R>(f: impl FnOnce(&mut Ring) -> R) -> Option<R> {
     RING.try_with(|slot| {
         let mut slot = slot.borrow_mut();
-        let forks = FORK_GENERATION.load(Ordering::Relaxed);
+        let forks = crate::fork::generation();
         if matches!(&*slot, RingSlot::Ready(r) if r.fork_generation != forks) {
             // Inherited across a fork: dropping it unmaps and closes the
             // child's copy only.

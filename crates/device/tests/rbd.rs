@@ -358,13 +358,7 @@ fn signal(sig: &str, pid: &str) {
 impl FrozenOsd {
     fn new() -> Self {
         let one = FREEZE.lock().unwrap_or_else(|e| e.into_inner());
-        let pids = std::fs::read_to_string(test_cluster::dir().join("pids")).unwrap();
-        let pid = pids
-            .lines()
-            .find_map(|l| l.strip_prefix("osd "))
-            .expect("the cluster's OSD pid")
-            .trim()
-            .to_string();
+        let pid = test_cluster::osd_pid();
         signal("-STOP", &pid);
         // SIGSTOP takes effect asynchronously: an OSD thread still running
         // could complete a write sent after `kill` returned. Wait until

@@ -53,6 +53,16 @@ fn read_block(v: &Volume, b: u64) -> Vec<u8> {
     back
 }
 
+/// Opens `home` with `jnl` and checks that each `(block, byte)` reads as
+/// that byte throughout, then closes.
+fn opens_with(home: &Arc<FaultDevice>, jnl: &Arc<FaultDevice>, blocks: &[(u64, u8)]) {
+    let v = open_with(home, jnl, &quiet_open_options()).unwrap();
+    for &(b, byte) in blocks {
+        assert_eq!(read_block(&v, b), vec![byte; BS as usize], "block {b}");
+    }
+    v.close().unwrap();
+}
+
 #[test]
 fn a_journal_restored_from_an_old_copy_is_refused_not_replayed() {
     let (home, jnl) = devices();
@@ -115,9 +125,7 @@ fn a_clean_old_copy_and_an_unstamped_journal_are_accepted() {
     v.write_at(&[9u8; BS as usize], 0, WriteFlags::FUA).unwrap();
     v.close().unwrap();
     let restored = Arc::new(FaultDevice::from_image(clean_copy, SECTOR as u32));
-    let v = open_with(&home, &restored, &quiet_open_options()).unwrap();
-    assert_eq!(read_block(&v, 0), vec![9u8; BS as usize]);
-    v.close().unwrap();
+    opens_with(&home, &restored, &[(0, 9u8)]);
     assert!(
         v_session(&home) >= 3,
         "each read-write open takes a new session"
@@ -186,10 +194,7 @@ fn an_older_home_under_a_journal_that_needs_replay_is_refused() {
     let e = reset_without_force(&restored, &jnl3).unwrap_err();
     assert!(e.to_string().contains("ahead of the volume"), "{e}");
     // The pair as it crashed recovers: 0xcc over 0xbb.
-    let v = open_with(&home3, &jnl3, &quiet_open_options()).unwrap();
-    assert_eq!(read_block(&v, 0), vec![0xcc; BS as usize]);
-    assert_eq!(read_block(&v, 1), vec![0xbb; BS as usize]);
-    v.close().unwrap();
+    opens_with(&home3, &jnl3, &[(0, 0xcc), (1, 0xbb)]);
 }
 
 /// Found by an adversarial pass (session 21): a copy of a volume (home
@@ -219,10 +224,7 @@ fn a_journal_a_copy_of_the_volume_wrote_is_not_replayed_into_the_original() {
     // and the copy recovers its acknowledged write from it.
     assert!(home.durable_image() == original, "the original was written");
     assert!(jnl_crashed.durable_image() == journal_before);
-    let v = open_with(&copy_crashed, &jnl_crashed, &quiet_open_options()).unwrap();
-    assert_eq!(read_block(&v, 0), vec![0xee; BS as usize]);
-    assert_eq!(read_block(&v, 1), vec![0xaa; BS as usize]);
-    v.close().unwrap();
+    opens_with(&copy_crashed, &jnl_crashed, &[(0, 0xee), (1, 0xaa)]);
 }
 
 /// Found by an adversarial pass (session 21): `journal reset` without
@@ -251,9 +253,7 @@ fn a_reset_without_force_leaves_another_volume_s_journal_alone() {
     let e = reset_without_force(&home_a, &jnl_b).unwrap_err();
     assert!(e.to_string().contains("another volume"), "{e}");
     assert!(jnl_b.durable_image() == before, "B's journal was changed");
-    let v = open_with(&home_b, &jnl_b, &quiet_open_options()).unwrap();
-    assert_eq!(read_block(&v, 0), vec![0xbb; BS as usize]);
-    v.close().unwrap();
+    opens_with(&home_b, &jnl_b, &[(0, 0xbb)]);
 }
 
 /// The stamps of an open are three flushed writes (pending, journal,
@@ -362,9 +362,7 @@ fn a_journal_copy_older_than_what_the_checkpoint_wrote_home_is_refused() {
             SECTOR as u32,
         )),
     );
-    let v = open_with(&h, &j, &quiet_open_options()).unwrap();
-    assert_eq!(read_block(&v, 0), vec![0xb2; BS as usize]);
-    v.close().unwrap();
+    opens_with(&h, &j, &[(0, 0xb2)]);
     // The copy is refused instead of rolling block 0 back to 0xa1.
     let restored = Arc::new(FaultDevice::from_image(copy, SECTOR as u32));
     let e = open_error(&home_now, &restored, false);
@@ -376,7 +374,5 @@ fn a_journal_copy_older_than_what_the_checkpoint_wrote_home_is_refused() {
     let img = home_now.durable_image();
     let sb = jbdev_volume::superblock::VolumeSuperblock::decode(&img[..512]).unwrap();
     assert_eq!(sb.checkpoint_sequence, 0);
-    let v = open_with(&home_now, &restored, &quiet_open_options()).unwrap();
-    assert_eq!(read_block(&v, 0), vec![0xb2; BS as usize]);
-    v.close().unwrap();
+    opens_with(&home_now, &restored, &[(0, 0xb2)]);
 }

@@ -282,6 +282,13 @@ impl ServerProc {
         }
     }
 
+    /// [`ServerProc::stop`], failing the test with the server's log if it
+    /// did not exit successfully.
+    pub fn stop_cleanly(self) {
+        let log = self.log_text();
+        assert!(self.stop(), "server did not stop cleanly:\n{log}");
+    }
+
     /// SIGKILL (a crash) and reap.
     pub fn crash(mut self) {
         let _ = self.child.kill();
