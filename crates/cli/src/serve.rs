@@ -607,27 +607,47 @@ fn bind_unix(p: &Path) -> anyhow::Result<Listener> {
     })
 }
 
+/// How long closing one volume at exit may take before the server gives up
+/// on it (a close checkpoints the journal, and a store that stopped answering
+/// would hold the process and the volume's lock for as long as it hangs:
+/// the file backend has no I/O timeout). Giving up is as safe as a crash:
+/// everything acknowledged as durable is in the journal, which the next open
+/// replays.
+const CLOSE_LIMIT: Duration = Duration::from_secs(60);
+/// The same for the flush of a volume a connection still held after the
+/// shutdown grace time: the store is then most likely what holds it.
+const FLUSH_LIMIT: Duration = Duration::from_secs(10);
+
 fn close_volumes(volumes: Vec<(PathBuf, Arc<Volume>)>) -> anyhow::Result<()> {
     let mut result = Ok(());
     for (path, vol) in volumes {
         // Worker threads drop their last references just after their final
         // reply is sent; give them a moment before settling for a flush.
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
         while Arc::strong_count(&vol) > 1 && std::time::Instant::now() < deadline {
-            std::thread::sleep(std::time::Duration::from_millis(10));
+            std::thread::sleep(Duration::from_millis(10));
         }
-        match Arc::try_unwrap(vol) {
-            Ok(v) => {
-                if let Err(e) = v.close() {
-                    result = Err(e).with_context(|| format!("closing {}", path.display()));
-                }
-            }
+        let shown = path.display().to_string();
+        let done = match Arc::try_unwrap(vol) {
+            Ok(v) => within(&format!("closing {shown}"), CLOSE_LIMIT, move || v.close()),
             Err(v) => {
                 // A connection outlived the grace time and still holds it.
-                tracing::warn!("{} still in use at exit; flushing only", path.display());
-                if let Err(e) = v.flush() {
-                    result = Err(e).with_context(|| format!("flushing {}", path.display()));
-                }
+                tracing::warn!("{shown} still in use at exit; flushing only");
+                within(&format!("flushing {shown}"), FLUSH_LIMIT, move || v.flush())
+            }
+        };
+        match done {
+            Some(Ok(())) => {}
+            Some(Err(e)) => {
+                result = Err(e).with_context(|| format!("closing {shown}"));
+            }
+            None => {
+                result = Err(anyhow::anyhow!(
+                    "{shown} was not closed (see above); exiting without its final \
+                     flush. Writes acknowledged as durable are in its journal, \
+                     which the next open replays; writes not yet flushed may be lost, as \
+                     in a crash"
+                ));
             }
         }
     }
@@ -635,6 +655,52 @@ fn close_volumes(volumes: Vec<(PathBuf, Arc<Volume>)>) -> anyhow::Result<()> {
         tracing::info!("all volumes flushed and closed");
     }
     result
+}
+
+/// Runs `f` on its own thread and waits for it at most `limit`, saying every
+/// 10 s that it still waits. None if `f` did not finish in time: its thread
+/// is left behind (blocked on the store; the process exits without it).
+fn within<T: Send + 'static>(
+    what: &str,
+    limit: Duration,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> Option<T> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let spawned = std::thread::Builder::new()
+        .name("jbdev-close".into())
+        .spawn(move || {
+            let _ = tx.send(f());
+        });
+    if let Err(e) = spawned {
+        tracing::error!("{what}: cannot start a thread ({e})");
+        return None;
+    }
+    let start = std::time::Instant::now();
+    loop {
+        let left = limit.saturating_sub(start.elapsed());
+        match rx.recv_timeout(left.min(Duration::from_secs(10))) {
+            Ok(v) => return Some(v),
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                tracing::error!("{what}: failed without a result (a panic)");
+                return None;
+            }
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                let waited = start.elapsed();
+                if waited >= limit {
+                    tracing::error!(
+                        "{what}: no answer from the store in {} s; giving up",
+                        waited.as_secs()
+                    );
+                    return None;
+                }
+                tracing::warn!(
+                    "{what}: still waiting for the store after {} s (at most {} s)",
+                    waited.as_secs(),
+                    limit.as_secs()
+                );
+            }
+        }
+    }
 }
 
 /// `--direct-write-threshold`: a size (`256K`, `1M`, bytes), or `0` / `none`
@@ -709,6 +775,21 @@ fn same_rbd_key<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A close that never returns (a store that stopped answering) is given
+    /// up at its limit and the caller goes on; one that returns is waited
+    /// for, and a panic in it is an error, not a wait.
+    #[test]
+    fn a_close_that_hangs_is_given_up_at_its_limit() {
+        let (hold, hung) = std::sync::mpsc::channel::<()>();
+        let limit = Duration::from_millis(50);
+        let got = within("closing hung.img", limit, move || hung.recv().is_ok());
+        assert_eq!(got, None, "a hung close was waited for");
+        drop(hold);
+        assert_eq!(within("closing ok.img", limit * 100, || 7), Some(7));
+        let panicked: Option<()> = within("closing bad.img", limit * 100, || panic!("boom"));
+        assert_eq!(panicked, None);
+    }
 
     #[test]
     fn a_store_not_writable_here_suggests_read_only() {

@@ -1843,7 +1843,10 @@ impl Volume {
     /// [`Volume::write_owned`] only if it need not wait: a non-FUA write
     /// that goes straight home whole (aligned, no partial edge blocks to
     /// journal) through the page cache (`write_cache`), with the home lock
-    /// free and the journal credits for its revokes available now. Then the
+    /// free and the journal credits for its revokes available now, on a home
+    /// whose buffered writes do not wait on the storage (a local disk file
+    /// system: on FUSE or NFS they can hang with it, and would stall every
+    /// connection of a server's network thread). Then the
     /// write runs on the caller's thread, which blocks only as long as any
     /// buffered write may (the page cache's own dirty throttling), and its
     /// outcome is returned as `Ok`. Otherwise `buf` comes back untouched as
@@ -1856,7 +1859,7 @@ impl Volume {
         flags: WriteFlags,
     ) -> std::result::Result<Result<()>, CallerBuf> {
         let len = (*buf).as_ref().len() as u64;
-        if flags.fua || !self.engine.home_writes_cached() {
+        if flags.fua || !self.engine.home_writes_cached_promptly() {
             return Err(buf);
         }
         let mid = match self.route(offset, len) {

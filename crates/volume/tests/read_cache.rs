@@ -312,3 +312,112 @@ fn try_write_owned_runs_only_aligned_page_cache_writes_in_place() {
     let first_bad = got.iter().zip(model.iter()).position(|(a, b)| a != b);
     assert_eq!(first_bad, None, "content after reopen");
 }
+
+/// A file device whose page-cache writes report they can stall (as on
+/// FUSE or NFS); everything else is the file's.
+struct StallingCache(std::sync::Arc<dyn jbdev_device::BlockDevice>);
+
+impl jbdev_device::BlockDevice for StallingCache {
+    fn size_bytes(&self) -> u64 {
+        self.0.size_bytes()
+    }
+    fn logical_block_size(&self) -> u32 {
+        self.0.logical_block_size()
+    }
+    fn read_vectored_at(
+        &self,
+        bufs: &mut [std::io::IoSliceMut<'_>],
+        offset: u64,
+    ) -> jbdev_device::Result<()> {
+        self.0.read_vectored_at(bufs, offset)
+    }
+    fn has_write_cache(&self) -> bool {
+        self.0.has_write_cache()
+    }
+    fn write_cache_can_stall(&self) -> bool {
+        true
+    }
+    fn write_cached(&self, bufs: &[std::io::IoSlice<'_>], offset: u64) -> jbdev_device::Result<()> {
+        self.0.write_cached(bufs, offset)
+    }
+    fn write_vectored_at(
+        &self,
+        bufs: &[std::io::IoSlice<'_>],
+        offset: u64,
+        prio: jbdev_device::IoPriority,
+    ) -> jbdev_device::Result<()> {
+        self.0.write_vectored_at(bufs, offset, prio)
+    }
+    fn write_vectored_durable_at(
+        &self,
+        bufs: &[std::io::IoSlice<'_>],
+        offset: u64,
+        prio: jbdev_device::IoPriority,
+    ) -> jbdev_device::Result<()> {
+        self.0.write_vectored_durable_at(bufs, offset, prio)
+    }
+    fn flush(&self) -> jbdev_device::Result<()> {
+        self.0.flush()
+    }
+    fn write_zeroes(&self, offset: u64, len: u64) -> jbdev_device::Result<()> {
+        self.0.write_zeroes(offset, len)
+    }
+    fn backend_name(&self) -> &'static str {
+        "stalling-cache"
+    }
+}
+
+/// A home whose buffered writes can wait on the storage without bound (a
+/// file on FUSE or NFS) never takes `try_write_owned`'s in-place write: it
+/// would block an NBD network thread and every connection on it while the
+/// store hangs (a stalled export froze the server's other exports). The
+/// same write on a local file system does run in place, and a file on
+/// tmpfs or ext4 is known not to stall.
+#[test]
+fn try_write_owned_leaves_a_home_that_can_stall_to_a_worker() {
+    let (_dir, path, f) = on_disk(8 << 20, 1 << 20);
+    let opts = OpenOptions {
+        read_cache: true,
+        write_cache: true,
+        direct_write_threshold: 64 << 10,
+        ..Default::default()
+    };
+    drop(Volume::create(&path, &f, &opts).unwrap());
+    let dopts = jbdev_device::OpenOptions {
+        read_cache: true,
+        ..Default::default()
+    };
+    let dev = jbdev_device::open_device(&path, &dopts).unwrap().device;
+    assert!(dev.has_write_cache());
+    assert!(
+        !dev.write_cache_can_stall(),
+        "a file in /var/tmp counts as stalling"
+    );
+    let shm = tempfile::tempdir_in("/dev/shm").unwrap();
+    let on_tmpfs = shm.path().join("t.img");
+    std::fs::write(&on_tmpfs, vec![0u8; 1 << 20]).unwrap();
+    let tmpfs_dev = jbdev_device::open_device(&on_tmpfs, &dopts).unwrap().device;
+    assert!(
+        !tmpfs_dev.write_cache_can_stall(),
+        "tmpfs counts as stalling"
+    );
+    drop(tmpfs_dev);
+
+    let len = 256 << 10;
+    let data = skewed(len, 0, 3);
+    let want = data.as_ref().to_vec();
+    let stalling =
+        Volume::open_device(std::sync::Arc::new(StallingCache(dev)), None, &opts).unwrap();
+    let back = stalling
+        .try_write_owned(Box::new(data), 16 * 4096, WriteFlags::NONE)
+        .expect_err("a write to a home that can stall ran in place");
+    assert!((*back).as_ref() == &want[..], "the buffer came back intact");
+    stalling.close().unwrap();
+
+    let local = Volume::open(&path, &opts).unwrap();
+    local
+        .try_write_owned(Box::new(skewed(len, 0, 4)), 16 * 4096, WriteFlags::NONE)
+        .map_err(|_| "came back")
+        .expect("the same write on a local file system ran in place")
+        .unwrap();
+}

@@ -320,6 +320,13 @@ impl Engine {
         self.opts.write_cache && self.home.dev.has_write_cache()
     }
 
+    /// Whether a direct write through the page cache may run on a thread
+    /// that must not block (see [`Engine::try_direct`]): its home's
+    /// buffered writes return without waiting on the storage.
+    pub(crate) fn home_writes_cached_promptly(&self) -> bool {
+        self.home_writes_cached() && !self.home.dev.write_cache_can_stall()
+    }
+
     /// An aligned buffer of `len` bytes for the aligned middle of a large
     /// write (contents unspecified: the caller overwrites all of it). Large
     /// buffers are reused: a fresh 16 MiB allocation costs more in page
