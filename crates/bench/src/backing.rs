@@ -146,6 +146,7 @@ pub struct Backing {
     pub backing_file: Option<PathBuf>,
     // Field order is drop order: detach the loop device, then unmount the
     // FUSE file system (slow) and stop its server, then remove the file.
+    _watch: crate::devstat::Watch,
     _loop: Option<Cleanup>,
     _fuse: Option<SlowServer>,
     _file: Option<Cleanup>,
@@ -199,6 +200,7 @@ impl Backing {
             }
         );
         Ok(Backing {
+            _watch: crate::devstat::watch(&dev),
             kind: kind.clone(),
             path: dev,
             is_block_device: true,
@@ -255,6 +257,7 @@ impl Backing {
             }
         );
         Ok(Backing {
+            _watch: crate::devstat::watch(&dev),
             kind: BackingKind::Slow,
             path: dev,
             is_block_device: true,
@@ -304,6 +307,7 @@ impl Backing {
             .seek(SeekFrom::End(0))
             .map_err(io_err(format!("size of {}", path.display())))?;
         Ok(Backing {
+            _watch: crate::devstat::watch(path),
             kind: BackingKind::Device(path.to_path_buf()),
             path: path.to_path_buf(),
             is_block_device,

@@ -144,6 +144,7 @@ pub struct CpuMark {
     children: CpuTime,
     device: CpuTime,
     machine_us: Option<u64>,
+    written: Option<u64>,
 }
 
 /// Takes a mark, or None if getrusage failed (then no CPU is reported).
@@ -155,6 +156,7 @@ pub fn mark() -> Option<CpuMark> {
         children,
         device: device_time(),
         machine_us: machine_busy_us(),
+        written: crate::devstat::written_bytes(),
     })
 }
 
@@ -171,6 +173,9 @@ pub struct CpuDelta {
     /// Busy time of all CPUs of the machine (`/proc/stat`), every process
     /// and kernel thread included; None where it could not be read.
     pub machine_us: Option<u64>,
+    /// Bytes written to the benchmarked block device ([`crate::devstat`]);
+    /// None where it has no stat file.
+    pub device_written_bytes: Option<u64>,
 }
 
 impl CpuMark {
@@ -184,6 +189,10 @@ impl CpuMark {
             machine_us: self
                 .machine_us
                 .zip(earlier.machine_us)
+                .map(|(now, then)| now.saturating_sub(then)),
+            device_written_bytes: self
+                .written
+                .zip(earlier.written)
                 .map(|(now, then)| now.saturating_sub(then)),
         }
     }

@@ -24,6 +24,7 @@ pub mod cleanup;
 pub mod cli;
 pub mod cpu;
 pub mod ctx;
+pub mod devstat;
 mod error;
 pub mod large;
 pub mod load;

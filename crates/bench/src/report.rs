@@ -119,6 +119,11 @@ pub struct RunRecord {
     /// Busy microseconds of all the machine's CPUs per operation
     /// (`/proc/stat`): kernel threads included, and anything else that ran.
     pub machine_cpu_us_per_op: Option<f64>,
+    /// MiB/s written to the benchmarked block device during the run
+    /// ([`crate::devstat`]): the journal and the checkpoint's home writes
+    /// for jbdev, the data for the kernel path. None where not measured.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub device_write_mib_per_sec: Option<f64>,
     /// The volume's own metrics after the run (jbdev only).
     pub volume_stats: Option<serde_json::Value>,
     /// Anything worth knowing about this run.
@@ -159,6 +164,15 @@ impl RunRecord {
         }
         .with_cpu(r.cpu.map(|c| (c.process, c.device)), r.ops)
         .with_machine_cpu(r.cpu.and_then(|c| c.machine_us), r.ops)
+        .with_device_writes(r.cpu.and_then(|c| c.device_written_bytes), secs)
+    }
+
+    /// Fills the device's write rate from the bytes written to it in `secs`.
+    pub fn with_device_writes(mut self, bytes: Option<u64>, secs: f64) -> RunRecord {
+        self.device_write_mib_per_sec = bytes
+            .filter(|_| secs > 0.0)
+            .map(|b| b as f64 / secs / (1 << 20) as f64);
+        self
     }
 
     /// Fills the whole machine's CPU per operation from its busy time.
@@ -411,7 +425,7 @@ fn fmt_rate(v: f64) -> String {
 }
 
 /// Printed under every table with a CPU column.
-pub const CPU_NOTE: &str = "cpu_us/op = (user + sys) CPU of the bench process per operation (getrusage RUSAGE_SELF around the measured run; fs_mark: RUSAGE_CHILDREN). jbdev's engine threads are included; work in kernel threads is NOT: the loop device's workers (the actual file I/O of the ram/disk/slow backings), block-layer completions, ext4's jbd2 thread. Both sides lose that work, and the kernel path loses more of its own (below its syscalls), so the kernel figure is an under-count. all_us/op = busy time of all CPUs of the machine per operation (/proc/stat: user, nice, system, irq, softirq) over the same interval: every process and kernel thread, the loop workers included, and anything else that ran then (an upper bound where cpu_us/op is a lower one).";
+pub const CPU_NOTE: &str = "cpu_us/op = (user + sys) CPU of the bench process per operation (getrusage RUSAGE_SELF around the measured run; fs_mark: RUSAGE_CHILDREN). jbdev's engine threads are included; work in kernel threads is NOT: the loop device's workers (the actual file I/O of the ram/disk/slow backings), block-layer completions, ext4's jbd2 thread. Both sides lose that work, and the kernel path loses more of its own (below its syscalls), so the kernel figure is an under-count. all_us/op = busy time of all CPUs of the machine per operation (/proc/stat: user, nice, system, irq, softirq) over the same interval: every process and kernel thread, the loop workers included, and anything else that ran then (an upper bound where cpu_us/op is a lower one). dev_MiB/s = MiB/s written to the benchmarked block device over the same interval (its sysfs stat): jbdev's journal and home writes, the kernel path's data; divided by MiB/s it is the write amplification.";
 
 fn fmt_cpu(v: Option<f64>) -> String {
     match v {
@@ -439,7 +453,7 @@ pub fn render_scenario(s: &ScenarioReport, fio_percentiles: bool) -> String {
     );
     let _ = writeln!(
         out,
-        "{:<44} {:>4} {:>3} {:>9} {:>9} {:>8} {:>8} {:>8} {:>9} {:>10} {:>10}",
+        "{:<44} {:>4} {:>3} {:>9} {:>9} {:>8} {:>8} {:>8} {:>9} {:>10} {:>10} {:>10}",
         "engine variant [phase]",
         "thr",
         "qd",
@@ -450,7 +464,8 @@ pub fn render_scenario(s: &ScenarioReport, fio_percentiles: bool) -> String {
         "p99_us",
         "p99.9_us",
         "cpu_us/op",
-        "all_us/op"
+        "all_us/op",
+        "dev_MiB/s"
     );
     for r in &s.runs {
         // fs_mark reports no latency.
@@ -470,7 +485,7 @@ pub fn render_scenario(s: &ScenarioReport, fio_percentiles: bool) -> String {
             .unwrap_or(0.0);
         let _ = writeln!(
             out,
-            "{:<44} {:>4} {:>3} {:>9} {:>9.1} {:>8} {:>8} {:>8} {:>9} {:>10} {:>10}",
+            "{:<44} {:>4} {:>3} {:>9} {:>9.1} {:>8} {:>8} {:>8} {:>9} {:>10} {:>10} {:>10}",
             truncate(&r.label(), 44),
             r.threads,
             r.iodepth,
@@ -486,6 +501,8 @@ pub fn render_scenario(s: &ScenarioReport, fio_percentiles: bool) -> String {
             lat(p999),
             fmt_cpu(r.cpu_us_per_op),
             fmt_cpu(r.machine_cpu_us_per_op),
+            r.device_write_mib_per_sec
+                .map_or_else(|| "-".into(), |m| format!("{m:.1}")),
         );
     }
     if fio_percentiles {

@@ -298,13 +298,29 @@ pub fn osync_writers(ctx: &Ctx<'_>, p: &OsyncParams) -> Result<ScenarioReport> {
             j.mib_per_sec / k.mib_per_sec.max(1e-9),
             th,
             format!(
-                "jbdev {:.1} MiB/s, kernel {:.1} MiB/s",
-                j.mib_per_sec, k.mib_per_sec
+                "jbdev {:.1} MiB/s, kernel {:.1} MiB/s{}",
+                j.mib_per_sec,
+                k.mib_per_sec,
+                device_writes(j, k)
             ),
         );
         rep.targets.push(t);
     }
     Ok(rep)
+}
+
+/// "; the device wrote ..." for a verdict: each side's write rate at the
+/// block device and its bytes per byte written (the write amplification),
+/// or nothing where the device's writes were not measured.
+fn device_writes(j: &RunRecord, k: &RunRecord) -> String {
+    let (Some(jd), Some(kd)) = (j.device_write_mib_per_sec, k.device_write_mib_per_sec) else {
+        return String::new();
+    };
+    format!(
+        "; the device wrote jbdev {jd:.1} MiB/s ({:.2} per byte), kernel {kd:.1} MiB/s ({:.2} per byte)",
+        jd / j.mib_per_sec.max(1e-9),
+        kd / k.mib_per_sec.max(1e-9)
+    )
 }
 
 /// Arguments of `fsync-batch`.
