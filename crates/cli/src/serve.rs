@@ -161,6 +161,11 @@ fn tls_config(a: &ServeArgs) -> anyhow::Result<Option<Arc<TlsConfig>>> {
     if a.tls_verify_peer && a.tls_certificates.is_none() {
         usage_bail!("--tls-verify-peer checks client certificates: it needs --tls-certificates DIR (PSK clients have no certificate)");
     }
+    if a.tls_verify_peer && mode == TlsMode::On {
+        // With `on`, a client that never starts TLS is served in plain
+        // text, so without any certificate: the check would be bypassed.
+        usage_bail!("--tls-verify-peer with --tls=on would still serve clients without TLS, and so without a certificate: use --tls=require");
+    }
     let cfg = match (mode, &a.tls_certificates, &a.tls_psk) {
         (TlsMode::Off, None, None) => return Ok(None),
         (TlsMode::Off, _, _) => {

@@ -404,3 +404,40 @@ fn oversize_requests_get_eoverflow_and_keep_the_connection() {
     );
     assert!(srv.stop());
 }
+
+/// A refused request's payload is drained only up to the drain limit,
+/// whatever the refusal: a 4 GiB WRITE to a read-only export was read on
+/// for as long as the client sent (3 GiB in 2 s in session 23's pass),
+/// where an oversized one is dropped at once. The connection is dropped
+/// before the client can send more than the limit, and the server goes on.
+#[test]
+fn a_refused_write_s_payload_is_drained_only_up_to_the_limit() {
+    let dir = TempDir::new("ro-drain");
+    let img = dir.path("a.img");
+    format_volume(&img, "16M");
+    let srv = ServerProc::start(&[img.to_str().unwrap(), "--read-only"], None);
+    let addr = srv.tcp.clone().unwrap();
+    let mut s = go(&addr);
+    request(&mut s, CMD_WRITE, 0, 1, 0, u32::MAX);
+    let chunk = vec![0x5au8; 1 << 20];
+    let mut sent: u64 = 0;
+    let limit = MAX_DRAIN_BYTES + (256 << 20);
+    while sent < limit {
+        match s.write(&chunk) {
+            Ok(n) if n > 0 => sent += n as u64,
+            _ => break,
+        }
+    }
+    assert!(
+        sent < limit,
+        "the server read {sent} bytes of a refused write's payload"
+    );
+    let mut c = Client::connect(&Address::Tcp(addr), "").unwrap();
+    assert!(c.call(CMD_READ, 0, 0, 4096, &[]).unwrap().is_ok());
+    c.disconnect().unwrap();
+    assert!(
+        srv.log_text().contains("drain limit"),
+        "the drop is not in the log"
+    );
+    assert!(srv.stop());
+}

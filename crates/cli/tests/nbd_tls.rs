@@ -518,6 +518,10 @@ fn bad_tls_flags_are_refused_before_serving() {
         (vec![i, "--tls=maybe"], "want off, on or require"),
         (vec![i, "--tls-verify-peer"], "--tls-certificates"),
         (
+            vec![i, "--tls=on", "--tls-certificates", m, "--tls-verify-peer"],
+            "use --tls=require",
+        ),
+        (
             vec![i, "--tls-certificates", m],
             "cannot load the TLS certificates",
         ),

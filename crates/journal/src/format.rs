@@ -130,6 +130,9 @@ mod sb {
     /// jbdev: the session stamp of the last read-write open
     /// (`s_padding[1]`; jbd2 tools ignore it). 0: none.
     pub const SESSION: usize = 0x60;
+    /// jbdev: identity of the home file of the last read-write open
+    /// (`s_padding[2..4]`, big-endian u64; jbd2 tools ignore it). 0: none.
+    pub const HOME_ID: usize = 0x64;
     pub const CHECKSUM: usize = 0xFC;
     pub const USERS: usize = 0x100;
     pub const END: usize = 0x400;
@@ -460,6 +463,12 @@ pub struct JournalSuperblock {
     /// journal restored from a backup. 0: none (a journal written before
     /// session stamps, or by a jbdev without them).
     pub session: u32,
+    /// jbdev: which home file last opened the volume read-write (a hash of
+    /// its device and inode numbers), so a copy of the home does not
+    /// replay, and so empty, the original's journal through the path both
+    /// record (session 23). 0: not known (a block device, an RBD image, a
+    /// journal written before it was recorded).
+    pub home_id: u64,
 }
 
 impl JournalSuperblock {
@@ -486,6 +495,7 @@ impl JournalSuperblock {
             users: vec![uuid],
             pipeline_depth: 1,
             session: 0,
+            home_id: 0,
         }
     }
 
@@ -550,6 +560,8 @@ impl JournalSuperblock {
         put_be32(block, sb::MAX_TRANS_DATA, self.max_trans_data);
         put_be32(block, sb::PIPELINE_DEPTH, self.pipeline_depth.max(1));
         put_be32(block, sb::SESSION, self.session);
+        put_be32(block, sb::HOME_ID, (self.home_id >> 32) as u32);
+        put_be32(block, sb::HOME_ID + 4, self.home_id as u32);
         block[sb::CHECKSUM_TYPE] = CHECKSUM_TYPE_CRC32C;
         for (i, user) in self.users.iter().enumerate() {
             let off = sb::USERS + i * UUID_LEN;
@@ -682,6 +694,8 @@ impl JournalSuperblock {
             users,
             pipeline_depth: get_be32(block, sb::PIPELINE_DEPTH).max(1),
             session: get_be32(block, sb::SESSION),
+            home_id: u64::from(get_be32(block, sb::HOME_ID)) << 32
+                | u64::from(get_be32(block, sb::HOME_ID + 4)),
         })
     }
 }
@@ -1110,9 +1124,14 @@ mod tests {
         sbk.start = 7;
         sbk.sequence = 0x0102_0304;
         sbk.session = 0x0a0b_0c0d;
+        sbk.home_id = 0x1112_1314_1516_1718;
         let mut block = vec![0xffu8; 4096];
         sbk.encode(&mut block);
         assert_eq!(&block[0x60..0x64], &[0x0a, 0x0b, 0x0c, 0x0d]);
+        assert_eq!(
+            &block[0x64..0x6c],
+            &[0x11, 0x12, 0x13, 0x14, 0x15, 0x16, 0x17, 0x18]
+        );
         assert_eq!(&block[0..4], &[0xc0, 0x3b, 0x39, 0x98]);
         assert_eq!(get_be32(&block, 4), BLOCKTYPE_SUPERBLOCK_V2);
         assert_eq!(&block[0x0c..0x10], &4096u32.to_be_bytes());

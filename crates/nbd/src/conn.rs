@@ -153,6 +153,10 @@ impl InflightGate {
 pub enum Part {
     Bytes(Vec<u8>),
     Buf(PooledBuf),
+    /// Part of a pooled buffer other parts share (a READ's data pieces
+    /// around its holes): the buffer stays counted by the pool until the
+    /// last piece is sent.
+    Piece(Arc<PooledBuf>, std::ops::Range<usize>),
 }
 
 impl Part {
@@ -160,6 +164,7 @@ impl Part {
         match self {
             Self::Bytes(b) => b,
             Self::Buf(b) => b,
+            Self::Piece(b, r) => &b[r.clone()],
         }
     }
 }
@@ -477,6 +482,7 @@ fn reject_message(errno: u32) -> &'static str {
         EOVERFLOW => "request longer than the server's maximum payload of 64 MiB",
         ENOSPC => "request reaches past the end of the export",
         ESHUTDOWN => "the server is shutting down",
+        EPERM => "the export is read-only",
         _ => "invalid request",
     }
 }
@@ -625,6 +631,10 @@ fn data_reply(conn: &ConnShared, cookie: u64, offset: u64, df: bool, data: Poole
             Part::Buf(data),
         ];
     }
+    // IMPORTANT: the data pieces are sent from the pooled buffer itself,
+    // not copied: a copy left the pool's budget while it waited for a
+    // client that does not read (16 such clients took 1 GiB, session 23).
+    let data = Arc::new(data);
     let mut parts = Vec::with_capacity(pieces.len() * 2);
     let last = pieces.len() - 1;
     for (i, (from, to, zero)) in pieces.into_iter().enumerate() {
@@ -645,7 +655,7 @@ fn data_reply(conn: &ConnShared, cookie: u64, offset: u64, df: bool, data: Poole
                 off,
                 n,
             )));
-            parts.push(Part::Bytes(data[from..to].to_vec()));
+            parts.push(Part::Piece(data.clone(), from..to));
         }
     }
     parts
@@ -847,7 +857,12 @@ pub(crate) async fn serve(
         _ = broken.wait_for(|b| *b) => DROPPED.into(),
         r = reader.run() => r,
     };
-    tracing::debug!("connection ending: {reason}");
+    if reason.starts_with("bad request") {
+        // A protocol violation: the client is dropped, say so.
+        tracing::info!("dropping client: {reason}");
+    } else {
+        tracing::debug!("connection ending: {reason}");
+    }
     let linger = reader.stopped_by_shutdown;
     let mut input = reader.input;
     // NBD_CMD_DISC and shutdown: answer everything already accepted first.
@@ -1043,11 +1058,15 @@ impl Reader<'_> {
         let payload = req.payload_bytes_in(self.session.header_mode);
         if errno == EOVERFLOW {
             self.warn_oversize(req);
-            if payload > MAX_DRAIN_BYTES {
-                return Err(format!(
-                    "write payload of {payload} bytes is beyond the {MAX_DRAIN_BYTES}-byte drain limit"
-                ));
-            }
+        }
+        // Any refused request's payload, not only an oversized one's (a
+        // 4 GiB WRITE to a read-only export, a PAYLOAD_LEN flag with a
+        // 1 TiB length were read on for as long as the client sent).
+        if payload > MAX_DRAIN_BYTES {
+            return Err(format!(
+                "bad request: a refused request's payload of {payload} bytes is beyond the \
+                 {MAX_DRAIN_BYTES}-byte drain limit"
+            ));
         }
         // Stay in sync: consume the payload before answering.
         self.read_payload(payload, None)

@@ -154,7 +154,22 @@ fn reset(
             drop(opened);
             opened = open(true)?;
         }
-        let mut r = reset_device(dev, Some(opened.device), force, pass)?;
+        let mut r = reset_device(dev, Some(opened.device), force, pass).map_err(|e| match e {
+            // Name the journal the refusal is about: found by the path the
+            // volume recorded, it may be another volume's (a copy's
+            // original), and --force would discard what that one holds.
+            VolumeError::InvalidArgument(why) => VolumeError::InvalidArgument(format!(
+                "journal {}{}: {why}",
+                jp.display(),
+                if journal.is_none() {
+                    " (the path this volume recorded at format time; a copy of a volume \
+                     records its original's)"
+                } else {
+                    ""
+                }
+            )),
+            e => e,
+        })?;
         r.location = jp.display().to_string();
         r.created = created.is_some();
         if r.created {

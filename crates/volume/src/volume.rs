@@ -1016,6 +1016,56 @@ impl std::fmt::Display for SessionMismatch {
     }
 }
 
+/// Which home file a volume is being opened from, for the journal's
+/// record of the last one ([`JournalSuperblock::home_id`]).
+struct HomeOrigin {
+    path: PathBuf,
+    /// [`home_id`] of the file; 0 for a block device or an RBD image.
+    id: u64,
+    /// The external journal, when it was found by the path the volume
+    /// recorded at format time (no `--journal`).
+    journal: Option<PathBuf>,
+}
+
+impl HomeOrigin {
+    /// Why the journal `jsb`, found by the recorded path, must not be
+    /// replayed into this home: it needs replay, and another file opened
+    /// it last. That is what a copy of a volume with an external journal
+    /// finds: both record the same journal path, and the copy's replay
+    /// would apply, and then clear, the original's acknowledged writes
+    /// (session 23's adversarial pass; the session stamps cannot tell
+    /// them apart, a copy carrying the original's).
+    fn refuses(&self, jsb: &JournalSuperblock, read_only: bool) -> Option<String> {
+        let journal = self.journal.as_ref()?;
+        if read_only || jsb.is_clean() || self.id == 0 || jsb.home_id == 0 || jsb.home_id == self.id
+        {
+            return None;
+        }
+        Some(format!(
+            "the journal {} needs replay, but another file opened it last (the volume \
+             recorded its path at format time, and a copy of the volume carries the same \
+             path): if {} is a copy, the journal holds its original's acknowledged writes \
+             and replaying it here would move them out of the original's reach. Open the \
+             original, or give this volume its own journal with --journal. If {} is the \
+             volume that wrote it (moved or restored), give --journal {} to replay it",
+            journal.display(),
+            self.path.display(),
+            self.path.display(),
+            journal.display()
+        ))
+    }
+}
+
+/// The identity of an open regular file recorded in its journal: its
+/// device and inode numbers, mixed, never 0.
+fn home_id(f: &std::fs::File) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    match f.metadata() {
+        Ok(m) => (m.dev().rotate_left(32) ^ m.ino()).max(1),
+        Err(_) => 0,
+    }
+}
+
 /// The [`SessionMismatch`] of a journal against its volume, if any.
 pub fn session_mismatch(sb: &VolumeSuperblock, jsb: &JournalSuperblock) -> Option<SessionMismatch> {
     let (vs, js, pending) = (sb.journal_session, jsb.session, sb.journal_session_pending);
@@ -1233,7 +1283,14 @@ impl Volume {
             });
             let home_file = held[home].watch.take();
             Self::format_device(dev.clone(), jdev.clone(), fopts)?;
-            let vol = Self::open_device(dev, jdev, oopts)?;
+            // (A fresh journal needs no replay: only its record of this
+            // home, `journal: None`, matters here.)
+            let origin = HomeOrigin {
+                path: path.to_path_buf(),
+                id: home_file.as_ref().map_or(0, home_id),
+                journal: None,
+            };
+            let vol = Self::open_device_from(dev, jdev, oopts, Some(&origin))?;
             // Watched like an opened volume's (found by a C ABI pass: a
             // created volume went on acknowledging writes with its journal
             // file deleted).
@@ -1312,6 +1369,11 @@ impl Volume {
         let opened = open_device(path, &dopts)?;
         let (dev, home_file) = (opened.device, opened.watch);
         let sb = read_volume_superblock(dev.as_ref(), &path.display().to_string())?;
+        let mut origin = HomeOrigin {
+            path: path.to_path_buf(),
+            id: home_file.as_ref().map_or(0, home_id),
+            journal: None,
+        };
         let (jdev, watch) = match &sb.journal {
             JournalLocation::Internal { .. } => {
                 refuse_unused_journal_path(path, opts.journal_path.as_deref())?;
@@ -1325,6 +1387,7 @@ impl Volume {
                 let given = opts.journal_path.as_deref();
                 let (jp, jdev, file) =
                     open_external_journal_watched(path, path_hint, given, *len_bytes, &dopts)?;
+                origin.journal = given.is_none().then(|| jp.clone());
                 (
                     Some(jdev),
                     file.map(|file| WatchedJournal {
@@ -1336,7 +1399,7 @@ impl Volume {
                 )
             }
         };
-        let vol = Self::open_device(dev, jdev, opts)?;
+        let vol = Self::open_device_from(dev, jdev, opts, Some(&origin))?;
         if !opts.read_only {
             let home_watch = home_file.map(|f| WatchedHome::new(f, path, vol.superblock()));
             vol.watch_files(watch, home_watch)?;
@@ -1478,6 +1541,17 @@ impl Volume {
         journal: Option<Arc<dyn BlockDevice>>,
         opts: &OpenOptions,
     ) -> Result<Volume> {
+        Self::open_device_from(dev, journal, opts, None)
+    }
+
+    /// [`Volume::open_device`] of a home opened by path, `origin` saying
+    /// which file it is and how its external journal was found.
+    fn open_device_from(
+        dev: Arc<dyn BlockDevice>,
+        journal: Option<Arc<dyn BlockDevice>>,
+        opts: &OpenOptions,
+        origin: Option<&HomeOrigin>,
+    ) -> Result<Volume> {
         opts.validate()?;
         let mut sb = read_volume_superblock(dev.as_ref(), "the volume device")?;
         refuse_unknown_ro_compat(&sb, opts.read_only)?;
@@ -1520,6 +1594,9 @@ impl Volume {
         if let Some(why) =
             stale_journal(&sb, &scan.superblock).or_else(|| journal_behind_home(&sb, &scan))
         {
+            return Err(VolumeError::CorruptJournal(why));
+        }
+        if let Some(why) = origin.and_then(|o| o.refuses(&scan.superblock, opts.read_only)) {
             return Err(VolumeError::CorruptJournal(why));
         }
         if !opts.read_only {
@@ -1635,6 +1712,7 @@ impl Volume {
             sb.journal_session_pending = session;
             write_volume_superblock(dev.as_ref(), &sb)?;
             jsb.session = session;
+            jsb.home_id = origin.map_or(0, |o| o.id);
             engine.log.region.update_superblock(&jsb)?;
             engine.log.region.flush()?;
             *engine.log.jsb.get_mut() = jsb;

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use common::{quiet_open_options, stamped, SECTOR};
 use jbdev_device::fault::FaultDevice;
 use jbdev_device::BlockDevice;
-use jbdev_volume::{OpenOptions, Volume, WriteFlags};
+use jbdev_volume::{FormatOptions, OpenOptions, Volume, WriteFlags};
 
 const BS: u64 = 4096;
 const DATA: u64 = 1 << 20;
@@ -375,4 +375,81 @@ fn a_journal_copy_older_than_what_the_checkpoint_wrote_home_is_refused() {
     let sb = jbdev_volume::superblock::VolumeSuperblock::decode(&img[..512]).unwrap();
     assert_eq!(sb.checkpoint_sequence, 0);
     opens_with(&home_now, &restored, &[(0, 0xb2)]);
+}
+
+/// A copy of a volume with an external journal records the same journal
+/// path as its original. After the original crashed with writes only in
+/// its journal, opening the copy by that path replayed the journal into
+/// the copy and left it clean: the original then opened "clean" without
+/// its acknowledged writes (session 23's adversarial pass). The journal
+/// now records which file last opened it, and a copy is refused (naming
+/// the journal), while the original, and the copy given the journal with
+/// `--journal` on purpose, still recover.
+#[test]
+fn a_copy_of_a_volume_does_not_replay_its_original_s_journal() {
+    let dir = tempfile::tempdir_in("/var/tmp").unwrap();
+    let (x, j, y) = (
+        dir.path().join("x.img"),
+        dir.path().join("x.jnl"),
+        dir.path().join("y.img"),
+    );
+    let mut f = FormatOptions::new(4 << 20);
+    f.journal_bytes = Some(1 << 20);
+    f.journal = jbdev_volume::JournalPlacement::External(j.clone());
+    let opts = OpenOptions {
+        checkpoint_interval: std::time::Duration::from_secs(3600),
+        ..OpenOptions::default()
+    };
+    let v = Volume::create(&x, &f, &opts).unwrap();
+    v.write_at(&[0x5a; 4096], 8192, WriteFlags::FUA).unwrap();
+    assert!(
+        v.stats().checkpoint_blocks == 0,
+        "the write must be in the journal only"
+    );
+    // The crash image: both files as they are now, put back after a clean
+    // close (same inodes, as after a real crash).
+    let (x_crash, j_crash) = (std::fs::read(&x).unwrap(), std::fs::read(&j).unwrap());
+    v.close().unwrap();
+    std::fs::write(&x, &x_crash).unwrap();
+    std::fs::write(&j, &j_crash).unwrap();
+    std::fs::copy(&x, &y).unwrap();
+
+    let e = Volume::open(&y, &opts)
+        .err()
+        .expect("the copy replayed the original's journal");
+    let msg = e.to_string();
+    assert!(msg.contains("another file opened it last"), "{msg}");
+    assert!(msg.contains(&j.display().to_string()), "{msg}");
+    assert_eq!(
+        std::fs::read(&j).unwrap(),
+        j_crash,
+        "the refused open changed the journal"
+    );
+    // A read-only look at the copy is allowed and changes nothing.
+    let ro = OpenOptions {
+        read_only: true,
+        ..opts.clone()
+    };
+    Volume::open(&y, &ro).unwrap().close().unwrap();
+    assert_eq!(std::fs::read(&j).unwrap(), j_crash);
+
+    // The original recovers its write.
+    let v = Volume::open(&x, &opts).unwrap();
+    let mut got = vec![0u8; 4096];
+    v.read_at(&mut got, 8192).unwrap();
+    assert!(
+        got.iter().all(|&b| b == 0x5a),
+        "the original lost its write"
+    );
+    v.close().unwrap();
+    // Given on purpose, the journal replays into the copy too.
+    std::fs::write(&j, &j_crash).unwrap();
+    let given = OpenOptions {
+        journal_path: Some(j.clone()),
+        ..opts.clone()
+    };
+    let v = Volume::open(&y, &given).unwrap();
+    v.read_at(&mut got, 8192).unwrap();
+    assert!(got.iter().all(|&b| b == 0x5a));
+    v.close().unwrap();
 }
