@@ -189,6 +189,17 @@ pub fn format(a: FormatArgs) -> anyhow::Result<()> {
         jbdev_volume::VolumeError::InvalidArgument(m) => anyhow::Error::new(crate::UsageError(m)),
         e => e.into(),
     })?;
+    if layout.journal_bytes > size {
+        // Legal, but rarely meant: format zero-fills all of it, an open
+        // volume may hold a journal's worth of writes in memory, and a
+        // recovery surveys all of it.
+        eprintln!(
+            "jbdev format: warning: the journal ({} bytes) is larger than the volume ({size} \
+             bytes): format writes all of it, and an open volume may keep up to a journal's \
+             worth of writes in memory; the default is a quarter of the volume, at most 64 MiB",
+            layout.journal_bytes
+        );
+    }
     for (p, label) in
         std::iter::once((&a.path, "")).chain(a.journal.iter().map(|j| (j, "--journal ")))
     {

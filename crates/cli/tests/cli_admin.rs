@@ -1817,3 +1817,18 @@ fn check_says_what_to_do_about_a_truncated_external_journal() {
         .close()
         .unwrap();
 }
+
+/// A journal larger than the volume is legal but rarely meant (format
+/// zero-fills all of it; `--journal-size 1T` on a 1 MiB volume wrote
+/// gigabytes without a word): format says so, and still formats.
+#[test]
+fn a_journal_larger_than_the_volume_is_warned_about() {
+    let dir = tempfile::tempdir().unwrap();
+    let img = dir.path().join("v.img");
+    let p = img.to_str().unwrap();
+    let o = jbdev(&["format", p, "--size", "1M", "--journal-size", "2M"]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(text(&o).contains("larger than the volume"), "{}", text(&o));
+    let o = format_16m(&dir.path().join("w.img").to_string_lossy(), &[]);
+    assert!(!text(&o).contains("larger than the volume"), "{}", text(&o));
+}

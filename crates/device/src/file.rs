@@ -31,7 +31,7 @@ pub struct DeviceFile {
     /// True if a write through `cached` can wait for the storage without
     /// bound: the file lives on a file system that is not a local disk's
     /// (FUSE, NFS, SMB, ...), whose buffered writes may go straight to a
-    /// daemon or a server that hangs. See [`cached_writes_can_stall`].
+    /// daemon or a server that hangs (see `cached_writes_can_stall`).
     pub cache_can_stall: bool,
     /// For a loop block device: a descriptor of its backing file (or block
     /// device) holding the lock a direct open of that file would take, so

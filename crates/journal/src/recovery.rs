@@ -409,12 +409,30 @@ fn walk_log(
                             });
                             break;
                         }
+                        let escaped = tag.flags & TAG_FLAG_ESCAPE != 0;
+                        // An escaped block was logged with its first four
+                        // bytes (the journal magic) zeroed. Neither checksum
+                        // covers the flag, so one set on a block that was
+                        // not escaped would make replay write the magic
+                        // over its data: take it for damage.
+                        if escaped && buf[..4] != [0; 4] {
+                            failed = Some(Bad {
+                                pos,
+                                reason: format!(
+                                    "data block for home block {} is flagged escaped but does not start with zeroes",
+                                    tag.home_block
+                                ),
+                                at_boundary: false,
+                                unreadable: false,
+                            });
+                            break;
+                        }
                         digest.update(tag.home_block, &buf);
                         digest_v1.update(tag.home_block, &buf);
                         txn.blocks.push(LoggedBlock {
                             home: tag.home_block,
                             pos,
-                            escaped: tag.flags & TAG_FLAG_ESCAPE != 0,
+                            escaped,
                         });
                         pos = next_pos(pos, first, len);
                     }
@@ -762,6 +780,38 @@ mod tests {
             other => panic!("expected a torn tail, got {other:?}"),
         }
         assert_eq!(scan.next_sequence, sb.sequence + 1);
+    }
+
+    /// A tag flagged escaped on a block that was not (only a forged,
+    /// re-checksummed descriptor can hold one: neither the tag checksum nor
+    /// the digest covers the flag) is damage, not an instruction to write
+    /// the journal magic over the block's first bytes at replay (session
+    /// 23's adversarial pass).
+    #[test]
+    fn a_block_flagged_escaped_without_its_zeroed_head_is_damage() {
+        let (region, sb) = journal();
+        let data = vec![0xabu8; BS];
+        write_txn(&region, &sb, &data);
+        let seed = sb.csum_seed();
+        let mut block = vec![0u8; BS];
+        region.read_blocks(sb.start, &mut block).unwrap();
+        let mut d = format::DescriptorBlock::decode(&block, seed).unwrap();
+        d.tags[0].flags |= format::TAG_FLAG_ESCAPE;
+        d.encode(&[7; 16], seed, &mut block);
+        region
+            .write_blocks(sb.start, &[IoSlice::new(&block)], IoPriority::Urgent)
+            .unwrap();
+        let scan = scan(&region, &mut |_| {}).unwrap();
+        assert!(scan.txns.is_empty(), "a forged escape flag was replayed");
+        match &scan.end {
+            ScanEnd::TornTail {
+                sequence, reason, ..
+            } => {
+                assert_eq!(*sequence, sb.sequence);
+                assert!(reason.contains("flagged escaped"), "{reason}");
+            }
+            other => panic!("expected a torn tail, got {other:?}"),
+        }
     }
 
     /// The walk reads a window of log blocks at once; when the window

@@ -20,9 +20,14 @@ pub enum VolumeError {
     /// The path does not hold a jbdev volume.
     #[error("{0}")]
     NotAVolume(String),
-    /// The volume superblock is damaged or of an unsupported version.
+    /// The volume superblock is damaged.
     #[error("bad volume superblock: {0}")]
     BadSuperblock(String),
+    /// An intact volume superblock (its checksum holds) of a version or
+    /// with incompat features this jbdev does not know: a newer jbdev's
+    /// volume, not a damaged one.
+    #[error("{0}: written by a newer jbdev; open it with that version (nothing was changed)")]
+    NewerFormat(String),
     /// The file or device is shorter than the volume its (intact)
     /// superblock describes: a truncated image, or a smaller device.
     #[error("{0}")]
@@ -117,6 +122,7 @@ impl VolumeError {
             | Self::BadSuperblock(_)
             | Self::Truncated(_)
             | Self::CorruptJournal(_) => libc::EUCLEAN,
+            Self::NewerFormat(_) => libc::EOPNOTSUPP,
             Self::TooLarge { .. } => libc::EFBIG,
             Self::ReadOnly => libc::EROFS,
             Self::Aborted { cause_errno, .. } if is_no_space(*cause_errno) => libc::ENOSPC,

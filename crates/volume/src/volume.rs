@@ -164,6 +164,10 @@ fn bad_sb(e: crate::superblock::SuperblockError, what: &str) -> VolumeError {
         E::NotAVolume => VolumeError::NotAVolume(format!(
             "{what} is not a jbdev volume (no JBDEVVOL magic); create one with `jbdev format`"
         )),
+        // The checksum held: a newer jbdev's volume, not damage.
+        e @ (E::UnsupportedVersion(_) | E::UnsupportedFeatures(_)) => {
+            VolumeError::NewerFormat(format!("{what}: {e}"))
+        }
         other => VolumeError::BadSuperblock(format!("{what}: {other}")),
     }
 }
@@ -2744,6 +2748,32 @@ fn newest_runs(pending: Vec<(u64, u64, u64, ExtentState)>) -> Vec<(u64, u64, Ext
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An intact superblock of a newer version or with unknown incompat
+    /// features is a newer jbdev's volume, not damage: `check` reported it
+    /// CORRUPT with exit 2, which says restore or reformat (session 23's
+    /// adversarial pass).
+    #[test]
+    fn a_newer_format_is_not_reported_as_damage() {
+        use crate::superblock::SuperblockError as E;
+        for e in [E::UnsupportedVersion(2), E::UnsupportedFeatures(0x1)] {
+            let v = bad_sb(e, "v.img");
+            assert!(matches!(v, VolumeError::NewerFormat(_)), "{v:?}");
+            assert_eq!(v.errno(), libc::EOPNOTSUPP);
+            assert!(v.to_string().contains("newer jbdev"), "{v}");
+        }
+        let damaged = bad_sb(
+            E::BadChecksum {
+                stored: 1,
+                computed: 2,
+            },
+            "v.img",
+        );
+        assert!(
+            matches!(damaged, VolumeError::BadSuperblock(_)),
+            "{damaged:?}"
+        );
+    }
 
     /// Per block, the state the runs give, for the model below.
     fn per_block(first: u64, last: u64, runs: &[(u64, u64, ExtentState)]) -> Vec<ExtentState> {
