@@ -1070,7 +1070,26 @@ pub fn check(a: CheckArgs) -> anyhow::Result<()> {
                 )?;
                 std::process::exit(EXIT_CORRUPT);
             }
-            None => anyhow::bail!("{msg}"),
+            // The journal given is a jbdev journal: this was its volume,
+            // whose first block is damaged, not something to format over.
+            None => match a.journal.as_deref().and_then(journal_without_volume) {
+                Some((0, j)) => {
+                    outln!(
+                        "{p}: CORRUPT: no volume superblock in block 0 (no JBDEVVOL magic), \
+                         but --journal {} is a jbdev journal (uuid {}, {}): a volume whose \
+                         first block was damaged. Its data may still be there: `jbdev \
+                         format` refuses it without --force",
+                        a.journal
+                            .as_deref()
+                            .unwrap_or(std::path::Path::new(""))
+                            .display(),
+                        uuid_str(&j.uuid),
+                        journal_state(&j)
+                    )?;
+                    std::process::exit(EXIT_CORRUPT);
+                }
+                _ => anyhow::bail!("{msg}"),
+            },
         },
         Err(
             e @ (VolumeError::BadSuperblock(_)

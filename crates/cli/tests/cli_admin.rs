@@ -1832,3 +1832,25 @@ fn a_journal_larger_than_the_volume_is_warned_about() {
     let o = format_16m(&dir.path().join("w.img").to_string_lossy(), &[]);
     assert!(!text(&o).contains("larger than the volume"), "{}", text(&o));
 }
+
+/// A volume with an external journal whose magic was damaged is corrupt
+/// (exit 2, data may still be there), not "not a jbdev volume; create one
+/// with `jbdev format`" (exit 1), when `--journal` names its journal.
+#[test]
+fn check_of_a_damaged_magic_with_its_journal_given_is_corruption() {
+    let (_dir, img, jnl) = external_16m();
+    let mut bytes = std::fs::read(&img).unwrap();
+    bytes[0] ^= 0x01; // the JBDEVVOL magic
+    std::fs::write(&img, &bytes).unwrap();
+    let (p, j) = (img.to_str().unwrap(), jnl.to_str().unwrap());
+    let o = jbdev(&["check", p, "--journal", j]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    let t = text(&o);
+    assert!(
+        t.contains("is a jbdev journal") && t.contains("refuses it without --force"),
+        "{t}"
+    );
+    assert!(!t.contains("create one"), "{t}");
+    // Without the journal named, nothing says it is a volume.
+    assert_eq!(jbdev(&["check", p]).status.code(), Some(1));
+}

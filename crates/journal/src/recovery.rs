@@ -486,6 +486,10 @@ struct Survey {
     max_sequence: Option<u32>,
     /// First unreadable block, with the error.
     unreadable: Option<(u32, String)>,
+    /// Position of a verified commit block of the failed transaction
+    /// itself: it was written, so a missing header is a torn (or damaged)
+    /// transaction, not the end of the log.
+    own_commit_at: Option<u32>,
 }
 
 /// Reads every log block once. `failed_sequence` is the first transaction
@@ -501,6 +505,7 @@ fn survey_log(
         later_at: None,
         max_sequence: None,
         unreadable: None,
+        own_commit_at: None,
     };
     // Sequences before the superblock's lap are stale; only those in the
     // half of the sequence space from `s_sequence - 1` onwards count.
@@ -538,6 +543,12 @@ fn survey_log(
             }
             _ => false,
         };
+        if h.sequence == failed_sequence
+            && out.own_commit_at.is_none()
+            && matches!(view.record, Ok(LogRecord::Commit(_)))
+        {
+            out.own_commit_at = Some(pos);
+        }
         if out.later_at.is_none() && is_after(h.sequence, failed_sequence) && proves {
             out.later_at = Some((pos, h.sequence));
         }
@@ -574,7 +585,19 @@ fn decide(failure: Bad, survey: &Survey, sequence: u32) -> ScanEnd {
             ),
         };
     }
-    if failure.at_boundary {
+    if let (true, Some(at)) = (failure.at_boundary, survey.own_commit_at) {
+        // Discarded all the same (nothing later proves it durable), but
+        // said: "the log ends cleanly" hid a transaction whose first block
+        // was damaged (session 23's adversarial pass).
+        ScanEnd::TornTail {
+            sequence,
+            pos: failure.pos,
+            reason: format!(
+                "{}, but its commit block at {at} verifies (its first block is torn or damaged)",
+                failure.reason
+            ),
+        }
+    } else if failure.at_boundary {
         ScanEnd::End
     } else {
         ScanEnd::TornTail {
@@ -780,6 +803,38 @@ mod tests {
             other => panic!("expected a torn tail, got {other:?}"),
         }
         assert_eq!(scan.next_sequence, sb.sequence + 1);
+    }
+
+    /// A last transaction whose first block (the descriptor) is damaged but
+    /// whose commit block verifies is discarded like a torn tail, and said
+    /// to be one: it was reported as a clean end of the log, hiding a
+    /// transaction that had been written (session 23's adversarial pass).
+    #[test]
+    fn a_damaged_header_before_a_verified_commit_block_is_a_torn_tail() {
+        let (region, sb) = journal();
+        write_txn(&region, &sb, &vec![0x11u8; BS]);
+        region
+            .write_blocks(
+                sb.start,
+                &[IoSlice::new(&vec![0u8; BS])],
+                IoPriority::Urgent,
+            )
+            .unwrap();
+        let torn = scan(&region, &mut |_| {}).unwrap();
+        assert!(torn.txns.is_empty());
+        match &torn.end {
+            ScanEnd::TornTail {
+                sequence, reason, ..
+            } => {
+                assert_eq!(*sequence, sb.sequence);
+                assert!(reason.contains("commit block at"), "{reason}");
+            }
+            other => panic!("expected a torn tail, got {other:?}"),
+        }
+        // Without a commit block anywhere it is the end of the log.
+        let (region, sb) = journal();
+        let empty = scan(&region, &mut |_| {}).unwrap();
+        assert_eq!((empty.end, sb.sequence), (ScanEnd::End, 40));
     }
 
     /// A tag flagged escaped on a block that was not (only a forged,
