@@ -133,6 +133,9 @@ mod sb {
     /// jbdev: identity of the home file of the last read-write open
     /// (`s_padding[2..4]`, big-endian u64; jbd2 tools ignore it). 0: none.
     pub const HOME_ID: usize = 0x64;
+    /// jbdev: crc32c of the home's canonical path at that open
+    /// (`s_padding[4]`). 0: none.
+    pub const HOME_PATH_ID: usize = 0x6C;
     pub const CHECKSUM: usize = 0xFC;
     pub const USERS: usize = 0x100;
     pub const END: usize = 0x400;
@@ -469,6 +472,10 @@ pub struct JournalSuperblock {
     /// record (session 23). 0: not known (a block device, an RBD image, a
     /// journal written before it was recorded).
     pub home_id: u64,
+    /// jbdev: which path that home was opened by (crc32c of its canonical
+    /// form, at least 1), so a volume restored in place (a new file at the
+    /// same path) is still taken for itself. 0: not known.
+    pub home_path_id: u32,
 }
 
 impl JournalSuperblock {
@@ -496,6 +503,7 @@ impl JournalSuperblock {
             pipeline_depth: 1,
             session: 0,
             home_id: 0,
+            home_path_id: 0,
         }
     }
 
@@ -562,6 +570,7 @@ impl JournalSuperblock {
         put_be32(block, sb::SESSION, self.session);
         put_be32(block, sb::HOME_ID, (self.home_id >> 32) as u32);
         put_be32(block, sb::HOME_ID + 4, self.home_id as u32);
+        put_be32(block, sb::HOME_PATH_ID, self.home_path_id);
         block[sb::CHECKSUM_TYPE] = CHECKSUM_TYPE_CRC32C;
         for (i, user) in self.users.iter().enumerate() {
             let off = sb::USERS + i * UUID_LEN;
@@ -696,6 +705,7 @@ impl JournalSuperblock {
             session: get_be32(block, sb::SESSION),
             home_id: u64::from(get_be32(block, sb::HOME_ID)) << 32
                 | u64::from(get_be32(block, sb::HOME_ID + 4)),
+            home_path_id: get_be32(block, sb::HOME_PATH_ID),
         })
     }
 }
@@ -1125,6 +1135,7 @@ mod tests {
         sbk.sequence = 0x0102_0304;
         sbk.session = 0x0a0b_0c0d;
         sbk.home_id = 0x1112_1314_1516_1718;
+        sbk.home_path_id = 0x2122_2324;
         let mut block = vec![0xffu8; 4096];
         sbk.encode(&mut block);
         assert_eq!(&block[0x60..0x64], &[0x0a, 0x0b, 0x0c, 0x0d]);
@@ -1132,6 +1143,7 @@ mod tests {
             &block[0x64..0x6c],
             &[0x11, 0x12, 0x13, 0x14, 0x15, 0x16, 0x17, 0x18]
         );
+        assert_eq!(&block[0x6c..0x70], &[0x21, 0x22, 0x23, 0x24]);
         assert_eq!(&block[0..4], &[0xc0, 0x3b, 0x39, 0x98]);
         assert_eq!(get_be32(&block, 4), BLOCKTYPE_SUPERBLOCK_V2);
         assert_eq!(&block[0x0c..0x10], &4096u32.to_be_bytes());

@@ -109,6 +109,7 @@ fn superblock() -> impl Strategy<Value = JournalSuperblock> {
                 sb.max_trans_data = max_trans_data;
                 sb.session = session;
                 sb.home_id = u64::from(sequence) << 32 | u64::from(session);
+                sb.home_path_id = session ^ sequence;
                 sb.nr_users = users.len() as u32;
                 sb.users = users;
                 sb

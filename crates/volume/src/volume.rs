@@ -1026,6 +1026,8 @@ struct HomeOrigin {
     path: PathBuf,
     /// [`home_id`] of the file; 0 for a block device or an RBD image.
     id: u64,
+    /// [`home_path_id`] of the path it was opened by; 0 where `id` is.
+    path_id: u32,
     /// The external journal, when it was found by the path the volume
     /// recorded at format time (no `--journal`).
     journal: Option<PathBuf>,
@@ -1041,7 +1043,14 @@ impl HomeOrigin {
     /// them apart, a copy carrying the original's).
     fn refuses(&self, jsb: &JournalSuperblock, read_only: bool) -> Option<String> {
         let journal = self.journal.as_ref()?;
-        if read_only || jsb.is_clean() || self.id == 0 || jsb.home_id == 0 || jsb.home_id == self.id
+        // The same file, or a file at the same path (restored in place
+        // from a backup or a crash image), is taken for the volume itself.
+        if read_only
+            || jsb.is_clean()
+            || self.id == 0
+            || jsb.home_id == 0
+            || jsb.home_id == self.id
+            || jsb.home_path_id == self.path_id
         {
             return None;
         }
@@ -1058,6 +1067,14 @@ impl HomeOrigin {
             journal.display()
         ))
     }
+}
+
+/// The identity of a home's path recorded in its journal: crc32c of its
+/// canonical form, never 0; 0 if it cannot be resolved.
+fn home_path_id(path: &Path) -> u32 {
+    std::fs::canonicalize(path)
+        .map(|p| crc32c::crc32c(p.as_os_str().as_encoded_bytes()).max(1))
+        .unwrap_or(0)
 }
 
 /// The identity of an open regular file recorded in its journal: its
@@ -1292,6 +1309,11 @@ impl Volume {
             let origin = HomeOrigin {
                 path: path.to_path_buf(),
                 id: home_file.as_ref().map_or(0, home_id),
+                path_id: if home_file.is_some() {
+                    home_path_id(path)
+                } else {
+                    0
+                },
                 journal: None,
             };
             let vol = Self::open_device_from(dev, jdev, oopts, Some(&origin))?;
@@ -1376,6 +1398,11 @@ impl Volume {
         let mut origin = HomeOrigin {
             path: path.to_path_buf(),
             id: home_file.as_ref().map_or(0, home_id),
+            path_id: if home_file.is_some() {
+                home_path_id(path)
+            } else {
+                0
+            },
             journal: None,
         };
         let (jdev, watch) = match &sb.journal {
@@ -1717,6 +1744,7 @@ impl Volume {
             write_volume_superblock(dev.as_ref(), &sb)?;
             jsb.session = session;
             jsb.home_id = origin.map_or(0, |o| o.id);
+            jsb.home_path_id = origin.map_or(0, |o| o.path_id);
             engine.log.region.update_superblock(&jsb)?;
             engine.log.region.flush()?;
             *engine.log.jsb.get_mut() = jsb;

@@ -452,4 +452,17 @@ fn a_copy_of_a_volume_does_not_replay_its_original_s_journal() {
     v.read_at(&mut got, 8192).unwrap();
     assert!(got.iter().all(|&b| b == 0x5a));
     v.close().unwrap();
+    // Restored in place (a new file at the original's path, as a backup
+    // or a crash image is put back) it is the volume itself.
+    let restored = dir.path().join("x.restored");
+    std::fs::write(&restored, &x_crash).unwrap();
+    std::fs::rename(&restored, &x).unwrap();
+    std::fs::write(&j, &j_crash).unwrap();
+    let v = Volume::open(&x, &opts).unwrap();
+    v.read_at(&mut got, 8192).unwrap();
+    assert!(
+        got.iter().all(|&b| b == 0x5a),
+        "the restored original lost its write"
+    );
+    v.close().unwrap();
 }
