@@ -1019,6 +1019,16 @@ fn journal_superblock_or_exit(
             j.display()
         );
     }
+    // An intact superblock (its checksum held) with features this jbdev
+    // does not know: not damage (FormatError::Unsupported's text).
+    if e.starts_with("unsupported journal: journal incompat features")
+        || e.starts_with("unsupported journal: journal ro_compat features")
+    {
+        anyhow::bail!(
+            "journal superblock: {e}: written by a newer jbdev (or another program); this \
+             jbdev cannot read it (nothing was changed)"
+        );
+    }
     outln!("journal superblock: CORRUPT: {e}")?;
     std::process::exit(EXIT_CORRUPT);
 }
@@ -1450,10 +1460,13 @@ fn dump_log(ins: &Inspection, jsb: &format::JournalSuperblock, all: bool) -> any
                             |(_, d, d1)| (d.finish(), d1.finish()),
                         );
                         let got = match kind {
-                            DigestKind::Hash => got.0,
-                            DigestKind::V1 => got.1,
+                            DigestKind::Hash => Some(got.0),
+                            DigestKind::V1 => Some(got.1),
+                            DigestKind::Unknown(_) => None,
                         };
-                        if got == want {
+                        if got.is_none() {
+                            ", data digest of an UNKNOWN kind (damage: nothing verifies it)"
+                        } else if got == Some(want) {
                             ", data digest ok"
                         } else {
                             ", data digest MISMATCH (a data block is torn or stale)"

@@ -1128,6 +1128,33 @@ mod tests {
         assert_eq!(DescriptorBlock::capacity(0), 0);
     }
 
+    /// `jbdev check` tells a newer journal from a damaged one by these
+    /// texts (a newer jbdev's features, with the checksum intact).
+    #[test]
+    fn unknown_features_say_so_in_the_text_check_reads() {
+        let sbk = JournalSuperblock::new(4096, 1000, UUID);
+        for (field, bits, text) in [
+            (
+                sb::FEATURE_INCOMPAT,
+                JBDEV_INCOMPAT | 0x100,
+                "unsupported journal: journal incompat features",
+            ),
+            (
+                sb::FEATURE_RO_COMPAT,
+                0x1,
+                "unsupported journal: journal ro_compat features",
+            ),
+        ] {
+            let mut block = vec![0u8; 4096];
+            sbk.encode(&mut block);
+            put_be32(&mut block, field, bits);
+            let csum = JournalSuperblock::checksum_of(&block);
+            put_be32(&mut block, sb::CHECKSUM, csum);
+            let e = JournalSuperblock::decode(&block).unwrap_err().to_string();
+            assert!(e.starts_with(text), "{e}");
+        }
+    }
+
     #[test]
     fn superblock_layout_is_jbd2s() {
         let mut sbk = JournalSuperblock::new(4096, 1000, UUID);

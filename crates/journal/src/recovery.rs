@@ -445,11 +445,10 @@ fn walk_log(
                 // block made of crc32c-framed records from the real one; the
                 // digest can (see `writer`).
                 LogRecord::Commit(_)
-                    if writer::commit_digest(&buf).is_some_and(|(kind, d)| {
-                        d != match kind {
-                            DigestKind::Hash => digest.finish(),
-                            DigestKind::V1 => digest_v1.finish(),
-                        }
+                    if writer::commit_digest(&buf).is_some_and(|(kind, d)| match kind {
+                        DigestKind::Hash => d != digest.finish(),
+                        DigestKind::V1 => d != digest_v1.finish(),
+                        DigestKind::Unknown(_) => true,
                     }) =>
                 {
                     break bad("the data blocks do not match the commit block's digest \
@@ -835,6 +834,34 @@ mod tests {
         let (region, sb) = journal();
         let empty = scan(&region, &mut |_| {}).unwrap();
         assert_eq!((empty.end, sb.sequence), (ScanEnd::End, 40));
+    }
+
+    /// A commit block whose digest marker is neither zero ("no digest")
+    /// nor a known one verifies nothing: it was accepted as "no digest",
+    /// so a wrong digest passed (session 23's adversarial pass). Under
+    /// jbdev's feature set it is damage, and the transaction is dropped.
+    #[test]
+    fn an_unknown_digest_marker_is_damage_not_no_digest() {
+        let (region, sb) = journal();
+        let pos = write_txn(&region, &sb, &vec![0x33u8; BS]);
+        let commit_pos = pos + 1;
+        let mut c = vec![0u8; BS];
+        region.read_blocks(commit_pos, &mut c).unwrap();
+        c[writer::DIGEST_MARKER_OFFSET..writer::DIGEST_MARKER_OFFSET + 4].copy_from_slice(b"JBDZ");
+        let csum = format::commit_block_checksum(sb.csum_seed(), &c);
+        c[16..20].copy_from_slice(&csum.to_be_bytes());
+        assert!(matches!(
+            writer::commit_digest(&c),
+            Some((DigestKind::Unknown(_), _))
+        ));
+        region
+            .write_blocks(commit_pos, &[IoSlice::new(&c)], IoPriority::Urgent)
+            .unwrap();
+        let s = scan(&region, &mut |_| {}).unwrap();
+        assert!(
+            s.txns.is_empty(),
+            "a commit with an unknown digest was accepted"
+        );
     }
 
     /// A tag flagged escaped on a block that was not (only a forged,

@@ -256,6 +256,11 @@ pub enum DigestKind {
     Hash,
     /// [`DataDigestV1`] (marker `JBDG`).
     V1,
+    /// A marker this jbdev does not know (not zero, which means "no
+    /// digest"): the algorithm never changes without a new marker and a
+    /// new journal feature bit, so under jbdev's feature set it is damage,
+    /// and nothing verifies against it.
+    Unknown(u32),
 }
 
 /// The digest a commit block carries, if it carries one, and its algorithm.
@@ -265,8 +270,12 @@ pub fn commit_digest(commit_block: &[u8]) -> Option<(DigestKind, u64)> {
         DigestKind::Hash
     } else if marker == DIGEST_MARKER_V1.to_be_bytes() {
         DigestKind::V1
-    } else {
+    } else if marker == [0; 4] {
         return None;
+    } else {
+        DigestKind::Unknown(u32::from_be_bytes([
+            marker[0], marker[1], marker[2], marker[3],
+        ]))
     };
     let d = commit_block.get(DIGEST_OFFSET..DIGEST_OFFSET + 8)?;
     let mut w = [0u8; 8];
