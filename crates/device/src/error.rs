@@ -41,8 +41,11 @@ pub enum DeviceError {
     Injected(&'static str),
     /// A device flush failed earlier; no later flush through the same
     /// coalescer can vouch for data written before that failure.
-    #[error("an earlier flush of this device failed ({0}); writes before it may be lost, so no flush can succeed until the device is reopened")]
-    FlushFailed(String),
+    /// It says the first failure's errno (a flush that found no space
+    /// keeps saying ENOSPC: session 23, a flaky test showed a later caller
+    /// turning it into EIO).
+    #[error("an earlier flush of this device failed ({why}); writes before it may be lost, so no flush can succeed until the device is reopened")]
+    FlushFailed { why: String, errno: i32 },
     /// A request queue already holds as many requests as its depth.
     #[error("the request queue is full ({depth} requests in flight); reap completions before pushing more")]
     QueueFull { depth: u32 },
@@ -69,7 +72,8 @@ impl DeviceError {
             Self::Io { error, .. } => error.raw_os_error().unwrap_or(libc::EIO),
             Self::Busy(_) => libc::EBUSY,
             Self::QueueFull { .. } => libc::EAGAIN,
-            Self::PowerCut | Self::Injected(_) | Self::FlushFailed(_) => libc::EIO,
+            Self::FlushFailed { errno, .. } => *errno,
+            Self::PowerCut | Self::Injected(_) => libc::EIO,
         }
     }
 }

@@ -28,7 +28,8 @@ struct State {
     completed: u64,
     in_flight: bool,
     /// The first flush failure; every later caller gets it.
-    failed: Option<String>,
+    /// The first failure: its message and its errno.
+    failed: Option<(String, i32)>,
 }
 
 /// Shares device flushes between concurrent callers.
@@ -48,8 +49,11 @@ impl FlushCoalescer {
         let mut st = self.state.lock();
         let need = st.started + 1;
         loop {
-            if let Some(why) = &st.failed {
-                return Err(DeviceError::FlushFailed(why.clone()));
+            if let Some((why, errno)) = &st.failed {
+                return Err(DeviceError::FlushFailed {
+                    why: why.clone(),
+                    errno: *errno,
+                });
             }
             if st.completed >= need {
                 return Ok(());
@@ -65,7 +69,7 @@ impl FlushCoalescer {
                 st.in_flight = false;
                 st.completed = mine;
                 if let Err(e) = &res {
-                    st.failed.get_or_insert_with(|| e.to_string());
+                    st.failed.get_or_insert_with(|| (e.to_string(), e.errno()));
                 }
                 self.done.notify_all();
                 return res;
@@ -167,6 +171,25 @@ mod tests {
     /// the next one) used to get Ok from that next flush, and every caller
     /// after a failure got Ok again: data the failed flush was to make
     /// durable was reported durable.
+    /// A later caller is told the first failure's errno: a flush that
+    /// found no space keeps saying ENOSPC (the volume's checkpoint aborts
+    /// with it, and an NBD client gets ENOSPC, not EIO, whichever caller
+    /// met the failure first).
+    #[test]
+    fn a_sticky_failure_keeps_its_errno() {
+        let dev = crate::fault::FaultDevice::new(1 << 20, 512);
+        dev.fail_flush_with(0, libc::ENOSPC);
+        let fc = FlushCoalescer::new();
+        let first = fc.flush(&dev).unwrap_err();
+        assert_eq!(first.errno(), libc::ENOSPC, "{first}");
+        let later = fc.flush(&dev).unwrap_err();
+        assert!(
+            matches!(later, DeviceError::FlushFailed { .. }),
+            "{later:?}"
+        );
+        assert_eq!(later.errno(), libc::ENOSPC, "{later}");
+    }
+
     #[test]
     fn a_failed_flush_fails_every_later_caller() {
         use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -196,13 +219,18 @@ mod tests {
         assert!(leader.join().unwrap().is_err());
         let j = joiner.join().unwrap();
         assert!(
-            matches!(j, Err(DeviceError::FlushFailed(_))),
+            matches!(j, Err(DeviceError::FlushFailed { .. })),
             "joiner: {j:?}"
         );
         // And a caller arriving long after, with a healthy device.
         let later = fc.flush(dev.as_ref());
         match later {
-            Err(DeviceError::FlushFailed(why)) => assert!(why.contains("injected"), "{why}"),
+            Err(e @ DeviceError::FlushFailed { .. }) => {
+                assert!(e.to_string().contains("injected"), "{e}");
+                // The first failure's errno, not a generic EIO: a flush
+                // that found no space keeps saying ENOSPC.
+                assert_eq!(e.errno(), libc::EIO);
+            }
             other => panic!("later flush: {other:?}"),
         }
         assert!(fc.has_failed());
