@@ -333,6 +333,7 @@ mod rbd {
     /// writes failed with EIO.)
     #[test]
     fn a_refused_serve_break_lock_leaves_the_live_server_alone() {
+        let _cluster = sharing_cluster();
         let Some(conf) = test_cluster::or_skip() else {
             return;
         };
@@ -394,6 +395,7 @@ mod rbd {
     /// --break-lock" advice.)
     #[test]
     fn two_spellings_of_one_rbd_image_share_one_volume() {
+        let _cluster = sharing_cluster();
         let Some(home) = formatted_image("spell") else {
             return;
         };
@@ -411,6 +413,20 @@ mod rbd {
         assert_eq!(got, Ok(vec![0x5a; 4096]), "export b does not see a's write");
         drop((ca, cb));
         srv.stop_cleanly();
+    }
+
+    /// The RBD tests of this binary share the one test cluster; one that
+    /// freezes its OSD runs alone: another test's requests time out
+    /// meanwhile (30 s), and in one run of session 23 the cluster then
+    /// answered nothing for minutes, failing every later RBD test.
+    static CLUSTER: std::sync::RwLock<()> = std::sync::RwLock::new(());
+
+    fn sharing_cluster() -> std::sync::RwLockReadGuard<'static, ()> {
+        CLUSTER.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn alone_on_cluster() -> std::sync::RwLockWriteGuard<'static, ()> {
+        CLUSTER.write().unwrap_or_else(|e| e.into_inner())
     }
 
     /// The test cluster's OSD stopped (SIGSTOP) until this is dropped; a
@@ -467,6 +483,7 @@ mod rbd {
     /// left refused every plain restart.)
     #[test]
     fn sigterm_with_a_hung_osd_ends_soon_and_a_plain_restart_works() {
+        let _cluster = alone_on_cluster();
         let Some(home) = formatted_image("hung") else {
             return;
         };
@@ -515,6 +532,7 @@ mod rbd {
     /// to listen.)
     #[test]
     fn serve_break_lock_with_a_bad_listen_breaks_no_lock() {
+        let _cluster = sharing_cluster();
         let Some(home) = formatted_image("listen") else {
             return;
         };
@@ -541,6 +559,7 @@ mod rbd {
     /// flag, a usage error.)
     #[test]
     fn journal_reset_break_lock_breaks_only_for_a_reset_that_goes_ahead() {
+        let _cluster = sharing_cluster();
         let Some(home) = formatted_image("reset") else {
             return;
         };
@@ -569,11 +588,13 @@ mod rbd {
 
     #[test]
     fn kill_9_on_rbd_with_local_journal_loses_nothing_acknowledged() {
+        let _cluster = sharing_cluster();
         crash_on_rbd(false);
     }
 
     #[test]
     fn kill_9_on_rbd_with_rbd_journal_loses_nothing_acknowledged() {
+        let _cluster = sharing_cluster();
         crash_on_rbd(true);
     }
 }

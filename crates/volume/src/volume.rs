@@ -1034,6 +1034,21 @@ struct HomeOrigin {
 }
 
 impl HomeOrigin {
+    /// The home at `path`, opened as `file` (a regular file's descriptor;
+    /// None for a block device or an RBD image, which record 0).
+    fn of(path: &Path, file: Option<&std::fs::File>) -> Self {
+        HomeOrigin {
+            path: path.to_path_buf(),
+            id: file.map_or(0, home_id),
+            path_id: if file.is_some() {
+                home_path_id(path)
+            } else {
+                0
+            },
+            journal: None,
+        }
+    }
+
     /// Why the journal `jsb`, found by the recorded path, must not be
     /// replayed into this home: it needs replay, and another file opened
     /// it last. That is what a copy of a volume with an external journal
@@ -1306,16 +1321,7 @@ impl Volume {
             Self::format_device(dev.clone(), jdev.clone(), fopts)?;
             // (A fresh journal needs no replay: only its record of this
             // home, `journal: None`, matters here.)
-            let origin = HomeOrigin {
-                path: path.to_path_buf(),
-                id: home_file.as_ref().map_or(0, home_id),
-                path_id: if home_file.is_some() {
-                    home_path_id(path)
-                } else {
-                    0
-                },
-                journal: None,
-            };
+            let origin = HomeOrigin::of(path, home_file.as_ref());
             let vol = Self::open_device_from(dev, jdev, oopts, Some(&origin))?;
             // Watched like an opened volume's (found by a C ABI pass: a
             // created volume went on acknowledging writes with its journal
@@ -1395,16 +1401,7 @@ impl Volume {
         let opened = open_device(path, &dopts)?;
         let (dev, home_file) = (opened.device, opened.watch);
         let sb = read_volume_superblock(dev.as_ref(), &path.display().to_string())?;
-        let mut origin = HomeOrigin {
-            path: path.to_path_buf(),
-            id: home_file.as_ref().map_or(0, home_id),
-            path_id: if home_file.is_some() {
-                home_path_id(path)
-            } else {
-                0
-            },
-            journal: None,
-        };
+        let mut origin = HomeOrigin::of(path, home_file.as_ref());
         let (jdev, watch) = match &sb.journal {
             JournalLocation::Internal { .. } => {
                 refuse_unused_journal_path(path, opts.journal_path.as_deref())?;
