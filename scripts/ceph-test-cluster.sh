@@ -109,6 +109,12 @@ mon allow pool delete = true
 mon warn on pool no redundancy = false
 paxos propose interval = 0.1
 mon osd reporter subtree level = osd
+# Tests freeze the one OSD (SIGSTOP) for up to about 25 s. Its placement
+# groups' read leases last heartbeat grace x 0.8 (16 s by default); past
+# that they turned "laggy" and, with no peer to renew them, stayed so: ops
+# hung for minutes after the OSD resumed and later RBD tests failed with
+# ETIMEDOUT (session 23, twice in full runs). 60 s outlasts every freeze.
+osd heartbeat grace = 60
 osd pool default pg autoscale mode = off
 mon data avail warn = 5
 mon data avail crit = 1
