@@ -670,16 +670,13 @@ fn within<T: Send + 'static>(
     limit: Duration,
     f: impl FnOnce() -> T + Send + 'static,
 ) -> Option<T> {
-    let (tx, rx) = std::sync::mpsc::channel();
-    let spawned = std::thread::Builder::new()
-        .name("jbdev-close".into())
-        .spawn(move || {
-            let _ = tx.send(f());
-        });
-    if let Err(e) = spawned {
-        tracing::error!("{what}: cannot start a thread ({e})");
-        return None;
-    }
+    let rx = match jbdev_device::bounded::spawn_with_result("jbdev-close", f) {
+        Ok(rx) => rx,
+        Err(e) => {
+            tracing::error!("{what}: cannot start a thread ({e})");
+            return None;
+        }
+    };
     let start = std::time::Instant::now();
     loop {
         let left = limit.saturating_sub(start.elapsed());

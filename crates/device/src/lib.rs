@@ -34,6 +34,7 @@
 #![allow(unsafe_code)]
 
 pub mod aligned;
+pub mod bounded;
 pub mod error;
 #[cfg(any(test, feature = "testing"))]
 pub mod fault;

@@ -762,18 +762,16 @@ impl Drop for RbdDevice {
             update_watch: self.update_watch.take(),
             _health: self.health.clone(),
         };
-        let (tx, rx) = std::sync::mpsc::channel();
-        let spawned = std::thread::Builder::new()
-            .name("jbdev-rbd-close".into())
-            .spawn(move || {
-                let _ = tx.send(closing.close());
-            });
-        if let Err(e) = spawned {
-            // The closure (and the handles in it) was dropped unrun: the
-            // Image drop closed the image inline.
-            tracing::warn!("{}: closed without a close thread ({e})", self.name);
-            return;
-        }
+        let rx = match crate::bounded::spawn_with_result("jbdev-rbd-close", move || closing.close())
+        {
+            Ok(rx) => rx,
+            Err(e) => {
+                // The closure (and the handles in it) was dropped unrun: the
+                // Image drop closed the image inline.
+                tracing::warn!("{}: closed without a close thread ({e})", self.name);
+                return;
+            }
+        };
         let lock = if self.locked {
             "; the exclusive lock could not be released: it stays with this client until \
              the next read-write open breaks it, which it does once this client's watch on \

@@ -2307,6 +2307,9 @@ impl Volume {
                 }
             }
         }
+        // Each shard lists every pending write that touches it: once each.
+        pending.sort_unstable_by_key(|p| (p.2, p.0, p.1));
+        pending.dedup();
         let home = e
             .home
             .dev
@@ -2707,15 +2710,7 @@ fn cover_runs(
     top: Vec<(u64, u64, ExtentState)>,
 ) -> Vec<(u64, u64, ExtentState)> {
     let mut out: Vec<(u64, u64, ExtentState)> = Vec::with_capacity(base.len() + 2 * top.len());
-    let mut push = |a: u64, z: u64, st: ExtentState| {
-        if a >= z {
-            return;
-        }
-        match out.last_mut() {
-            Some(l) if l.2 == st && l.1 == a => l.1 = z,
-            _ => out.push((a, z, st)),
-        }
-    };
+    let mut push = |a: u64, z: u64, st: ExtentState| push_run(&mut out, (a, z, st));
     let mut top = top.into_iter().peekable();
     let mut pos = first;
     for (a, z, st) in base {
@@ -2761,13 +2756,22 @@ fn newest_runs(pending: Vec<(u64, u64, u64, ExtentState)>) -> Vec<(u64, u64, Ext
             .filter(|p| p.0 <= a && z <= p.1)
             .max_by_key(|p| p.2);
         if let Some(p) = newest {
-            match out.last_mut() {
-                Some(l) if l.2 == p.3 && l.1 == a => l.1 = z,
-                _ => out.push((a, z, p.3)),
-            }
+            push_run(&mut out, (a, z, p.3));
         }
     }
     out
+}
+
+/// Appends run `r` to `out`, merged into the last run when it continues it
+/// with the same state; an empty run is dropped.
+fn push_run(out: &mut Vec<(u64, u64, ExtentState)>, r: (u64, u64, ExtentState)) {
+    if r.0 >= r.1 {
+        return;
+    }
+    match out.last_mut() {
+        Some(l) if l.2 == r.2 && l.1 == r.0 => l.1 = r.1,
+        _ => out.push(r),
+    }
 }
 
 #[cfg(test)]
