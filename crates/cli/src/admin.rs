@@ -566,7 +566,7 @@ pub fn info(a: InfoArgs) -> anyhow::Result<()> {
             Ok(Ok(ins)) => (
                 ins.superblock,
                 ins.journal_path,
-                ins.journal_superblock,
+                ins.journal_superblock.map_err(|e| e.message),
                 false,
                 None,
             ),
@@ -1004,6 +1004,8 @@ fn journal_superblock_or_exit(
     let first = ins
         .read_journal_block(0)
         .context("reading the journal superblock")?;
+    let newer = e.newer;
+    let e = e.message.as_str();
     let e = e.strip_prefix("journal superblock: ").unwrap_or(e);
     if let (Some(j), false) = (
         journal,
@@ -1020,10 +1022,8 @@ fn journal_superblock_or_exit(
         );
     }
     // An intact superblock (its checksum held) with features this jbdev
-    // does not know: not damage (FormatError::Unsupported's text).
-    if e.starts_with("unsupported journal: journal incompat features")
-        || e.starts_with("unsupported journal: journal ro_compat features")
-    {
+    // does not know: not damage.
+    if newer {
         anyhow::bail!(
             "journal superblock: {e}: written by a newer jbdev (or another program); this \
              jbdev cannot read it (nothing was changed)"

@@ -1854,3 +1854,30 @@ fn check_of_a_damaged_magic_with_its_journal_given_is_corruption() {
     // Without the journal named, nothing says it is a volume.
     assert_eq!(jbdev(&["check", p]).status.code(), Some(1));
 }
+
+/// A journal superblock whose checksum holds but which sets feature bits
+/// this jbdev does not know is a newer jbdev's journal: `check` says so and
+/// exits 1 (it cannot tell), not CORRUPT with 2 (restore or reformat); the
+/// same bytes with a checksum that does not hold are damage. `check` used
+/// to tell them apart by the error text's first words.
+#[test]
+fn check_tells_a_newer_journal_from_a_damaged_one() {
+    use jbdev_volume::journal::format::JournalSuperblock;
+    for (damaged, want) in [(false, 1), (true, 2)] {
+        let (_dir, img, jnl) = external_16m();
+        let mut bytes = std::fs::read(&jnl).unwrap();
+        let mut sb = JournalSuperblock::decode(&bytes[..4096]).unwrap();
+        sb.feature_incompat |= 0x100;
+        sb.encode(&mut bytes[..4096]);
+        if damaged {
+            bytes[0xFC] ^= 1; // s_checksum
+        }
+        std::fs::write(&jnl, &bytes).unwrap();
+        let (p, j) = (img.to_str().unwrap(), jnl.to_str().unwrap());
+        let o = jbdev(&["check", p, "--journal", j]);
+        let t = text(&o);
+        assert_eq!(o.status.code(), Some(want), "damaged {damaged}: {t}");
+        assert_eq!(t.contains("newer jbdev"), !damaged, "{t}");
+        assert_eq!(t.contains("CORRUPT"), damaged, "{t}");
+    }
+}

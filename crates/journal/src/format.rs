@@ -228,6 +228,11 @@ pub enum FormatError {
     /// A well-formed journal that uses features jbdev does not implement.
     #[error("unsupported journal: {0}")]
     Unsupported(String),
+    /// An intact journal superblock (its checksum held) that sets feature
+    /// bits this jbdev does not know: written by a newer jbdev (or another
+    /// program), not damage.
+    #[error("unsupported journal: {0}")]
+    NewerFeatures(String),
     /// A field is out of range or inconsistent (or the buffer has a size no
     /// journal block can have).
     #[error("invalid journal structure: {0}")]
@@ -630,7 +635,7 @@ impl JournalSuperblock {
 
         let unknown = incompat & !JBDEV_INCOMPAT;
         if unknown != 0 {
-            return Err(FormatError::Unsupported(format!(
+            return Err(FormatError::NewerFeatures(format!(
                 "journal incompat features {unknown:#x}"
             )));
         }
@@ -642,7 +647,7 @@ impl JournalSuperblock {
         }
         let ro_compat = get_be32(block, sb::FEATURE_RO_COMPAT);
         if ro_compat != 0 {
-            return Err(FormatError::Unsupported(format!(
+            return Err(FormatError::NewerFeatures(format!(
                 "journal ro_compat features {ro_compat:#x}"
             )));
         }
@@ -1131,18 +1136,18 @@ mod tests {
     /// `jbdev check` tells a newer journal from a damaged one by these
     /// texts (a newer jbdev's features, with the checksum intact).
     #[test]
-    fn unknown_features_say_so_in_the_text_check_reads() {
+    fn unknown_features_are_newer_not_damage() {
         let sbk = JournalSuperblock::new(4096, 1000, UUID);
         for (field, bits, text) in [
             (
                 sb::FEATURE_INCOMPAT,
                 JBDEV_INCOMPAT | 0x100,
-                "unsupported journal: journal incompat features",
+                "unsupported journal: journal incompat features 0x100",
             ),
             (
                 sb::FEATURE_RO_COMPAT,
                 0x1,
-                "unsupported journal: journal ro_compat features",
+                "unsupported journal: journal ro_compat features 0x1",
             ),
         ] {
             let mut block = vec![0u8; 4096];
@@ -1150,8 +1155,13 @@ mod tests {
             put_be32(&mut block, field, bits);
             let csum = JournalSuperblock::checksum_of(&block);
             put_be32(&mut block, sb::CHECKSUM, csum);
-            let e = JournalSuperblock::decode(&block).unwrap_err().to_string();
-            assert!(e.starts_with(text), "{e}");
+            let e = JournalSuperblock::decode(&block).unwrap_err();
+            assert!(matches!(e, FormatError::NewerFeatures(_)), "{e:?}");
+            assert_eq!(e.to_string(), text);
+            // The same bits with a checksum that does not hold: damage.
+            put_be32(&mut block, sb::CHECKSUM, csum ^ 1);
+            let e = JournalSuperblock::decode(&block).unwrap_err();
+            assert!(matches!(e, FormatError::BadChecksum { .. }), "{e:?}");
         }
     }
 

@@ -426,7 +426,7 @@ fn superblock_feature_and_geometry_checks() {
 
     let mut sb = good.clone();
     sb.feature_incompat |= 0x20; // fast commit
-    assert!(matches!(check(&sb), Err(FormatError::Unsupported(_))));
+    assert!(matches!(check(&sb), Err(FormatError::NewerFeatures(_))));
     let mut sb = good.clone();
     sb.feature_incompat &= !0x2; // no 64bit
     assert!(matches!(check(&sb), Err(FormatError::Unsupported(_))));
@@ -435,7 +435,7 @@ fn superblock_feature_and_geometry_checks() {
     assert!(matches!(check(&sb), Err(FormatError::Unsupported(_))));
     let mut sb = good.clone();
     sb.feature_ro_compat = 1;
-    assert!(matches!(check(&sb), Err(FormatError::Unsupported(_))));
+    assert!(matches!(check(&sb), Err(FormatError::NewerFeatures(_))));
     let mut sb = good.clone();
     sb.feature_compat = 1; // checksum v1
     assert!(matches!(check(&sb), Err(FormatError::Invalid(_))));

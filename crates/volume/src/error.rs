@@ -148,6 +148,10 @@ impl From<jbdev_journal::JournalError> for VolumeError {
     fn from(e: jbdev_journal::JournalError) -> Self {
         match e {
             jbdev_journal::JournalError::Device(d) => Self::Device(d),
+            // The checksum held: a newer jbdev's journal, not damage.
+            e @ jbdev_journal::JournalError::Superblock(
+                jbdev_journal::format::FormatError::NewerFeatures(_),
+            ) => Self::NewerFormat(e.to_string()),
             other => Self::CorruptJournal(other.to_string()),
         }
     }

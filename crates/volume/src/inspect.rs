@@ -19,7 +19,23 @@ pub struct Inspection {
     pub journal_path: Option<PathBuf>,
     pub region: JournalRegion,
     /// The jbd2 superblock, or why it could not be read.
-    pub journal_superblock: std::result::Result<JournalSuperblock, String>,
+    pub journal_superblock: std::result::Result<JournalSuperblock, JournalSuperblockError>,
+}
+
+/// Why an [`Inspection`]'s journal superblock could not be read.
+#[derive(Debug, Clone)]
+pub struct JournalSuperblockError {
+    /// The error's text ("journal superblock: ...").
+    pub message: String,
+    /// The superblock is intact (its checksum held) but sets feature bits
+    /// this jbdev does not know: a newer jbdev's journal, not damage.
+    pub newer: bool,
+}
+
+impl std::fmt::Display for JournalSuperblockError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
 }
 
 /// A volume whose external journal could not be opened (a deleted or
@@ -112,7 +128,17 @@ pub fn inspect_volume(
         bs,
         (jlen / u64::from(bs)) as u32,
     )?;
-    let journal_superblock = region.read_superblock().map_err(|e| e.to_string());
+    let journal_superblock = region
+        .read_superblock()
+        .map_err(|e| JournalSuperblockError {
+            newer: matches!(
+                e,
+                jbdev_journal::JournalError::Superblock(
+                    jbdev_journal::format::FormatError::NewerFeatures(_)
+                )
+            ),
+            message: e.to_string(),
+        });
     Ok(Ok(Inspection {
         path: path.to_path_buf(),
         device,

@@ -1006,3 +1006,29 @@ fn failed_direct_write_never_lets_the_checkpoint_drop_a_durable_copy() {
         common::describe_sector(&got[..SECTOR], x * BS / SECTOR as u64)
     );
 }
+
+/// A journal superblock whose checksum holds but which sets feature bits
+/// this jbdev does not know was reported as a corrupt journal (EIO), where
+/// the volume superblock's equivalent says "a newer jbdev" (EOPNOTSUPP): an
+/// operator told "corrupt" restores or reformats a volume that is fine.
+#[test]
+fn a_journal_with_unknown_features_is_newer_not_corrupt() {
+    let base = clean_image();
+    type Edit = Box<dyn Fn(&mut JournalSuperblock)>;
+    let cases: Vec<(&str, Edit)> = vec![
+        ("incompat", Box::new(|sb| sb.feature_incompat |= 0x100)),
+        ("ro_compat", Box::new(|sb| sb.feature_ro_compat = 1)),
+    ];
+    for (what, edit) in cases {
+        let mut image = base.clone();
+        rewrite_journal_superblock(&mut image, |sb| edit(sb));
+        match Volume::open_device(on_image(image), None, &quiet()) {
+            Err(e @ VolumeError::NewerFormat(_)) => {
+                assert_eq!(e.errno(), libc::EOPNOTSUPP, "{what}: {e}");
+                assert!(e.to_string().contains(what), "{what}: {e}");
+            }
+            Err(e) => panic!("{what}: a newer journal reported as {e:?}"),
+            Ok(_) => panic!("{what}: a journal with unknown features was opened"),
+        }
+    }
+}
