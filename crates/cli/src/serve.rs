@@ -71,7 +71,9 @@ pub struct ServeArgs {
     #[arg(long, value_name = "N")]
     pub net_threads: Option<usize>,
     /// Connections served at once (in handshake or transmission); more are
-    /// closed at once.
+    /// refused: every option they send is answered ERR_POLICY "too many
+    /// connections" for up to 2 s (16 such refusals at a time; beyond
+    /// them, closed at once).
     #[arg(long, default_value_t = 128)]
     pub max_connections: usize,
     /// Seconds a client has for the whole handshake.

@@ -449,3 +449,54 @@ fn clients_holding_large_payload_buffers_do_not_stall_small_requests() {
     drop(stallers);
     srv.stop_cleanly();
 }
+
+/// A client over `--max-connections` is told why: every option it sends is
+/// answered `ERR_POLICY` with the reason, which qemu-img prints,
+/// where before the server closed at once and the client saw only "server
+/// disconnected unexpectedly", like a crash (session 23's adversarial
+/// pass). The server logs the refusal. The held connection is unaffected.
+#[test]
+fn a_client_over_the_connection_limit_is_told_why() {
+    let dir = TempDir::new("refused");
+    let img = dir.path("a.img");
+    format_volume(&img, "64M");
+    let srv = ServerProc::start(&[img.to_str().unwrap(), "--max-connections", "1"], None);
+    let tcp = srv.tcp.clone().unwrap();
+    let mut held = Client::connect(&Address::Tcp(tcp.clone()), "").unwrap();
+    let uri = format!("nbd://{tcp}");
+    let mut told = 0;
+    if have_tool("nbdinfo", "a_client_over_the_connection_limit_is_told_why") {
+        let out = run_tool("nbdinfo", &["--size", &uri], 30);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "nbdinfo got in: {err}");
+        // libnbd prints the reply's code, not its text (the text is in its
+        // debug output): "server policy prevents NBD_OPT_GO".
+        assert!(err.contains("policy"), "nbdinfo said: {err}");
+        told += 1;
+    }
+    if have_tool("qemu-img", "a_client_over_the_connection_limit_is_told_why") {
+        let out = run_tool("qemu-img", &["info", &uri], 30);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "qemu-img got in: {err}");
+        assert!(err.contains("too many connections"), "qemu-img said: {err}");
+        told += 1;
+    }
+    // Our own client too (no tool needed).
+    let e = Client::connect(&Address::Tcp(tcp.clone()), "")
+        .err()
+        .expect("a second client got in");
+    assert!(e.to_string().contains("too many connections"), "{e}");
+    assert!(
+        srv.log_text().contains("refusing connection"),
+        "{}",
+        srv.log_text()
+    );
+    eprintln!("refused {} clients with the reason", told + 1);
+    let data = pattern(7, 4096);
+    held.call(CMD_WRITE, CMD_FLAG_FUA, 0, 4096, &data)
+        .unwrap()
+        .unwrap();
+    assert_eq!(held.call(CMD_READ, 0, 0, 4096, &[]).unwrap().unwrap(), data);
+    held.disconnect().unwrap();
+    srv.stop_cleanly();
+}

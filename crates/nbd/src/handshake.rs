@@ -425,6 +425,47 @@ async fn answer_meta<T: Transport>(
     send(writer, &out).await
 }
 
+/// Options a refused client may send before it is dropped.
+pub const REFUSAL_MAX_OPTIONS: u32 = 8;
+
+/// The handshake of a client the server will not serve (its connection
+/// limit is reached): the greeting, then every option the client sends is
+/// answered `ERR_POLICY` with `why`, so the client can print the reason
+/// instead of "server disconnected unexpectedly". No export is named and
+/// no TLS is started; `EXPORT_NAME` (which cannot be answered with an
+/// error), `ABORT`, option data above [`MAX_OPTION_DATA_BYTES`] or more
+/// than [`REFUSAL_MAX_OPTIONS`] options end it. The caller bounds it in
+/// time. `Ok` once the client is done with (always [`Outcome::Closed`]).
+pub async fn refuse<T: Transport>(io: &mut T, why: &str) -> io::Result<Outcome> {
+    let mut hello = Vec::with_capacity(18);
+    hello.extend_from_slice(&INIT_PASSWD.to_be_bytes());
+    hello.extend_from_slice(&IHAVEOPT.to_be_bytes());
+    hello.extend_from_slice(&(FLAG_FIXED_NEWSTYLE | FLAG_NO_ZEROES).to_be_bytes());
+    io.send(&hello).await?;
+    let mut cf = [0u8; 4];
+    io.read_exact(&mut cf).await?;
+    if u32::from_be_bytes(cf) & !(FLAG_C_FIXED_NEWSTYLE | FLAG_C_NO_ZEROES) != 0 {
+        return Ok(Outcome::Closed);
+    }
+    let mut data = Vec::new();
+    for _ in 0..REFUSAL_MAX_OPTIONS {
+        let mut hb = [0u8; OPTION_HEADER_BYTES];
+        io.read_exact(&mut hb).await?;
+        let Ok(head) = OptionHeader::decode(&hb) else {
+            return Ok(Outcome::Closed);
+        };
+        if head.length > MAX_OPTION_DATA_BYTES || matches!(head.option, OPT_ABORT | OPT_EXPORT_NAME)
+        {
+            return Ok(Outcome::Closed);
+        }
+        data.clear();
+        data.resize(head.length as usize, 0);
+        io.read_exact(&mut data).await?;
+        send_error(io, head.option, REP_ERR_POLICY, why).await?;
+    }
+    Ok(Outcome::Closed)
+}
+
 async fn send<T: Transport>(io: &mut T, bytes: &[u8]) -> io::Result<()> {
     io.send(bytes).await
 }

@@ -165,6 +165,10 @@ struct Inner {
     rt: tokio::runtime::Handle,
     next_id: AtomicU64,
     refused: AtomicU64,
+    /// Refusal handshakes in progress ([`REFUSAL_SLOTS`]).
+    refusing: std::sync::atomic::AtomicUsize,
+    /// When a refusal was last logged, and `refused` then.
+    refusal_log: Mutex<Option<(Instant, u64)>>,
     conns: ConnRegistry,
 }
 
@@ -262,6 +266,8 @@ impl Server {
                 rt: runtime.handle().clone(),
                 next_id: AtomicU64::new(1),
                 refused: AtomicU64::new(0),
+                refusing: std::sync::atomic::AtomicUsize::new(0),
+                refusal_log: Mutex::new(None),
                 conns: ConnRegistry {
                     live: Mutex::new(Vec::new()),
                     empty: Condvar::new(),
@@ -509,19 +515,7 @@ fn admit(inner: &Arc<Inner>, stream: Stream) -> bool {
         }
         if live.len() >= inner.cfg.max_connections {
             drop(live);
-            // Closing at once costs the client a retry, not us a task.
-            if inner
-                .refused
-                .fetch_add(1, Ordering::Relaxed)
-                .is_multiple_of(1000)
-            {
-                tracing::warn!(
-                    "refusing connection from {}: {} connections open (--max-connections)",
-                    stream.peer,
-                    inner.cfg.max_connections
-                );
-            }
-            stream.control.shutdown();
+            refuse(inner, stream);
             return false;
         }
         live.push((id, stream.control.clone()));
@@ -535,6 +529,61 @@ fn admit(inner: &Arc<Inner>, stream: Stream) -> bool {
         drop(registered);
     });
     true
+}
+
+/// Over-limit connections told why at once (each for at most
+/// [`REFUSAL_DEADLINE`]); more are closed without a word.
+pub const REFUSAL_SLOTS: usize = 16;
+/// How long a refused client may take to hear why.
+pub const REFUSAL_DEADLINE: Duration = Duration::from_secs(2);
+/// A refusal is logged at most this often (with the count since the last).
+const REFUSAL_LOG_EVERY: Duration = Duration::from_secs(10);
+
+/// Turns away a connection over `max_connections`: logged (rate-limited),
+/// and, while fewer than [`REFUSAL_SLOTS`] refusals are in progress,
+/// answered with a handshake that gives the reason (`handshake::refuse`)
+/// within [`REFUSAL_DEADLINE`]; otherwise closed at once. A refused client
+/// holds no connection slot, worker or payload buffer.
+fn refuse(inner: &Arc<Inner>, stream: Stream) {
+    let max = inner.cfg.max_connections;
+    let n = inner.refused.fetch_add(1, Ordering::Relaxed) + 1;
+    {
+        let mut last = inner.refusal_log.lock();
+        let now = Instant::now();
+        if last.is_none_or(|(t, _)| now.duration_since(t) >= REFUSAL_LOG_EVERY) {
+            let since = last.map_or(n, |(_, at)| n - at);
+            tracing::warn!(
+                "refusing connection from {}: the limit of {max} connections is reached \
+                 (--max-connections); {since} refused since the last such message",
+                stream.peer
+            );
+            *last = Some((now, n));
+        }
+    }
+    if inner.refusing.fetch_add(1, Ordering::AcqRel) >= REFUSAL_SLOTS {
+        inner.refusing.fetch_sub(1, Ordering::AcqRel);
+        stream.control.shutdown();
+        return;
+    }
+    let inner2 = inner.clone();
+    inner.rt.spawn(async move {
+        let control = stream.control.clone();
+        if let Ok((reader, writer)) = stream.into_async() {
+            let mut io = HandshakeIo {
+                reader: BufReader::with_capacity(4096, reader),
+                writer,
+                wake: Arc::new(Notify::new()),
+                tls: None,
+            };
+            let why = format!(
+                "too many connections: this server takes {max} at a time (--max-connections); \
+                 try again later"
+            );
+            let _ = tokio::time::timeout(REFUSAL_DEADLINE, handshake::refuse(&mut io, &why)).await;
+        }
+        control.shutdown();
+        inner2.refusing.fetch_sub(1, Ordering::AcqRel);
+    });
 }
 
 /// Unregisters a connection when its task ends, however it ends (a panic,
