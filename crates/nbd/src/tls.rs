@@ -108,6 +108,32 @@ impl std::fmt::Debug for TlsConfig {
     }
 }
 
+/// What is wrong with a server certificate's dates, if anything: one that
+/// has expired or is not valid yet is loaded (so is nbdkit's and
+/// qemu-nbd's), but every client that checks it refuses the session, and
+/// without a word here the operator sees only failing clients. `None` also
+/// when the certificate cannot be parsed here (rustls judges it).
+pub fn validity_warning(leaf: &[u8], path: &Path) -> Option<String> {
+    let cert = openssl::x509::X509::from_der(leaf).ok()?;
+    let now = openssl::asn1::Asn1Time::days_from_now(0).ok()?;
+    let p = path.display();
+    if cert.not_after() < now {
+        Some(format!(
+            "the server certificate {p} expired on {}: clients that check it refuse every \
+             TLS session",
+            cert.not_after()
+        ))
+    } else if cert.not_before() > now {
+        Some(format!(
+            "the server certificate {p} is not valid before {}: clients that check it \
+             refuse every TLS session until then",
+            cert.not_before()
+        ))
+    } else {
+        None
+    }
+}
+
 impl TlsConfig {
     /// X.509: `DIR/server-cert.pem` (the chain, leaf first),
     /// `DIR/server-key.pem`; with `verify_peer`, clients must present a
@@ -131,6 +157,9 @@ impl TlsConfig {
             Ok(certs)
         };
         let chain = certs(&file("server-cert.pem"))?;
+        if let Some(w) = validity_warning(&chain[0], &file("server-cert.pem")) {
+            tracing::warn!("{w}");
+        }
         let key_path = file("server-key.pem");
         let key = PrivateKeyDer::from_pem_file(&key_path).map_err(|e| {
             setup_err(format!(
@@ -701,5 +730,41 @@ mod tests {
         assert_eq!("on".parse::<TlsMode>(), Ok(TlsMode::On));
         assert_eq!("require".parse::<TlsMode>(), Ok(TlsMode::Require));
         assert!("yes".parse::<TlsMode>().is_err());
+    }
+
+    /// A self-signed certificate valid from `from` to `to` (Unix seconds).
+    fn cert_valid(from: i64, to: i64) -> Vec<u8> {
+        use openssl::{asn1::Asn1Time, ec, hash::MessageDigest, nid::Nid, pkey::PKey, x509};
+        let group = ec::EcGroup::from_curve_name(Nid::X9_62_PRIME256V1).unwrap();
+        let key = PKey::from_ec_key(ec::EcKey::generate(&group).unwrap()).unwrap();
+        let mut name = x509::X509NameBuilder::new().unwrap();
+        name.append_entry_by_text("CN", "localhost").unwrap();
+        let name = name.build();
+        let mut b = x509::X509Builder::new().unwrap();
+        b.set_version(2).unwrap();
+        b.set_subject_name(&name).unwrap();
+        b.set_issuer_name(&name).unwrap();
+        b.set_pubkey(&key).unwrap();
+        b.set_not_before(&Asn1Time::from_unix(from).unwrap())
+            .unwrap();
+        b.set_not_after(&Asn1Time::from_unix(to).unwrap()).unwrap();
+        b.sign(&key, MessageDigest::sha256()).unwrap();
+        b.build().to_der().unwrap()
+    }
+
+    #[test]
+    fn a_certificate_out_of_its_dates_is_warned_about() {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs() as i64;
+        let p = Path::new("/etc/x/server-cert.pem");
+        let day = 86_400;
+        assert_eq!(validity_warning(&cert_valid(now - day, now + day), p), None);
+        let w = validity_warning(&cert_valid(now - 3 * day, now - day), p).unwrap();
+        assert!(w.contains("/etc/x/server-cert.pem expired on"), "{w}");
+        let w = validity_warning(&cert_valid(now + day, now + 3 * day), p).unwrap();
+        assert!(w.contains("is not valid before"), "{w}");
+        assert_eq!(validity_warning(b"not a certificate", p), None);
     }
 }
