@@ -414,6 +414,8 @@ async fn write_batch(
 /// Everything a worker needs to run a request of this connection.
 struct ConnShared {
     backend: Arc<dyn Backend>,
+    /// The export's lane for worker jobs.
+    lane: Arc<crate::pool::Lane>,
     sink: ReplySink,
     buffers: Arc<BufferPool>,
     /// This connection's guaranteed part of the buffer budget: what other
@@ -820,6 +822,7 @@ pub(crate) async fn serve(
     let backend = session.export.backend.clone();
     let conn = Arc::new(ConnShared {
         backend: backend.clone(),
+        lane: session.export.lane.clone(),
         sink: ReplySink::new(gate.clone(), control.clone(), wake, limits.send_timeout),
         buffers: res.buffers.clone(),
         share: Arc::new(Share::default()),
@@ -1160,7 +1163,7 @@ impl Reader<'_> {
                     // The worker hands the payload buffer itself over: a
                     // large write goes home from it without a copy.
                     let conn = self.conn.clone();
-                    self.res.workers.submit(move || {
+                    self.res.workers.submit_in(&self.conn.lane, move || {
                         if conn.sink.is_broken() {
                             return; // dropped client: `done` releases its gate
                         }
@@ -1174,7 +1177,7 @@ impl Reader<'_> {
             Command::Flush => {
                 if let Err(done) = backend.try_flush_then(answer_when_done(pending, req)) {
                     let conn = self.conn.clone();
-                    self.res.workers.submit(move || {
+                    self.res.workers.submit_in(&self.conn.lane, move || {
                         if !conn.sink.is_broken() {
                             backend.flush_then(done);
                         }
@@ -1202,7 +1205,7 @@ impl Reader<'_> {
                         let parts = error_reply(&pending.conn, &req, e.errno, &e.message);
                         pending.answer(parts);
                     }
-                    None => self.res.workers.submit(move || {
+                    None => self.res.workers.submit_in(&self.conn.lane, move || {
                         if pending.conn.sink.is_broken() {
                             return; // dropped client: not read for nobody
                         }
@@ -1214,7 +1217,7 @@ impl Reader<'_> {
                     }),
                 }
             }
-            _ => self.res.workers.submit(move || {
+            _ => self.res.workers.submit_in(&self.conn.lane, move || {
                 if pending.conn.sink.is_broken() {
                     return;
                 }

@@ -14,6 +14,9 @@ pub struct Export {
     pub backend: Arc<dyn Backend>,
     /// Advertised minimum block size (1: any alignment works).
     pub min_block_bytes: u32,
+    /// Where its requests' jobs queue for the workers: the server caps how
+    /// many workers one export may hold (see [`crate::pool::Lane`]).
+    pub lane: Arc<crate::pool::Lane>,
 }
 
 impl Export {
@@ -27,6 +30,7 @@ impl Export {
             description: description.into(),
             backend,
             min_block_bytes: 1,
+            lane: Arc::default(),
         }
     }
 

@@ -7,6 +7,13 @@
 //! volume at the same time and share its group commits. Threads are spawned
 //! on demand (when no worker is idle) up to `max_threads`, and then requests
 //! queue. A worker holds no lock while it runs a job.
+//!
+//! Jobs of one export go through its [`Lane`], which lets at most `cap` of
+//! them run at once (the server sets the cap below the pool's size when it
+//! has several exports): one export whose store stalls (a hung FUSE or NFS
+//! mount under it) then holds at most `cap` workers, and the others' jobs
+//! still find one. The lane's jobs beyond its cap wait in the lane, not in
+//! the pool's queue, so they do not stand in front of other exports' jobs.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -14,6 +21,71 @@ use std::sync::Arc;
 use crossbeam_channel::{Receiver, Sender};
 
 type Job = Box<dyn FnOnce() + Send + 'static>;
+
+/// The jobs of one export: at most `cap` of them run at once; the rest wait
+/// here, in order, and are run by the workers of the lane's running jobs as
+/// those finish.
+pub struct Lane {
+    cap: AtomicUsize,
+    st: parking_lot::Mutex<LaneState>,
+}
+
+struct LaneState {
+    running: usize,
+    queued: std::collections::VecDeque<Job>,
+}
+
+impl Default for Lane {
+    fn default() -> Self {
+        Self::new(usize::MAX)
+    }
+}
+
+impl Lane {
+    /// A lane that runs at most `cap` (at least 1) jobs at once.
+    pub fn new(cap: usize) -> Self {
+        Self {
+            cap: AtomicUsize::new(cap.max(1)),
+            st: parking_lot::Mutex::new(LaneState {
+                running: 0,
+                queued: std::collections::VecDeque::new(),
+            }),
+        }
+    }
+
+    /// Sets the cap (at least 1) for jobs submitted from now on.
+    pub fn set_cap(&self, cap: usize) {
+        self.cap.store(cap.max(1), Ordering::Relaxed);
+    }
+
+    pub fn cap(&self) -> usize {
+        self.cap.load(Ordering::Relaxed)
+    }
+
+    /// Jobs of the lane running now, and waiting in it.
+    pub fn load(&self) -> (usize, usize) {
+        let st = self.st.lock();
+        (st.running, st.queued.len())
+    }
+}
+
+/// Runs `job`, then the lane's waiting jobs until there are none; a
+/// panicking job is logged and the lane goes on.
+fn run_lane(lane: Arc<Lane>, mut job: Job) {
+    loop {
+        if std::panic::catch_unwind(std::panic::AssertUnwindSafe(job)).is_err() {
+            tracing::error!("an NBD request handler panicked");
+        }
+        let mut st = lane.st.lock();
+        match st.queued.pop_front() {
+            Some(next) => job = next,
+            None => {
+                st.running -= 1;
+                return;
+            }
+        }
+    }
+}
 
 /// The pool. Dropping the last handle lets idle workers exit.
 pub struct WorkerPool {
@@ -64,6 +136,22 @@ impl WorkerPool {
         }
         // The receiver lives in `self`, so the channel cannot be disconnected.
         let _ = self.tx.send(Box::new(job));
+    }
+
+    /// Queues `job` in `lane`: run by a worker now if fewer than the
+    /// lane's cap of its jobs run, else when one of them finishes.
+    pub fn submit_in(&self, lane: &Arc<Lane>, job: impl FnOnce() + Send + 'static) {
+        let job: Job = Box::new(job);
+        {
+            let mut st = lane.st.lock();
+            if st.running >= lane.cap() {
+                st.queued.push_back(job);
+                return;
+            }
+            st.running += 1;
+        }
+        let lane = lane.clone();
+        self.submit(move || run_lane(lane, job));
     }
 
     fn maybe_spawn(&self) {
@@ -130,5 +218,51 @@ mod tests {
         barrier.wait();
         assert!(pool.threads() <= 8);
         assert!(pool.threads() >= 8);
+    }
+
+    /// A lane whose jobs all block holds at most its cap of workers: a job
+    /// of another lane still runs, and the blocked lane's waiting jobs run
+    /// once its running ones finish, in order.
+    #[test]
+    fn a_blocked_lane_leaves_workers_to_the_others() {
+        use std::sync::mpsc;
+        let pool = WorkerPool::new(4);
+        let stalled = Arc::new(Lane::new(3));
+        let other = Arc::new(Lane::new(3));
+        let (release_tx, release_rx) = crossbeam_channel::unbounded::<()>();
+        let (done_tx, done_rx) = mpsc::channel::<u32>();
+        for i in 0..10 {
+            let (r, d) = (release_rx.clone(), done_tx.clone());
+            pool.submit_in(&stalled, move || {
+                r.recv().unwrap();
+                d.send(i).unwrap();
+            });
+        }
+        assert_eq!(stalled.load(), (3, 7));
+        // Every job of the stalled lane is waiting for the release: the
+        // other lane's job can only finish on a fourth worker.
+        let d = done_tx.clone();
+        pool.submit_in(&other, move || d.send(100).unwrap());
+        assert_eq!(done_rx.recv().unwrap(), 100);
+        for _ in 0..10 {
+            release_tx.send(()).unwrap();
+        }
+        let mut got: Vec<u32> = (0..10).map(|_| done_rx.recv().unwrap()).collect();
+        got.sort_unstable();
+        assert_eq!(got, (0..10).collect::<Vec<_>>());
+        assert!(pool.threads() <= 4);
+        // A panicking job does not lose the lane's capacity or its queue.
+        let lane = Arc::new(Lane::new(1));
+        pool.submit_in(&lane, || panic!("test panic"));
+        let d = done_tx.clone();
+        pool.submit_in(&lane, move || d.send(7).unwrap());
+        assert_eq!(done_rx.recv().unwrap(), 7);
+        // (The lane's count drops after the job's send: wait for it.)
+        let mut tries = 0;
+        while lane.load() != (0, 0) && tries < 10_000 {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+            tries += 1;
+        }
+        assert_eq!(lane.load(), (0, 0));
     }
 }

@@ -116,6 +116,17 @@ pub fn default_worker_threads() -> usize {
     (cores * 8).clamp(16, 64)
 }
 
+/// How many workers one export's jobs may hold at once, of `workers`, with
+/// `exports` exports: all of them for one export; with more, each of the
+/// others keeps at least one (up to half the pool between them), so an
+/// export whose store stalls cannot take every worker (session 22's
+/// failure pass: a hung FUSE store under one export stopped the others).
+pub fn lane_cap(workers: usize, exports: usize) -> usize {
+    let workers = workers.max(1);
+    let others = exports.saturating_sub(1);
+    (workers - others.min(workers / 2)).max(1)
+}
+
 /// Default network thread count: one per core.
 pub fn default_net_threads() -> usize {
     std::thread::available_parallelism().map_or(2, |n| n.get())
@@ -248,6 +259,10 @@ impl Server {
             .build()
             .unwrap_or_else(|e| panic!("cannot start the NBD network threads: {e}"));
         let pool = WorkerPool::new(cfg.worker_threads);
+        let cap = lane_cap(cfg.worker_threads, exports.iter().count());
+        for e in exports.iter() {
+            e.lane.set_cap(cap);
+        }
         // Each connection the server may take has a share of the budget
         // (buffers.rs): a few that hold large buffers cannot stall the rest.
         let buffers = Arc::new(BufferPool::with_shares(

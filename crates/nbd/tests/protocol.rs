@@ -5,7 +5,7 @@
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -55,6 +55,8 @@ impl Running {
 struct GatedBackend {
     inner: MemBackend,
     release: AtomicBool,
+    /// Gated reads that have passed the gate.
+    passed: AtomicUsize,
 }
 
 impl Backend for GatedBackend {
@@ -74,6 +76,7 @@ impl Backend for GatedBackend {
                 std::thread::sleep(Duration::from_millis(1));
                 waited_ms += 1;
             }
+            self.passed.fetch_add(1, Ordering::AcqRel);
         }
         self.inner.read_at(buf, offset)
     }
@@ -102,6 +105,7 @@ fn replies_come_out_of_order_and_pipelining_works() {
     let backend = Arc::new(GatedBackend {
         inner: MemBackend::new(1 << 20, false),
         release: AtomicBool::new(false),
+        passed: AtomicUsize::new(0),
     });
     let srv = start(backend.clone());
     let c = Client::connect(&Address::Unix(srv.sock.clone()), "mem").unwrap();
@@ -416,6 +420,7 @@ fn shutdown_answers_in_flight_requests_first() {
     let backend = Arc::new(GatedBackend {
         inner: MemBackend::new(1 << 20, false),
         release: AtomicBool::new(false),
+        passed: AtomicUsize::new(0),
     });
     let srv = start(backend.clone());
     let Client {
@@ -496,4 +501,73 @@ fn refused_requests_say_why_in_their_error_messages() {
     );
     drop(s);
     srv.stop();
+}
+
+/// One export whose store stalls takes at most its share of the workers:
+/// a request to another export is answered while every worker the stalled
+/// export may hold waits (before, the stalled export's queued jobs took
+/// every worker and the other export's request waited behind them until
+/// the store answered: session 22's failure pass, with a hung FUSE store).
+#[test]
+fn a_stalled_export_leaves_workers_to_the_others() {
+    let gated = Arc::new(GatedBackend {
+        inner: MemBackend::new(1 << 20, false),
+        release: AtomicBool::new(false),
+        passed: AtomicUsize::new(0),
+    });
+    let healthy: Arc<dyn Backend> = Arc::new(MemBackend::new(1 << 20, false));
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("nbd.sock");
+    let listener = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+    let exports = ExportSet::new(vec![
+        Export::new("stalled", "", gated.clone()),
+        Export::new("healthy", "", healthy),
+    ])
+    .unwrap();
+    let cfg = ServerConfig {
+        worker_threads: 4,
+        ..ServerConfig::default()
+    };
+    let server = Server::new(exports, cfg);
+    let handle = server.shutdown_handle();
+    let thread = std::thread::spawn(move || {
+        server.serve(vec![Listener::Unix {
+            listener,
+            unlink: None,
+        }])
+    });
+    let addr = Address::Unix(sock.clone());
+    let Client {
+        mut writer,
+        mut reader,
+        ..
+    } = Client::connect(&addr, "stalled").unwrap();
+    for i in 0..32u64 {
+        writer.queue(CMD_READ, 0, i, 0, 4096, &[]).unwrap();
+    }
+    writer.flush().unwrap();
+    let mut other = Client::connect(&addr, "healthy").unwrap();
+    let data = vec![0x5a; 4096];
+    other
+        .call(CMD_WRITE, CMD_FLAG_FUA, 8192, 4096, &data)
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        other.call(CMD_READ, 0, 8192, 4096, &[]).unwrap().unwrap(),
+        data
+    );
+    assert_eq!(
+        gated.passed.load(Ordering::Acquire),
+        0,
+        "the healthy export was answered only after the stalled one's reads passed"
+    );
+    gated.release.store(true, Ordering::Release);
+    for _ in 0..32 {
+        let (_, res) = reader.recv(|_| 4096).unwrap();
+        assert_eq!(res, Ok(vec![0u8; 4096]));
+    }
+    writer.disconnect().unwrap();
+    other.disconnect().unwrap();
+    handle.shutdown();
+    thread.join().unwrap();
 }
