@@ -105,19 +105,9 @@ pub async fn negotiate<T: Transport>(
     limits: &HandshakeLimits,
     shutting_down: &(dyn Fn() -> bool + Sync),
 ) -> io::Result<Outcome> {
-    let mut hello = Vec::with_capacity(18);
-    hello.extend_from_slice(&INIT_PASSWD.to_be_bytes());
-    hello.extend_from_slice(&IHAVEOPT.to_be_bytes());
-    hello.extend_from_slice(&(FLAG_FIXED_NEWSTYLE | FLAG_NO_ZEROES).to_be_bytes());
-    io.send(&hello).await?;
-
-    let mut cf = [0u8; 4];
-    io.read_exact(&mut cf).await?;
-    let client_flags = u32::from_be_bytes(cf);
-    if client_flags & !(FLAG_C_FIXED_NEWSTYLE | FLAG_C_NO_ZEROES) != 0 {
-        tracing::info!("dropping client with unknown handshake flags 0x{client_flags:x}");
+    let Some(client_flags) = greet(io).await? else {
         return Ok(Outcome::Closed);
-    }
+    };
     let mut st = State::new(client_flags & FLAG_C_NO_ZEROES != 0, false);
 
     let mut data = Vec::new();
@@ -425,6 +415,24 @@ async fn answer_meta<T: Transport>(
     send(writer, &out).await
 }
 
+/// Sends the fixed-newstyle greeting and reads the client's flags: `None`
+/// (logged) if they have bits the server does not know.
+async fn greet<T: Transport>(io: &mut T) -> io::Result<Option<u32>> {
+    let mut hello = Vec::with_capacity(18);
+    hello.extend_from_slice(&INIT_PASSWD.to_be_bytes());
+    hello.extend_from_slice(&IHAVEOPT.to_be_bytes());
+    hello.extend_from_slice(&(FLAG_FIXED_NEWSTYLE | FLAG_NO_ZEROES).to_be_bytes());
+    io.send(&hello).await?;
+    let mut cf = [0u8; 4];
+    io.read_exact(&mut cf).await?;
+    let client_flags = u32::from_be_bytes(cf);
+    if client_flags & !(FLAG_C_FIXED_NEWSTYLE | FLAG_C_NO_ZEROES) != 0 {
+        tracing::info!("dropping client with unknown handshake flags 0x{client_flags:x}");
+        return Ok(None);
+    }
+    Ok(Some(client_flags))
+}
+
 /// Options a refused client may send before it is dropped.
 pub const REFUSAL_MAX_OPTIONS: u32 = 8;
 
@@ -437,14 +445,7 @@ pub const REFUSAL_MAX_OPTIONS: u32 = 8;
 /// than [`REFUSAL_MAX_OPTIONS`] options end it. The caller bounds it in
 /// time. `Ok` once the client is done with (always [`Outcome::Closed`]).
 pub async fn refuse<T: Transport>(io: &mut T, why: &str) -> io::Result<Outcome> {
-    let mut hello = Vec::with_capacity(18);
-    hello.extend_from_slice(&INIT_PASSWD.to_be_bytes());
-    hello.extend_from_slice(&IHAVEOPT.to_be_bytes());
-    hello.extend_from_slice(&(FLAG_FIXED_NEWSTYLE | FLAG_NO_ZEROES).to_be_bytes());
-    io.send(&hello).await?;
-    let mut cf = [0u8; 4];
-    io.read_exact(&mut cf).await?;
-    if u32::from_be_bytes(cf) & !(FLAG_C_FIXED_NEWSTYLE | FLAG_C_NO_ZEROES) != 0 {
+    if greet(io).await?.is_none() {
         return Ok(Outcome::Closed);
     }
     let mut data = Vec::new();
