@@ -1848,6 +1848,7 @@ impl Volume {
     /// Reads `buf.len()` bytes at `offset` (any alignment).
     pub fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
         self.check(offset, buf.len() as u64)?;
+        self.engine.check_readable()?;
         if buf.is_empty() {
             return Ok(());
         }
@@ -1871,7 +1872,10 @@ impl Volume {
     /// unspecified bytes), for a caller that must not block (an NBD network
     /// thread, which then hands the read to a worker).
     pub fn try_read_at(&self, buf: &mut [u8], offset: u64) -> Option<Result<()>> {
-        if let Err(e) = self.check(offset, buf.len() as u64) {
+        if let Err(e) = self
+            .check(offset, buf.len() as u64)
+            .and_then(|()| self.engine.check_readable())
+        {
             return Some(Err(e));
         }
         if buf.is_empty() {
@@ -2255,6 +2259,7 @@ impl Volume {
     /// aborted the server.
     pub fn block_status(&self, offset: u64, len: u64) -> Result<Vec<Extent>> {
         self.check(offset, len)?;
+        self.engine.check_readable()?;
         if len == 0 {
             return Ok(Vec::new());
         }

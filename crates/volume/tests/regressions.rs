@@ -1032,3 +1032,41 @@ fn a_journal_with_unknown_features_is_newer_not_corrupt() {
         }
     }
 }
+
+/// A volume aborted because its storage was taken from it (`ESHUTDOWN`:
+/// librbd's answer to a client another holder blocklisted when it broke
+/// the exclusive lock) went on answering reads from memory: session 24's
+/// RBD pass read back data the new holder had overwritten. Reads (and
+/// block status) now fail after such an abort; after any other abort they
+/// go on (nobody else writes the storage).
+#[test]
+fn reads_fail_once_the_storage_was_taken_from_the_volume() {
+    for (errno, reads_fail) in [(libc::ESHUTDOWN, true), (libc::EIO, false)] {
+        let dev = fault_volume();
+        let vol = Volume::open_device(dev.clone(), None, &quiet()).unwrap();
+        let a = stamped(1, 0, BS as usize);
+        vol.write_at(&a, 0, WriteFlags::FUA).unwrap();
+        // A direct write leaves the home device to flush.
+        let big = vec![0x5au8; (DATA / 2) as usize];
+        vol.write_at(&big, DATA / 2, WriteFlags::NONE).unwrap();
+        dev.fail_flush_with(1, errno);
+        let e = vol.flush().expect_err("the flush was to fail");
+        assert_eq!(e.errno(), errno, "{e}");
+        let mut back = vec![0u8; BS as usize];
+        let read = vol.read_at(&mut back, 0);
+        let status = vol.block_status(0, BS);
+        if reads_fail {
+            let e = read.expect_err("a fenced volume answered a read from memory");
+            assert!(
+                matches!(e, VolumeError::Aborted { cause_errno, .. } if cause_errno == libc::ESHUTDOWN),
+                "{e:?}"
+            );
+            assert!(status.is_err(), "{status:?}");
+            assert!(matches!(vol.try_read_at(&mut back, 0), Some(Err(_))));
+        } else {
+            read.unwrap_or_else(|e| panic!("errno {errno}: a read failed after the abort: {e}"));
+            assert_eq!(back, a);
+            status.unwrap();
+        }
+    }
+}

@@ -762,6 +762,28 @@ impl Engine {
         Ok(())
     }
 
+    /// Fails once the volume was aborted because its storage was taken from
+    /// it: a home or journal request failed with `ESHUTDOWN`, which is how
+    /// librbd answers a client another holder blocklisted when it broke
+    /// the image's exclusive lock (`jbdev serve --break-lock`, or a plain
+    /// open after this client's watch expired). The journal overlay and
+    /// the page cache then hold what the new holder may have overwritten,
+    /// so reads fail too (session 24's RBD pass read back data another
+    /// server had since replaced). After any other abort, reads go on:
+    /// nobody else writes the storage, and what is in memory is the newest
+    /// data this volume acknowledged.
+    pub fn check_readable(&self) -> Result<()> {
+        if self.abort.raised.load(Ordering::Acquire)
+            && matches!(
+                self.abort.reason.get(),
+                Some(AbortCause::Failed(_, e)) if *e == libc::ESHUTDOWN
+            )
+        {
+            return Err(self.aborted_now());
+        }
+        Ok(())
+    }
+
     /// The error every request gets after an abort. Lock-free: the reason
     /// is set before `JState::error` and the flag (`record_abort`), so a
     /// caller that saw either finds it.
