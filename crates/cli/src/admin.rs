@@ -1037,20 +1037,28 @@ fn journal_superblock_or_exit(
 /// that is a jbdev journal (`info`, `journal dump`; `check` says it its way).
 fn not_a_volume_hint(path: &std::path::Path, e: jbdev_volume::VolumeError) -> anyhow::Error {
     let p = path.display();
-    match (&e, journal_without_volume(path)) {
-        (jbdev_volume::VolumeError::NotAVolume(_), Some((0, j))) => anyhow::anyhow!(
+    // Only a readable store without a volume superblock is looked at again
+    // (for a journal): after any other error a second open would fail the
+    // same way, and on an unreachable Ceph cluster take its connect timeout
+    // a second time (40 s for `info`, session 24's RBD pass).
+    let journal = match &e {
+        jbdev_volume::VolumeError::NotAVolume(_) => journal_without_volume(path),
+        _ => None,
+    };
+    match journal {
+        Some((0, j)) => anyhow::anyhow!(
             "{p} is a jbdev journal (uuid {}, {}), not a volume: give the volume's path, \
              with --journal {p}",
             uuid_str(&j.uuid),
             journal_state(&j)
         ),
-        (jbdev_volume::VolumeError::NotAVolume(_), Some((off, j))) => anyhow::anyhow!(
+        Some((off, j)) => anyhow::anyhow!(
             "{p} has no volume superblock, but a jbdev journal {off} bytes in (uuid {}, {}): \
              an interrupted format, or a volume whose first block was lost (`jbdev check {p}`)",
             uuid_str(&j.uuid),
             journal_state(&j)
         ),
-        _ => anyhow::Error::new(e).context(format!("reading {p}")),
+        None => anyhow::Error::new(e).context(format!("reading {p}")),
     }
 }
 
