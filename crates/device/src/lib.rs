@@ -79,6 +79,18 @@ pub enum IoPriority {
     Background,
 }
 
+/// The storage object behind a device ([`BlockDevice::identity`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Identity {
+    /// Changes when the object is replaced by a copy: an RBD image's id
+    /// (with its pool), new for `rbd cp` or an image created again under
+    /// the same name, kept by `rbd mv`.
+    pub id: String,
+    /// How it is reached: `rbd:POOL/IMAGE`, kept when a copy is put in its
+    /// place under the same name.
+    pub name: String,
+}
+
 /// A block device: a byte-addressed array of `size_bytes()` bytes that is
 /// read and written in multiples of `logical_block_size()` at aligned offsets.
 ///
@@ -97,6 +109,13 @@ pub enum IoPriority {
 pub trait BlockDevice: Send + Sync {
     /// Size in bytes (a multiple of the logical block size).
     fn size_bytes(&self) -> u64;
+
+    /// What names the storage object behind the device, where the device
+    /// knows (an RBD image); None otherwise (files are told apart by their
+    /// inode, which the volume reads itself).
+    fn identity(&self) -> Option<Identity> {
+        None
+    }
 
     /// Smallest unit of I/O, in bytes (512 or 4096).
     fn logical_block_size(&self) -> u32;

@@ -125,6 +125,7 @@ mod ffi {
         ) -> c_int;
         pub fn rbd_close(image: rbd_image_t) -> c_int;
         pub fn rbd_get_size(image: rbd_image_t, size: *mut u64) -> c_int;
+        pub fn rbd_get_id(image: rbd_image_t, id: *mut c_char, id_len: usize) -> c_int;
         pub fn rbd_resize(image: rbd_image_t, size: u64) -> c_int;
 
         pub fn rbd_lock_acquire(image: rbd_image_t, lock_mode: rbd_lock_mode_t) -> c_int;
@@ -557,6 +558,8 @@ pub struct RbdDevice {
     locked: bool,
     /// Shrinks and timeouts seen; shared with the header-update callback.
     health: Arc<Health>,
+    /// The image's id (None if librbd would not say) and `POOL/IMAGE`.
+    identity: Option<crate::Identity>,
     /// The `rbd_update_watch` handle of [`on_header_update`], if registered.
     update_watch: Option<u64>,
 }
@@ -834,6 +837,10 @@ impl RbdDevice {
             let break_lock = opts.break_lock.then(|| break_lock_wait(&cluster));
             lock(&image, &name, break_lock)?;
         }
+        let identity = image_id(&image).map(|id| crate::Identity {
+            id: format!("rbd:{}/{id}", target.pool),
+            name: format!("rbd:{}/{}", target.pool, target.image),
+        });
         let mut size = image_size(&image, &name)?;
         if let Some(want) = opts.create_size.filter(|_| !opts.read_only) {
             if size < want {
@@ -882,6 +889,7 @@ impl RbdDevice {
             read_only: opts.read_only,
             locked,
             health,
+            identity,
             update_watch: (r >= 0).then_some(handle),
         })
     }
@@ -1098,6 +1106,19 @@ fn cluster_fsid(cluster: &Cluster) -> Option<String> {
     }
     let v = CStr::from_bytes_until_nul(&buf).ok()?;
     Some(v.to_string_lossy().into_owned())
+}
+
+/// The image's id: unique in its pool, kept by a rename (`rbd mv`), new for
+/// a copy (`rbd cp`) or an image created again under the same name.
+fn image_id(image: &Image) -> Option<String> {
+    let mut buf = [0u8; 128];
+    // SAFETY: an open image; `buf` is writable for its length.
+    let r = unsafe { ffi::rbd_get_id(image.0, buf.as_mut_ptr().cast::<c_char>(), buf.len()) };
+    if r < 0 {
+        return None;
+    }
+    let id = CStr::from_bytes_until_nul(&buf).ok()?.to_str().ok()?;
+    (!id.is_empty()).then(|| id.to_string())
 }
 
 fn open_image(io: &Ioctx, img: &CStr, read_only: bool, name: &str) -> Result<Image> {
@@ -1516,6 +1537,10 @@ fn held_by(name: &str, owners: &[String]) -> DeviceError {
 impl BlockDevice for RbdDevice {
     fn size_bytes(&self) -> u64 {
         self.size
+    }
+
+    fn identity(&self) -> Option<crate::Identity> {
+        self.identity.clone()
     }
 
     fn logical_block_size(&self) -> u32 {

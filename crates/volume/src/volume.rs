@@ -1024,9 +1024,11 @@ impl std::fmt::Display for SessionMismatch {
 /// record of the last one ([`JournalSuperblock::home_id`]).
 struct HomeOrigin {
     path: PathBuf,
-    /// [`home_id`] of the file; 0 for a block device or an RBD image.
+    /// [`home_id`] of the file, or [`identity_id`] of an RBD image's id; 0
+    /// for a block device.
     id: u64,
-    /// [`home_path_id`] of the path it was opened by; 0 where `id` is.
+    /// [`home_path_id`] of the path it was opened by, or the crc32c of an
+    /// RBD image's `rbd:POOL/IMAGE`; 0 where `id` is.
     path_id: u32,
     /// The external journal, when it was found by the path the volume
     /// recorded at format time (no `--journal`).
@@ -1035,16 +1037,24 @@ struct HomeOrigin {
 
 impl HomeOrigin {
     /// The home at `path`, opened as `file` (a regular file's descriptor;
-    /// None for a block device or an RBD image, which record 0).
-    fn of(path: &Path, file: Option<&std::fs::File>) -> Self {
+    /// None for a block device or an RBD image) on `dev`. A file is known
+    /// by its inode and canonical path, an RBD image by its id and name
+    /// (session 24: an `rbd cp` copy took its original's journal image
+    /// unseen); a block device records 0 (a loop device's number is not an
+    /// identity).
+    fn of(path: &Path, file: Option<&std::fs::File>, dev: &dyn BlockDevice) -> Self {
+        let (id, path_id) = match (file, dev.identity()) {
+            (Some(f), _) => (home_id(f), home_path_id(path)),
+            (None, Some(i)) => (
+                identity_id(&i.id),
+                crc32c::crc32c(i.name.as_bytes()).max(1),
+            ),
+            (None, None) => (0, 0),
+        };
         HomeOrigin {
             path: path.to_path_buf(),
-            id: file.map_or(0, home_id),
-            path_id: if file.is_some() {
-                home_path_id(path)
-            } else {
-                0
-            },
+            id,
+            path_id,
             journal: None,
         }
     }
@@ -1070,13 +1080,15 @@ impl HomeOrigin {
             return None;
         }
         Some(format!(
-            "the journal {} needs replay, but another file opened it last (the volume \
-             recorded its path at format time, and a copy of the volume carries the same \
-             path): if {} is a copy, the journal holds its original's acknowledged writes \
-             and replaying it here would move them out of the original's reach. Open the \
-             original, or give this volume its own journal with --journal. If {} is the \
-             volume that wrote it (moved or restored), give --journal {} to replay it",
+            "the journal {} needs replay, but another file or image opened it last (the \
+             volume recorded the journal's path at format time, and a copy of the volume \
+             carries the same path): a copy of {}, or the volume {} was copied from. The \
+             journal holds that one's acknowledged writes, and replaying them here would \
+             move them out of its reach: open that one, and give this volume its own \
+             journal with --journal. If {} is the volume that wrote it (moved or \
+             restored), give --journal {} to replay it",
             journal.display(),
+            self.path.display(),
             self.path.display(),
             self.path.display(),
             journal.display()
@@ -1090,6 +1102,14 @@ fn home_path_id(path: &Path) -> u32 {
     std::fs::canonicalize(path)
         .map(|p| crc32c::crc32c(p.as_os_str().as_encoded_bytes()).max(1))
         .unwrap_or(0)
+}
+
+/// A device's [`jbdev_device::Identity::id`] as recorded in its journal:
+/// two crc32c of it with different seeds, never 0.
+fn identity_id(id: &str) -> u64 {
+    let a = u64::from(crc32c::crc32c(id.as_bytes()));
+    let b = u64::from(crc32c::crc32c_append(0x9E37_79B9, id.as_bytes()));
+    ((a << 32) | b).max(1)
 }
 
 /// The identity of an open regular file recorded in its journal: its
@@ -1321,7 +1341,7 @@ impl Volume {
             Self::format_device(dev.clone(), jdev.clone(), fopts)?;
             // (A fresh journal needs no replay: only its record of this
             // home, `journal: None`, matters here.)
-            let origin = HomeOrigin::of(path, home_file.as_ref());
+            let origin = HomeOrigin::of(path, home_file.as_ref(), dev.as_ref());
             let vol = Self::open_device_from(dev, jdev, oopts, Some(&origin))?;
             // Watched like an opened volume's (found by a C ABI pass: a
             // created volume went on acknowledging writes with its journal
@@ -1401,7 +1421,7 @@ impl Volume {
         let opened = open_device(path, &dopts)?;
         let (dev, home_file) = (opened.device, opened.watch);
         let sb = read_volume_superblock(dev.as_ref(), &path.display().to_string())?;
-        let mut origin = HomeOrigin::of(path, home_file.as_ref());
+        let mut origin = HomeOrigin::of(path, home_file.as_ref(), dev.as_ref());
         let (jdev, watch) = match &sb.journal {
             JournalLocation::Internal { .. } => {
                 refuse_unused_journal_path(path, opts.journal_path.as_deref())?;
@@ -1619,12 +1639,16 @@ impl Volume {
                 "the journal belongs to another volume (its uuid differs from the volume's)".into(),
             ));
         }
+        // Another home's journal first: the session stamps of a volume and
+        // its copy diverge once both wrote, and "the journal is ahead"
+        // advised `journal reset --force`, which discards the other one's
+        // acknowledged writes (session 24's RBD pass).
+        if let Some(why) = origin.and_then(|o| o.refuses(&scan.superblock, opts.read_only)) {
+            return Err(VolumeError::CorruptJournal(why));
+        }
         if let Some(why) =
             stale_journal(&sb, &scan.superblock).or_else(|| journal_behind_home(&sb, &scan))
         {
-            return Err(VolumeError::CorruptJournal(why));
-        }
-        if let Some(why) = origin.and_then(|o| o.refuses(&scan.superblock, opts.read_only)) {
             return Err(VolumeError::CorruptJournal(why));
         }
         if !opts.read_only {
