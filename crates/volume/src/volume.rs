@@ -1045,10 +1045,7 @@ impl HomeOrigin {
     fn of(path: &Path, file: Option<&std::fs::File>, dev: &dyn BlockDevice) -> Self {
         let (id, path_id) = match (file, dev.identity()) {
             (Some(f), _) => (home_id(f), home_path_id(path)),
-            (None, Some(i)) => (
-                identity_id(&i.id),
-                crc32c::crc32c(i.name.as_bytes()).max(1),
-            ),
+            (None, Some(i)) => (identity_id(&i.id), crc32c::crc32c(i.name.as_bytes()).max(1)),
             (None, None) => (0, 0),
         };
         HomeOrigin {

@@ -418,7 +418,10 @@ fn a_copy_of_a_volume_does_not_replay_its_original_s_journal() {
         .err()
         .expect("the copy replayed the original's journal");
     let msg = e.to_string();
-    assert!(msg.contains("another file or image opened it last"), "{msg}");
+    assert!(
+        msg.contains("another file or image opened it last"),
+        "{msg}"
+    );
     assert!(msg.contains(&j.display().to_string()), "{msg}");
     assert_eq!(
         std::fs::read(&j).unwrap(),
