@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 
 use jbdev_device::fault::FaultDevice;
 use jbdev_device::{BlockDevice, Extent, IoPriority};
-use jbdev_volume::{FormatOptions, OpenOptions, Volume, WriteFlags};
+use jbdev_volume::{OpenOptions, Volume, WriteFlags};
 use parking_lot::{Condvar, Mutex};
 
 const BS: u64 = 4096;
@@ -112,27 +112,17 @@ impl BlockDevice for HoldFlush {
     }
 }
 
+/// Writes of BIG bytes go straight home; no background commits or
+/// checkpoints (they would flush the device on their own).
 fn opts() -> OpenOptions {
-    OpenOptions {
-        // Writes of BIG bytes go straight home; no background commits or
-        // checkpoints (they would flush the device on their own).
-        direct_write_threshold: BIG as u64,
-        ..common::quiet_open_options()
-    }
+    common::direct_from(BIG as u64)
 }
 
-fn pattern(len: usize, seed: u8) -> Vec<u8> {
-    (0..len)
-        .map(|i| (i as u8).wrapping_mul(31) ^ seed)
-        .collect()
-}
+use common::pattern;
 
 #[test]
 fn a_flush_covers_a_direct_write_that_completed_during_an_earlier_flush() {
-    let fault = Arc::new(FaultDevice::new(DATA + JOURNAL + 64 * 1024, SECTOR));
-    let mut f = FormatOptions::new(DATA);
-    f.journal_bytes = Some(JOURNAL);
-    Volume::format_device(fault.clone() as Arc<dyn BlockDevice>, None, &f).expect("format");
+    let fault = common::formatted_fault_device(DATA, JOURNAL);
     let dev = Arc::new(HoldFlush {
         inner: fault.clone(),
         armed: AtomicBool::new(false),

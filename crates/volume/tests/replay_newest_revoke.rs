@@ -15,8 +15,7 @@ mod common;
 use std::sync::Arc;
 
 use jbdev_device::fault::FaultDevice;
-use jbdev_device::BlockDevice;
-use jbdev_volume::{FormatOptions, OpenOptions, Volume, WriteFlags};
+use jbdev_volume::{OpenOptions, Volume, WriteFlags};
 
 const BS: u64 = 4096;
 const DATA: u64 = 4 << 20;
@@ -24,27 +23,17 @@ const JOURNAL: u64 = 512 << 10;
 const SECTOR: u32 = 512;
 const BIG: usize = 64 << 10;
 
+/// Writes of BIG bytes go straight home; no background commit or
+/// checkpoint: every transaction stays in the log for replay.
 fn opts() -> OpenOptions {
-    OpenOptions {
-        // Writes of BIG bytes go straight home; no background commit or
-        // checkpoint: every transaction stays in the log for replay.
-        direct_write_threshold: BIG as u64,
-        ..common::quiet_open_options()
-    }
+    common::direct_from(BIG as u64)
 }
 
-fn pattern(len: usize, seed: u8) -> Vec<u8> {
-    (0..len)
-        .map(|i| (i as u8).wrapping_mul(31) ^ seed)
-        .collect()
-}
+use common::pattern;
 
 #[test]
 fn a_copy_between_two_revokes_is_not_replayed_over_the_second_direct_write() {
-    let dev = Arc::new(FaultDevice::new(DATA + JOURNAL + 64 * 1024, SECTOR));
-    let mut f = FormatOptions::new(DATA);
-    f.journal_bytes = Some(JOURNAL);
-    Volume::format_device(dev.clone() as Arc<dyn BlockDevice>, None, &f).expect("format");
+    let dev = common::formatted_fault_device(DATA, JOURNAL);
     let vol = Volume::open_device(dev.clone(), None, &opts()).expect("open");
     let off = 32 * BS;
     let x = off + 3 * BS;

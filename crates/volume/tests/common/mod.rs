@@ -539,6 +539,31 @@ pub fn quiet_open_options() -> OpenOptions {
     }
 }
 
+/// A fault device of 512-byte sectors holding a freshly formatted volume
+/// of `data` bytes with an internal journal of `journal` bytes.
+pub fn formatted_fault_device(data: u64, journal: u64) -> Arc<FaultDevice> {
+    let dev = Arc::new(FaultDevice::new(data + journal + 64 * 1024, SECTOR as u32));
+    let mut f = FormatOptions::new(data);
+    f.journal_bytes = Some(journal);
+    Volume::format_device(dev.clone() as Arc<dyn BlockDevice>, None, &f).expect("format");
+    dev
+}
+
+/// [`quiet_open_options`] where writes of `bytes` or more go straight home.
+pub fn direct_from(bytes: u64) -> OpenOptions {
+    OpenOptions {
+        direct_write_threshold: bytes,
+        ..quiet_open_options()
+    }
+}
+
+/// `len` bytes of a pattern that differs for each `seed`.
+pub fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31) ^ seed)
+        .collect()
+}
+
 /// Formats a device of `geo`, fills the whole volume with stamps of
 /// [`INITIAL_ID`] through the volume, closes it and returns the device
 /// image and the volume content.
