@@ -73,9 +73,7 @@ impl Lane {
 /// panicking job is logged and the lane goes on.
 fn run_lane(lane: Arc<Lane>, mut job: Job) {
     loop {
-        if std::panic::catch_unwind(std::panic::AssertUnwindSafe(job)).is_err() {
-            tracing::error!("an NBD request handler panicked");
-        }
+        run_caught(job);
         let mut st = lane.st.lock();
         match st.queued.pop_front() {
             Some(next) => job = next,
@@ -139,8 +137,13 @@ impl WorkerPool {
     }
 
     /// Queues `job` in `lane`: run by a worker now if fewer than the
-    /// lane's cap of its jobs run, else when one of them finishes.
+    /// lane's cap of its jobs run, else when one of them finishes. A lane
+    /// whose cap is the whole pool (a server with one export) is the pool
+    /// itself: the job goes straight to it, without the lane's lock.
     pub fn submit_in(&self, lane: &Arc<Lane>, job: impl FnOnce() + Send + 'static) {
+        if lane.cap() >= self.max_threads {
+            return self.submit(job);
+        }
         let job: Job = Box::new(job);
         {
             let mut st = lane.st.lock();
@@ -183,16 +186,21 @@ impl WorkerPool {
     }
 }
 
+/// Runs `job`. A panicking job is a bug; it is logged and the worker (or
+/// lane) goes on for the others. The job's own drop guards release its
+/// connection's resources.
+fn run_caught(job: Job) {
+    if std::panic::catch_unwind(std::panic::AssertUnwindSafe(job)).is_err() {
+        tracing::error!("an NBD request handler panicked");
+    }
+}
+
 /// A worker starts claimed (by the submit that spawned it) and counts itself
 /// idle again after each job.
 fn worker_loop(rx: Receiver<Job>, shared: Arc<Counters>) {
     loop {
         let Ok(job) = rx.recv() else { break };
-        // A panicking job is a bug; keep the worker alive for the others. The
-        // job's own drop guards release its connection's resources.
-        if std::panic::catch_unwind(std::panic::AssertUnwindSafe(job)).is_err() {
-            tracing::error!("an NBD request handler panicked");
-        }
+        run_caught(job);
         shared.idle.fetch_add(1, Ordering::AcqRel);
     }
     shared.total.fetch_sub(1, Ordering::AcqRel);

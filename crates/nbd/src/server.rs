@@ -178,8 +178,8 @@ struct Inner {
     refused: AtomicU64,
     /// Refusal handshakes in progress ([`REFUSAL_SLOTS`]).
     refusing: std::sync::atomic::AtomicUsize,
-    /// When a refusal was last logged, and `refused` then.
-    refusal_log: Mutex<Option<(Instant, u64)>>,
+    /// Refusals logged at most every [`REFUSAL_LOG_EVERY`].
+    refusal_log: jbdev_volume::ratelimit::RateLimit,
     conns: ConnRegistry,
 }
 
@@ -282,7 +282,7 @@ impl Server {
                 next_id: AtomicU64::new(1),
                 refused: AtomicU64::new(0),
                 refusing: std::sync::atomic::AtomicUsize::new(0),
-                refusal_log: Mutex::new(None),
+                refusal_log: jbdev_volume::ratelimit::RateLimit::new(REFUSAL_LOG_EVERY),
                 conns: ConnRegistry {
                     live: Mutex::new(Vec::new()),
                     empty: Condvar::new(),
@@ -561,19 +561,14 @@ const REFUSAL_LOG_EVERY: Duration = Duration::from_secs(10);
 /// holds no connection slot, worker or payload buffer.
 fn refuse(inner: &Arc<Inner>, stream: Stream) {
     let max = inner.cfg.max_connections;
-    let n = inner.refused.fetch_add(1, Ordering::Relaxed) + 1;
-    {
-        let mut last = inner.refusal_log.lock();
-        let now = Instant::now();
-        if last.is_none_or(|(t, _)| now.duration_since(t) >= REFUSAL_LOG_EVERY) {
-            let since = last.map_or(n, |(_, at)| n - at);
-            tracing::warn!(
-                "refusing connection from {}: the limit of {max} connections is reached \
-                 (--max-connections); {since} refused since the last such message",
-                stream.peer
-            );
-            *last = Some((now, n));
-        }
+    inner.refused.fetch_add(1, Ordering::Relaxed);
+    if let Some(held) = inner.refusal_log.pass(Instant::now()) {
+        tracing::warn!(
+            "refusing connection from {}: the limit of {max} connections is reached \
+             (--max-connections){}",
+            stream.peer,
+            inner.refusal_log.held_note(held, "refusals")
+        );
     }
     if inner.refusing.fetch_add(1, Ordering::AcqRel) >= REFUSAL_SLOTS {
         inner.refusing.fetch_sub(1, Ordering::AcqRel);

@@ -32,12 +32,6 @@ pub struct JournalSuperblockError {
     pub newer: bool,
 }
 
-impl std::fmt::Display for JournalSuperblockError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.message)
-    }
-}
-
 /// A volume whose external journal could not be opened (a deleted or
 /// truncated file, a dead device): what can still be read of it.
 #[derive(Debug)]
