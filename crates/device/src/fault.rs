@@ -250,6 +250,8 @@ struct State {
     /// reaped yet: write id -> id of the queue.
     unreaped: std::collections::BTreeMap<u64, u64>,
     next_write_id: u64,
+    /// [`FaultDevice::set_taken_over`]: ownership probes fail with this errno.
+    taken_over: Option<i32>,
 }
 
 impl State {
@@ -356,6 +358,7 @@ impl FaultDevice {
                 odds: CrashOdds::default(),
                 unreaped: std::collections::BTreeMap::new(),
                 next_write_id: 0,
+                taken_over: None,
             }),
             power,
             sector_size,
@@ -435,6 +438,15 @@ impl FaultDevice {
         let mut st = self.state.lock();
         let at = st.reads.saturating_add(n.max(1) - 1);
         st.fail_at_reads.insert(at);
+    }
+
+    /// Models storage another client took over (an RBD image whose lock
+    /// was broken, this client blocklisted): from now on
+    /// [`BlockDevice::confirm_ownership`] fails with `errno` (`ESHUTDOWN`
+    /// is librbd's); `None` ends that. Reads and writes are unaffected, so
+    /// a test sees what the volume does with the probe's answer alone.
+    pub fn set_taken_over(&self, errno: Option<i32>) {
+        self.state.lock().taken_over = errno;
     }
 
     /// Makes every read touching `[offset, offset + len)` fail (a bad range).
@@ -682,6 +694,21 @@ impl FaultDevice {
 impl BlockDevice for FaultDevice {
     fn size_bytes(&self) -> u64 {
         self.size_bytes
+    }
+
+    fn ownership_probe_due(&self) -> bool {
+        self.state.lock().taken_over.is_some()
+    }
+
+    fn confirm_ownership(&self) -> Result<()> {
+        match self.state.lock().taken_over {
+            Some(errno) => Err(DeviceError::io(
+                "ownership probe",
+                "fault device",
+                std::io::Error::from_raw_os_error(errno),
+            )),
+            None => Ok(()),
+        }
     }
 
     fn logical_block_size(&self) -> u32 {

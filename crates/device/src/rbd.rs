@@ -49,7 +49,7 @@ use std::time::{Duration, Instant};
 
 use crate::{
     check_request, iov_len, iov_len_mut, BlockDevice, DeviceError, Extent, IoPriority, IoQueue,
-    Result, WriteReq,
+    Result, WriteReq, OWNERSHIP_CONFIRM_INTERVAL,
 };
 
 #[allow(non_camel_case_types)]
@@ -604,6 +604,14 @@ struct Health {
     timed_out: AtomicBool,
     /// That timeout, as librados prints it (for messages).
     op_timeout: String,
+    /// When the device was opened: the origin of `confirmed_ns`.
+    opened: Instant,
+    /// Nanoseconds after `opened` when a request last succeeded on the
+    /// cluster: proof, as of then, that this client was not blocklisted
+    /// ([`BlockDevice::confirm_ownership`]).
+    confirmed_ns: AtomicU64,
+    /// One ownership probe at a time; the others wait for its answer.
+    probing: std::sync::Mutex<()>,
 }
 
 // SAFETY: the image handle is used only for rbd_get_size, which librbd
@@ -614,6 +622,19 @@ unsafe impl Send for Health {}
 unsafe impl Sync for Health {}
 
 impl Health {
+    /// A request succeeded on the cluster just now.
+    fn confirmed(&self) {
+        let now = self.opened.elapsed().as_nanos() as u64;
+        self.confirmed_ns.fetch_max(now, Ordering::AcqRel);
+    }
+
+    /// Whether a request succeeded within [`OWNERSHIP_CONFIRM_INTERVAL`].
+    fn recently_confirmed(&self) -> bool {
+        let now = self.opened.elapsed().as_nanos() as u64;
+        now.saturating_sub(self.confirmed_ns.load(Ordering::Acquire))
+            < OWNERSHIP_CONFIRM_INTERVAL.as_nanos() as u64
+    }
+
     /// The image's size now (librbd refreshes its header first if another
     /// client changed it); a size below the open size is recorded, logged
     /// once, and returned as the error every later write gets.
@@ -860,7 +881,11 @@ impl RbdDevice {
             shrunk_to: AtomicU64::new(u64::MAX),
             timed_out: AtomicBool::new(false),
             op_timeout: conf_get(&cluster, "rados_osd_op_timeout").unwrap_or_else(|| "?".into()),
+            opened: Instant::now(),
+            confirmed_ns: AtomicU64::new(0),
+            probing: std::sync::Mutex::new(()),
         });
+        health.confirmed();
         let mut handle = 0u64;
         // SAFETY: an open image; the callback's argument is the Health
         // this device keeps (an Arc) until the watch is removed in its
@@ -964,7 +989,8 @@ impl RbdDevice {
         let r = unsafe { ffi::rbd_aio_flush(self.image.0, c.c) };
         c.submitted("rbd_aio_flush", &self.name, r)?;
         let r = c.wait("rbd flush", &self.name);
-        r.map(drop).map_err(|e| self.health.failed("rbd flush", e))
+        r.map(|_| self.health.confirmed())
+            .map_err(|e| self.health.failed("rbd flush", e))
     }
 
     /// The result of a completed write or zeroing: a failure is noted
@@ -974,7 +1000,10 @@ impl RbdDevice {
     /// written).
     fn done(&self, op: &'static str, r: Result<u64>) -> Result<u64> {
         match r {
-            Ok(n) => self.health.poll_size(op).map(|()| n),
+            Ok(n) => {
+                self.health.confirmed();
+                self.health.poll_size(op).map(|()| n)
+            }
             Err(e) => Err(self.health.failed(op, e)),
         }
     }
@@ -1582,7 +1611,47 @@ impl BlockDevice for RbdDevice {
             );
             return Err(self.health.failed("rbd read", short));
         }
+        self.health.confirmed();
         Ok(())
+    }
+
+    fn ownership_probe_due(&self) -> bool {
+        self.locked && !self.health.recently_confirmed()
+    }
+
+    fn confirm_ownership(&self) -> Result<()> {
+        if !self.locked || self.health.recently_confirmed() {
+            return Ok(());
+        }
+        let _one = self
+            .health
+            .probing
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if self.health.recently_confirmed() {
+            return Ok(());
+        }
+        if self.health.timed_out.load(Ordering::Acquire) {
+            // The cluster is taken as not answering (see Health::failed):
+            // nothing can confirm the lock, and a probe would wait another
+            // rados_osd_op_timeout.
+            return Err(DeviceError::io(
+                "ownership probe",
+                self.name.clone(),
+                io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!(
+                        "not sent: an earlier request timed out (rados_osd_op_timeout {} s), so \
+                         this client cannot confirm it still holds the image's lock",
+                        self.health.op_timeout
+                    ),
+                ),
+            ));
+        }
+        // Any request would do: the OSDs refuse every request of a
+        // blocklisted client (ESHUTDOWN). A read changes nothing.
+        let mut probe = [0u8; RBD_BLOCK_SIZE as usize];
+        self.read_vectored_at(&mut [IoSliceMut::new(&mut probe)], 0)
     }
 
     fn write_vectored_at(

@@ -1893,10 +1893,10 @@ impl Volume {
     /// unspecified bytes), for a caller that must not block (an NBD network
     /// thread, which then hands the read to a worker).
     pub fn try_read_at(&self, buf: &mut [u8], offset: u64) -> Option<Result<()>> {
-        if let Err(e) = self
-            .check(offset, buf.len() as u64)
-            .and_then(|()| self.engine.check_readable())
-        {
+        if let Err(e) = self.check(offset, buf.len() as u64) {
+            return Some(Err(e));
+        }
+        if let Err(e) = self.engine.check_readable_now()? {
             return Some(Err(e));
         }
         if buf.is_empty() {

@@ -259,3 +259,60 @@ fn a_full_pool_is_no_space_not_a_timeout() {
         std::panic::resume_unwind(p);
     }
 }
+
+/// This client's address as the image's watcher (`rbd status`), the one a
+/// lock breaker blocklists.
+fn watcher_address(conf: &std::path::Path, image: &str) -> String {
+    let status = ceph_tool(conf, "rbd", &["status", &format!("rbd/{image}")]);
+    status
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("watcher="))
+        .unwrap_or_else(|| panic!("no watcher in `rbd status`: {status}"))
+        .to_string()
+}
+
+/// Session 24 closed reads to a volume aborted by a blocklisted client's
+/// failed request, and left a window: a server paused or cut off long
+/// enough to lose its lock learnt it only from its next request to the
+/// cluster, and answered reads from memory (the journal's overlay) until
+/// then. Now a read first confirms the lock when nothing succeeded on the
+/// cluster in the last second: blocklisted (what breaking the lock does
+/// to the old holder), the probe is refused with ESHUTDOWN, the volume
+/// aborts, and the block in memory is not served. (Fails on the old code:
+/// the read returned the block from memory.)
+#[test]
+fn a_blocklisted_client_serves_no_read_from_memory() {
+    let Some(conf) = cluster() else { return };
+    let image = test_cluster::unique_image("fenced");
+    let home = test_cluster::target(&conf, &image);
+    // No checkpoint while the test runs: its write would be refused too,
+    // and abort the volume before the read asks (the old code's way of
+    // learning it was fenced, and the only one while the process is idle).
+    let opts = OpenOptions {
+        checkpoint_interval: std::time::Duration::from_secs(120),
+        ..OpenOptions::default()
+    };
+    let vol = Volume::create(home.as_ref(), &small(JournalPlacement::Internal), &opts).unwrap();
+    vol.write_at(&[0x3cu8; 4096], 0, WriteFlags::FUA).unwrap();
+    let mut buf = vec![0u8; 4096];
+    vol.read_at(&mut buf, 0).unwrap();
+    assert_eq!(buf, vec![0x3cu8; 4096]);
+    let addr = watcher_address(&conf, &image);
+    ceph_tool(&conf, "ceph", &["osd", "blocklist", "add", &addr]);
+    std::thread::sleep(
+        jbdev_device::OWNERSHIP_CONFIRM_INTERVAL + std::time::Duration::from_millis(200),
+    );
+    let read = vol.read_at(&mut buf, 0);
+    let try_read = vol.try_read_at(&mut buf, 0);
+    let write = vol.write_at(&[0x3du8; 4096], 4096, WriteFlags::FUA);
+    drop(vol);
+    let _ = ceph_tool(&conf, "ceph", &["osd", "blocklist", "rm", &addr]);
+    let e = read.expect_err("a blocklisted client answered a read from memory");
+    println!("read after the blocklisting: {e}");
+    assert!(
+        matches!(e, VolumeError::Aborted { cause_errno, .. } if cause_errno == libc::ESHUTDOWN),
+        "{e:?}"
+    );
+    assert!(matches!(try_read, Some(Err(_))), "{try_read:?}");
+    assert!(write.is_err(), "a blocklisted client acknowledged a write");
+}

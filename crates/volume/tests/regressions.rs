@@ -1070,3 +1070,55 @@ fn reads_fail_once_the_storage_was_taken_from_the_volume() {
         }
     }
 }
+
+/// A server paused or cut off long enough to lose its RBD lock learnt it
+/// only from its next request that reached the storage: until then it
+/// answered reads from memory (the journal overlay) with data the new
+/// holder may have overwritten (session 24 left that window open). The
+/// volume now asks the home device to confirm ownership before a read
+/// (RBD sends a probe when nothing succeeded on the cluster in the last
+/// second). Refused with ESHUTDOWN, the volume aborts and serves nothing
+/// from memory; any other probe failure fails that read alone.
+#[test]
+fn a_read_from_memory_fails_once_the_device_says_it_was_taken_over() {
+    let dev = fault_volume();
+    let vol = Volume::open_device(dev.clone(), None, &quiet()).unwrap();
+    let a = stamped(1, 0, BS as usize);
+    vol.write_at(&a, 0, WriteFlags::FUA).unwrap();
+    let mut back = vec![0u8; BS as usize];
+
+    // A probe that cannot answer (a timeout, a lost connection): that read
+    // fails, the volume goes on.
+    dev.set_taken_over(Some(libc::ETIMEDOUT));
+    let e = vol
+        .read_at(&mut back, 0)
+        .expect_err("a read was answered though the device could not confirm it was ours");
+    assert_eq!(e.errno(), libc::ETIMEDOUT, "{e}");
+    assert!(vol.block_status(0, BS).is_err());
+    dev.set_taken_over(None);
+    vol.read_at(&mut back, 0).unwrap();
+    assert_eq!(back, a);
+    vol.write_at(&a, BS, WriteFlags::FUA).unwrap();
+
+    // Taken over: the read fails, and so does everything after it, with
+    // the cause (the device's reads themselves still work: the block is
+    // in memory, and nothing else stops it being served).
+    dev.set_taken_over(Some(libc::ESHUTDOWN));
+    let e = vol
+        .read_at(&mut back, 0)
+        .expect_err("a volume whose storage was taken over answered a read from memory");
+    assert!(
+        matches!(e, VolumeError::Aborted { cause_errno, .. } if cause_errno == libc::ESHUTDOWN),
+        "{e:?}"
+    );
+    dev.set_taken_over(None);
+    assert!(vol.read_at(&mut back, 0).is_err());
+    assert!(matches!(vol.try_read_at(&mut back, 0), Some(Err(_))));
+    let w = vol
+        .write_at(&a, 2 * BS, WriteFlags::FUA)
+        .expect_err("a write was acknowledged after the takeover");
+    assert!(
+        matches!(w, VolumeError::Aborted { cause_errno, .. } if cause_errno == libc::ESHUTDOWN),
+        "{w:?}"
+    );
+}

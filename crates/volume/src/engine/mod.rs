@@ -772,7 +772,46 @@ impl Engine {
     /// server had since replaced). After any other abort, reads go on:
     /// nobody else writes the storage, and what is in memory is the newest
     /// data this volume acknowledged.
+    ///
+    /// A server paused or cut off long enough to lose its lock learns it
+    /// only from its next request to the storage, so before answering,
+    /// the home device confirms it is still this client's when no request
+    /// has succeeded on it within a second
+    /// ([`BlockDevice::confirm_ownership`]; only RBD sends anything). A
+    /// probe refused with `ESHUTDOWN` aborts the volume as above; any other
+    /// failure of it fails the read (nothing can say whether another
+    /// holder took over).
     pub fn check_readable(&self) -> Result<()> {
+        self.check_not_taken_over()?;
+        if let Err(e) = self.home.dev.confirm_ownership() {
+            if e.errno() != libc::ESHUTDOWN {
+                return Err(e.into());
+            }
+            self.home_write_failed(
+                format!(
+                    "the home device refused this client ({e}): another client took it over \
+                     (an RBD image's exclusive lock broken, this client blocklisted), so \
+                     nothing in this process's memory may be served any more"
+                ),
+                libc::ESHUTDOWN,
+            );
+            return Err(self.aborted_now());
+        }
+        Ok(())
+    }
+
+    /// [`Engine::check_readable`] for a caller that must not block: None
+    /// when the home device would have to send an ownership probe.
+    pub fn check_readable_now(&self) -> Option<Result<()>> {
+        if let Err(e) = self.check_not_taken_over() {
+            return Some(Err(e));
+        }
+        (!self.home.dev.ownership_probe_due()).then_some(Ok(()))
+    }
+
+    /// Fails once the volume was aborted with `ESHUTDOWN` (see
+    /// [`Engine::check_readable`]).
+    fn check_not_taken_over(&self) -> Result<()> {
         if self.abort.raised.load(Ordering::Acquire)
             && matches!(
                 self.abort.reason.get(),
