@@ -56,6 +56,66 @@ pub struct FormatArgs {
     pub preallocate: bool,
 }
 
+#[derive(clap::Args)]
+pub struct GrowArgs {
+    /// The volume: image file, block device or RBD image
+    /// `rbd:POOL/IMAGE[:conf=PATH][:id=USER]`. It must not be open
+    /// (`serve` it again afterwards: NBD clients see the new size when they
+    /// connect).
+    pub path: PathBuf,
+    /// The size users should see, e.g. 2G: a multiple of the volume's block
+    /// size, not below its size now. An image file is extended, an RBD
+    /// image resized, as needed. Default: all of a block device or RBD
+    /// image (required for an image file).
+    #[arg(long, value_parser = parse_size)]
+    pub size: Option<u64>,
+    /// Image files: allocate the added range now (fallocate), as `format
+    /// --preallocate` allocates a new image.
+    #[arg(long)]
+    pub preallocate: bool,
+    /// RBD: break the exclusive lock of a holder that is dead (librbd
+    /// blocklists it; a live holder is never broken).
+    #[arg(long)]
+    pub break_lock: bool,
+}
+
+/// `jbdev grow`: see [`jbdev_volume::grow`].
+pub fn grow(a: GrowArgs) -> anyhow::Result<()> {
+    let opts = OpenOptions {
+        break_lock: a.break_lock,
+        ..OpenOptions::default()
+    };
+    let g = jbdev_volume::grow(&a.path, a.size, a.preallocate, &opts).map_err(|e| match e {
+        // The size or flags given do not fit this volume: usage errors.
+        jbdev_volume::VolumeError::InvalidArgument(m) => anyhow::Error::new(crate::UsageError(m)),
+        e => anyhow::Error::new(e).context(format!("growing {}", a.path.display())),
+    })?;
+    let path = a.path.display();
+    if g.new_size == g.old_size {
+        outln!(
+            "{path}: the volume is {} bytes already; nothing was changed",
+            g.old_size
+        )?;
+        return Ok(());
+    }
+    let extended = match g.extended_to {
+        Some(n) => format!(" (the storage was extended to {n} bytes first)"),
+        None => String::new(),
+    };
+    let allocated = if g.allocated {
+        "; the added range is allocated"
+    } else {
+        ""
+    };
+    outln!(
+        "{path}: grew the volume from {} to {} bytes{extended}{allocated}. Serve it again to \
+         use the new size: NBD clients see it when they connect.",
+        g.old_size,
+        g.new_size
+    )?;
+    Ok(())
+}
+
 fn spinner(msg: String) -> ProgressBar {
     let pb = ProgressBar::new_spinner();
     pb.set_style(

@@ -72,6 +72,10 @@ enum Command {
     Format(admin::FormatArgs),
     /// Print the superblocks and journal state of a volume.
     Info(admin::InfoArgs),
+    /// Grow a volume that is not open: extend its file or RBD image (or use
+    /// more of its block device) and record the larger size. Shrinking is
+    /// refused.
+    Grow(admin::GrowArgs),
     /// Verify superblocks and journal; print what recovery would do. Exit
     /// status 0 ok, 2 corruption of a jbdev volume or journal, 1 anything
     /// else (not a volume, wrong --journal, device error); usage errors 64.
@@ -123,6 +127,7 @@ fn main() {
     let res = match cli.command {
         Command::Format(a) => admin::format(a),
         Command::Info(a) => admin::info(a),
+        Command::Grow(a) => admin::grow(a),
         Command::Check(a) => admin::check(a),
         Command::Journal { command } => admin::journal(command),
         Command::Serve(a) => serve::run(a),

@@ -1881,3 +1881,132 @@ fn check_tells_a_newer_journal_from_a_damaged_one() {
         assert_eq!(t.contains("CORRUPT"), damaged, "{t}");
     }
 }
+
+/// The `size` line of `jbdev info`, in bytes.
+fn info_size(p: &str) -> u64 {
+    let o = jbdev(&["info", p]);
+    assert!(o.status.success(), "{}", text(&o));
+    let t = text(&o);
+    t.lines()
+        .find_map(|l| l.strip_prefix("size"))
+        .and_then(|l| l.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no size in info: {t}"))
+}
+
+/// `jbdev grow` of an image file: extends the file and records the size;
+/// refuses a shrink, a missing size and a partial block with exit 64, and
+/// an open volume with exit 1 naming it, changing nothing.
+#[test]
+fn grow_extends_an_image_file_and_refuses_what_it_must() {
+    let dir = tempfile::tempdir().unwrap();
+    let img = dir.path().join("v.img");
+    let p = img.to_str().unwrap();
+    format_16m(p, &[]);
+    let before = std::fs::metadata(&img).unwrap().len();
+    for (args, what) in [
+        (&["grow", p, "--size", "8M"][..], "a shrink"),
+        (&["grow", p][..], "no --size for a file"),
+        (&["grow", p, "--size", "17000000"][..], "a partial block"),
+    ] {
+        let o = jbdev(args);
+        assert_clean_error(&o, what);
+        assert_eq!(o.status.code(), Some(64), "{what}: {}", text(&o));
+    }
+    let v = jbdev_volume::Volume::open(&img, &jbdev_volume::OpenOptions::default()).unwrap();
+    let o = jbdev(&["grow", p, "--size", "32M"]);
+    assert_clean_error(&o, "grow while open");
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(text(&o).contains("already open"), "{}", text(&o));
+    v.close().unwrap();
+    assert_eq!(info_size(p), 16 << 20);
+    assert_eq!(std::fs::metadata(&img).unwrap().len(), before);
+
+    let o = jbdev(&["grow", p, "--size", "32M"]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(
+        text(&o).contains("from 16777216 to 33554432 bytes"),
+        "{}",
+        text(&o)
+    );
+    assert_eq!(info_size(p), 32 << 20);
+    assert_eq!(std::fs::metadata(&img).unwrap().len(), before + (16 << 20));
+    let o = jbdev(&["check", p]);
+    assert!(o.status.success(), "{}", text(&o));
+}
+
+/// `jbdev grow` of a block device without --size takes all of it, and
+/// after the device itself grew (its backing file extended, `losetup -c`),
+/// the rest (a loop device; skipped where losetup is not allowed).
+#[test]
+fn grow_takes_all_of_a_block_device() {
+    let dir = tempfile::tempdir().unwrap();
+    let backing = dir.path().join("loop.img");
+    sparse_file(&backing, 64 << 20);
+    let Some(lo) = loop_device(&backing, false) else {
+        println!("SKIP: no loop device (losetup needs root)");
+        return;
+    };
+    let p = lo.0.as_str();
+    format_16m(p, &[]);
+    let o = jbdev(&["grow", p, "--size", "128M"]);
+    assert_clean_error(&o, "grow past the device");
+    assert!(text(&o).contains("grow the device first"), "{}", text(&o));
+    let o = jbdev(&["grow", p]);
+    assert!(o.status.success(), "{}", text(&o));
+    // Superblock block + 1 MiB journal + data = 64 MiB.
+    assert_eq!(info_size(p), (64 << 20) - 4096 - (1 << 20));
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&backing)
+        .unwrap()
+        .set_len(96 << 20)
+        .unwrap();
+    let c = Command::new("losetup").args(["-c", p]).status().unwrap();
+    assert!(c.success());
+    let o = jbdev(&["grow", p]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(info_size(p), (96 << 20) - 4096 - (1 << 20));
+    let o = jbdev(&["check", p]);
+    assert!(o.status.success(), "{}", text(&o));
+}
+
+/// `jbdev grow` of a volume on an RBD image: `--size` resizes the image
+/// first; after an `rbd resize` by the operator, no size takes all of it;
+/// `--preallocate` is refused (throwaway test cluster).
+#[cfg(feature = "rbd")]
+#[test]
+fn rbd_grow_resizes_the_image_or_takes_all_of_it() {
+    let Some((conf, home)) = rbd_test_image("growvol") else {
+        return;
+    };
+    format_16m(&home, &[]);
+    let o = jbdev(&["grow", &home, "--size", "32M", "--preallocate"]);
+    assert_eq!(o.status.code(), Some(64), "{}", text(&o));
+    let o = jbdev(&["grow", &home, "--size", "32M"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let total = (32u64 << 20) + (1 << 20) + 4096;
+    assert!(
+        text(&o).contains(&format!("extended to {total} bytes")),
+        "{}",
+        text(&o)
+    );
+    assert_eq!(info_size(&home), 32 << 20);
+    let spec = home
+        .strip_prefix("rbd:")
+        .and_then(|s| s.split(':').next())
+        .unwrap()
+        .to_string();
+    let r = Command::new("rbd")
+        .arg("-c")
+        .arg(&conf)
+        .args(["resize", "--size", "64M", &spec])
+        .output()
+        .unwrap();
+    assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+    let o = jbdev(&["grow", &home]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(info_size(&home), (64 << 20) - 4096 - (1 << 20));
+    let o = jbdev(&["check", &home]);
+    assert!(o.status.success(), "{}", text(&o));
+}

@@ -17,6 +17,7 @@
 mod bufpool;
 mod engine;
 mod error;
+pub mod grow;
 pub mod inspect;
 mod lockorder;
 mod options;
@@ -28,6 +29,7 @@ mod volume;
 
 pub use engine::{Completion, Durability};
 pub use error::{is_no_space, is_not_writable, Result, VolumeError};
+pub use grow::{grow, Grown};
 pub use jbdev_journal as journal;
 pub use options::{
     BatchPolicy, CommitMode, FormatOptions, JournalPlacement, OpenOptions, MAX_PIPELINE_DEPTH,
