@@ -93,6 +93,10 @@
 // Write flag: return only once the data is durable (force unit access).
 #define JBDEV_WRITE_FUA 1
 
+// `jbdev_grow` flag: allocate the added range of an image file now
+// (`fallocate`), so writes there cannot fail later for want of space.
+#define JBDEV_GROW_PREALLOCATE 1
+
 // `jbdev_write_zeroes` flag: keep the zeroed range allocated (NBD's
 // `NO_HOLE`, `fallocate`'s `ZERO_RANGE`), so a preallocated image keeps
 // its space. Without it the range may be deallocated.
@@ -350,6 +354,24 @@ int jbdev_create(const char *path,
 // `jbdev_open_options` filled by `jbdev_open_options_init`; `out` is NULL or
 // writable.
 int jbdev_open(const char *path, const struct jbdev_open_options *opts, struct jbdev_volume **out);
+
+// Grows the volume at `path`, which must not be open (in this process or
+// another), to `size_bytes`: a multiple of its block size, not below its
+// size now. An image file is extended and an RBD image resized as needed;
+// `size_bytes` 0 means all of its block device or RBD image (an image
+// file needs a size). With `JBDEV_GROW_PREALLOCATE` the added range of an
+// image file is allocated. The storage grows and is made durable before
+// the volume's superblock records the size, so a crash leaves the old
+// size or the new one. Stores the volume's size now in `*new_size` when it
+// is not NULL (the old size when there was nothing to do). Returns 0, or a
+// negative errno: -EBUSY when the volume is open, -EINVAL for a shrink, a
+// partial block, 0 for an image file, a block device too small or an
+// unknown flag, -EUCLEAN when `path` is not a jbdev volume.
+//
+// # Safety
+// `path` is NULL or a NUL-terminated string; `new_size` is NULL or
+// writable.
+int jbdev_grow(const char *path, uint64_t size_bytes, uint32_t flags, uint64_t *new_size);
 
 // Closes a volume: waits for calls in flight on this handle, flushes,
 // checkpoints and marks the journal clean. The handle is closed even when

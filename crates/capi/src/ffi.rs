@@ -14,8 +14,8 @@ use crate::error::{close_error, ffi_call, with_last_error, Error, Result};
 use crate::handle::{Kind, Table};
 use crate::types::{
     jbdev_format_options, jbdev_open_options, jbdev_stats, jbdev_txn, jbdev_volume,
-    FORMAT_OPTIONS_V1_SIZE, JBDEV_ABI_VERSION, JBDEV_WRITE_FUA, JBDEV_ZERO_NO_HOLE,
-    OPEN_OPTIONS_V1_SIZE,
+    FORMAT_OPTIONS_V1_SIZE, JBDEV_ABI_VERSION, JBDEV_GROW_PREALLOCATE, JBDEV_WRITE_FUA,
+    JBDEV_ZERO_NO_HOLE, OPEN_OPTIONS_V1_SIZE,
 };
 
 /// An open volume as the handle table holds it.
@@ -395,6 +395,53 @@ pub unsafe extern "C" fn jbdev_open(
         let handle = VOLUMES.insert(VolumeEntry { volume, read_only })?;
         // SAFETY: forwarded contract (checked non-NULL above).
         unsafe { write_out(out, volume_ptr(handle), "out") }?;
+        Ok(0)
+    })
+}
+
+/// Grows the volume at `path`, which must not be open (in this process or
+/// another), to `size_bytes`: a multiple of its block size, not below its
+/// size now. An image file is extended and an RBD image resized as needed;
+/// `size_bytes` 0 means all of its block device or RBD image (an image
+/// file needs a size). With `JBDEV_GROW_PREALLOCATE` the added range of an
+/// image file is allocated. The storage grows and is made durable before
+/// the volume's superblock records the size, so a crash leaves the old
+/// size or the new one. Stores the volume's size now in `*new_size` when it
+/// is not NULL (the old size when there was nothing to do). Returns 0, or a
+/// negative errno: -EBUSY when the volume is open, -EINVAL for a shrink, a
+/// partial block, 0 for an image file, a block device too small or an
+/// unknown flag, -EUCLEAN when `path` is not a jbdev volume.
+///
+/// # Safety
+/// `path` is NULL or a NUL-terminated string; `new_size` is NULL or
+/// writable.
+#[no_mangle]
+pub unsafe extern "C" fn jbdev_grow(
+    path: *const c_char,
+    size_bytes: u64,
+    flags: u32,
+    new_size: *mut u64,
+) -> c_int {
+    ffi_call(|| {
+        crate::log::init_from_env();
+        // SAFETY: forwarded contract.
+        let path = unsafe { c_path(path, "path") }?;
+        if flags & !JBDEV_GROW_PREALLOCATE != 0 {
+            return Err(Error::invalid(format!("unknown grow flags {flags:#x}")));
+        }
+        let size = (size_bytes != 0).then_some(size_bytes);
+        let preallocate = flags & JBDEV_GROW_PREALLOCATE != 0;
+        let g = ::jbdev_volume::grow(
+            &path,
+            size,
+            preallocate,
+            &::jbdev_volume::OpenOptions::default(),
+        )
+        .map_err(|e| Error::new(e.errno(), format!("grow {}: {e}", path.display())))?;
+        if !new_size.is_null() {
+            // SAFETY: forwarded contract (non-NULL checked above).
+            unsafe { write_out(new_size, g.new_size, "new_size") }?;
+        }
         Ok(0)
     })
 }

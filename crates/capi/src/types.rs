@@ -33,6 +33,10 @@ pub const JBDEV_ABI_VERSION: u32 = 1;
 /// Write flag: return only once the data is durable (force unit access).
 pub const JBDEV_WRITE_FUA: u32 = 1;
 
+/// `jbdev_grow` flag: allocate the added range of an image file now
+/// (`fallocate`), so writes there cannot fail later for want of space.
+pub const JBDEV_GROW_PREALLOCATE: u32 = 1;
+
 /// `jbdev_write_zeroes` flag: keep the zeroed range allocated (NBD's
 /// `NO_HOLE`, `fallocate`'s `ZERO_RANGE`), so a preallocated image keeps
 /// its space. Without it the range may be deallocated.

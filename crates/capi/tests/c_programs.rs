@@ -192,7 +192,8 @@ fn handles_of_the_wrong_kind_and_closes_of_unissued_ones_change_nothing() {
 /// A forked child's calls on handles it inherited are refused (-EBADF) and
 /// leave the parent's volume alone; a close from an `atexit` handler, after
 /// glibc destroyed the thread's io_uring, makes every plain write durable
-/// and prints nothing (see tests/c/lifecycle.c).
+/// and prints nothing; `jbdev_grow` refuses what it must and grows a closed
+/// volume (see tests/c/lifecycle.c).
 #[test]
 fn a_forked_child_and_an_atexit_close_leave_the_volume_whole() {
     let Some((work, exe)) = test_program("lifecycle") else {
@@ -220,6 +221,9 @@ fn a_forked_child_and_an_atexit_close_leave_the_volume_whole() {
         String::from_utf8_lossy(&out.stderr)
     );
     run_mode("check-atexit");
+    let out = run_mode("grow");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("lifecycle: "), "{stdout}");
 }
 
 /// A tmpfs of a given size mounted for a test, unmounted on drop.

@@ -12,7 +12,9 @@
  *   thread's io_uring already destroyed by glibc, panicked, aborted the
  *   volume and lost every plain write its flush was to make durable.
  *
- * usage: lifecycle WORKDIR fork | atexit | check-atexit
+ * - grow: jbdev_grow's refusals, then a grown volume keeps its data.
+ *
+ * usage: lifecycle WORKDIR fork | atexit | check-atexit | grow
  * Prints "lifecycle: N checks passed" and exits 0, or names the first
  * failed check and exits 1.
  */
@@ -158,20 +160,64 @@ static void check_atexit(void)
 	CHECK_OK(jbdev_close(vol));
 }
 
+/*
+ * jbdev_grow: refused while the volume is open (-EBUSY), for a shrink, a
+ * partial block and an unknown flag (-EINVAL); then it grows the image
+ * file, and the volume keeps its data and serves the added range.
+ */
+static void test_grow(void)
+{
+	jbdev_volume *vol = create_volume();
+	unsigned char buf[4096], zero[4096];
+	uint64_t size = 0;
+
+	fill(buf, sizeof buf, 5);
+	CHECK_OK(jbdev_write(vol, buf, sizeof buf, VOLUME_BYTES - 4096, JBDEV_WRITE_FUA));
+	CHECK_ERR(jbdev_grow(path, 2 * VOLUME_BYTES, 0, &size), EBUSY);
+	CHECK_OK(jbdev_close(vol));
+	CHECK_ERR(jbdev_grow(path, VOLUME_BYTES / 2, 0, &size), EINVAL);
+	CHECK_ERR(jbdev_grow(path, VOLUME_BYTES + 512, 0, &size), EINVAL);
+	CHECK_ERR(jbdev_grow(path, 0, 0, &size), EINVAL);
+	CHECK_ERR(jbdev_grow(path, 2 * VOLUME_BYTES, 0x80, &size), EINVAL);
+	CHECK_ERR(jbdev_grow(NULL, 2 * VOLUME_BYTES, 0, &size), EINVAL);
+	CHECK_OK(jbdev_grow(path, 2 * VOLUME_BYTES, JBDEV_GROW_PREALLOCATE, &size));
+	CHECK(size == 2 * VOLUME_BYTES);
+	CHECK_OK(jbdev_grow(path, 2 * VOLUME_BYTES, 0, NULL));
+	vol = NULL;
+	CHECK_OK(jbdev_open(path, NULL, &vol));
+	CHECK_OK(jbdev_size(vol, &size));
+	CHECK(size == 2 * VOLUME_BYTES);
+	check_block(vol, VOLUME_BYTES - 4096, 5);
+	CHECK_OK(jbdev_read(vol, buf, sizeof buf, VOLUME_BYTES));
+	memset(zero, 0, sizeof zero);
+	CHECK(memcmp(buf, zero, sizeof buf) == 0);
+	fill(buf, sizeof buf, 6);
+	CHECK_OK(jbdev_write(vol, buf, sizeof buf, 2 * VOLUME_BYTES - 4096, JBDEV_WRITE_FUA));
+	CHECK_OK(jbdev_close(vol));
+	vol = NULL;
+	CHECK_OK(jbdev_open(path, NULL, &vol));
+	check_block(vol, 2 * VOLUME_BYTES - 4096, 6);
+	CHECK_OK(jbdev_close(vol));
+}
+
 int main(int argc, char **argv)
 {
 	if (argc != 3) {
-		fprintf(stderr, "usage: lifecycle WORKDIR fork|atexit|check-atexit\n");
+		fprintf(stderr, "usage: lifecycle WORKDIR fork|atexit|check-atexit|grow\n");
 		return 2;
 	}
 	snprintf(path, sizeof path, "%s/lifecycle-%s.img", argv[1],
-		 strcmp(argv[2], "fork") == 0 ? "fork" : "atexit");
+		 strcmp(argv[2], "fork") == 0 ? "fork"
+		 : strcmp(argv[2], "grow") == 0 ? "grow"
+						 : "atexit");
 	if (strcmp(argv[2], "fork") == 0)
 		test_fork();
 	else if (strcmp(argv[2], "atexit") == 0)
 		test_atexit();
 	else if (strcmp(argv[2], "check-atexit") == 0)
 		check_atexit();
+	else if (strcmp(argv[2], "grow") == 0)
+		test_grow();
 	else
 		return 2;
 	printf("lifecycle: %d checks passed\n", checks);
