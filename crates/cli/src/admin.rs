@@ -1238,7 +1238,9 @@ pub fn check(a: CheckArgs) -> anyhow::Result<()> {
             std::process::exit(EXIT_CORRUPT);
         }
     };
-    if let Some(why) = jbdev_volume::journal_behind_home(&ins.superblock, &scan) {
+    if let Some(why) = jbdev_volume::journal_behind_home(&ins.superblock, &scan)
+        .or_else(|| jbdev_volume::home_behind_journal(&ins.superblock, &scan.superblock))
+    {
         anyhow::bail!("{why}; every open refuses it");
     }
     let (plan, revoked) = recovery::replay_plan(&scan.txns);

@@ -247,9 +247,10 @@ fn reset_device(
         // The checkpoint mark names a transaction of the old journal: gone
         // first (a crash before the new journal is written leaves the old
         // one with no mark, as a volume from before marks).
-        if sb.checkpoint_sequence != 0 {
+        if sb.checkpoint_sequence != 0 || sb.checkpoint_mark_session != 0 {
             let mut cleared = sb.clone();
             cleared.checkpoint_sequence = 0;
+            cleared.checkpoint_mark_session = 0;
             crate::volume::write_volume_superblock(dev.as_ref(), &cleared)?;
         }
         write_empty_journal(&jdev, joff, jlen, bs, uuid, sb.journal_session)?;
@@ -343,6 +344,14 @@ fn describe_old_journal(
     if let Some(why) = crate::volume::journal_behind_home(sb, &scan) {
         // Older than what the checkpoint wrote home: as stale as above.
         return Ok(Old::Replaceable(why));
+    }
+    if let Some(why) = crate::volume::home_behind_journal(sb, &scan.superblock) {
+        // Newer than this home: discarding it keeps the older home as it
+        // is, the operator's call.
+        return Ok(Old::Refused {
+            held: "a journal that went on past this (older) home".into(),
+            why,
+        });
     }
     let n = scan.txns.len();
     Ok(match scan.end {

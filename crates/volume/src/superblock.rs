@@ -63,8 +63,10 @@ mod off {
     pub const JOURNAL_SESSION_PENDING: usize = JOURNAL_SESSION + 4;
     /// `VolumeSuperblock::checkpoint_sequence` (since session 21).
     pub const CHECKPOINT_SEQUENCE: usize = JOURNAL_SESSION_PENDING + 4;
+    /// `VolumeSuperblock::checkpoint_mark_session` (since session 25).
+    pub const CHECKPOINT_MARK_SESSION: usize = CHECKPOINT_SEQUENCE + 4;
     /// Reserved, zero when written, ignored when read.
-    pub const RESERVED: usize = CHECKPOINT_SEQUENCE + 4;
+    pub const RESERVED: usize = CHECKPOINT_MARK_SESSION + 4;
     pub const CHECKSUM: usize = 508;
 }
 
@@ -152,6 +154,15 @@ pub struct VolumeSuperblock {
     /// stamps cannot tell): replaying it would roll home blocks back. 0:
     /// none recorded (a jbdev before session 21, or a journal reset since).
     pub checkpoint_sequence: u32,
+    /// The `journal_session` of the read-write open that set
+    /// `checkpoint_sequence` to the transaction before the journal's log
+    /// (everything older is home: checkpointed, or replayed by that open).
+    /// While it equals `journal_session`, the mark never falls behind the
+    /// log: a log starting more than one transaction after it means this
+    /// home is older than its journal (a snapshot or copy of the home alone
+    /// put back). 0: not set (a jbdev before session 25; its superblock
+    /// writes zero these bytes, and a journal reset clears it).
+    pub checkpoint_mark_session: u32,
 }
 
 /// What is wrong with a volume superblock.
@@ -268,6 +279,11 @@ impl VolumeSuperblock {
             self.journal_session_pending,
         );
         put_u32(b, off::CHECKPOINT_SEQUENCE, self.checkpoint_sequence);
+        put_u32(
+            b,
+            off::CHECKPOINT_MARK_SESSION,
+            self.checkpoint_mark_session,
+        );
         put_u32(b, off::FEATURE_COMPAT, self.feature_compat);
         put_u32(b, off::FEATURE_INCOMPAT, self.feature_incompat);
         put_u32(b, off::FEATURE_RO_COMPAT, self.feature_ro_compat);
@@ -364,6 +380,7 @@ impl VolumeSuperblock {
             journal_session: get_u32(b, off::JOURNAL_SESSION),
             journal_session_pending: get_u32(b, off::JOURNAL_SESSION_PENDING),
             checkpoint_sequence: get_u32(b, off::CHECKPOINT_SEQUENCE),
+            checkpoint_mark_session: get_u32(b, off::CHECKPOINT_MARK_SESSION),
         };
         sb.validate()?;
         Ok(sb)
@@ -463,6 +480,7 @@ mod tests {
             journal_session: 0,
             journal_session_pending: 0,
             checkpoint_sequence: 0,
+            checkpoint_mark_session: 0,
         }
     }
 
@@ -631,7 +649,7 @@ mod tests {
             9u32..=16,
             any::<[u8; 16]>(),
             (1u64..1 << 30, 1u64..1 << 20, any::<bool>()),
-            any::<(u32, u32, u64, (u32, u32, u32))>(),
+            any::<(u32, u32, u64, (u32, u32, u32, u32))>(),
             prop::option::of(("[a-zA-Z0-9/._ é-]{0,80}", any::<[u8; 16]>())),
         )
             .prop_map(
@@ -639,7 +657,7 @@ mod tests {
                     shift,
                     uuid,
                     (data_blocks, journal_blocks, data_first),
-                    (compat, ro, created, (session, pending, checkpointed)),
+                    (compat, ro, created, (session, pending, checkpointed, mark_session)),
                     ext,
                 )| {
                     let bs = 1u64 << shift;
@@ -680,6 +698,7 @@ mod tests {
                         journal_session: session,
                         journal_session_pending: pending,
                         checkpoint_sequence: checkpointed,
+                        checkpoint_mark_session: mark_session,
                     }
                 },
             )

@@ -1185,6 +1185,59 @@ pub fn journal_behind_home(sb: &VolumeSuperblock, scan: &recovery::Scan) -> Opti
     })
 }
 
+/// Why a volume must not be opened with this journal because its home is
+/// older than the journal: the journal has dropped transactions from its
+/// log (the checkpoint wrote them home) that this home does not hold, as
+/// its checkpoint mark shows. A snapshot or copy of the home alone, put
+/// back under a journal that went on (an RBD `snap rollback` of the home
+/// image; session 25's RBD pass): replaying the log onto it left blocks
+/// that were neither the old state nor the new one, and a clean journal
+/// opened silently without the writes only it had held. The mark is
+/// trusted only while it was set by an open of the current session
+/// (`checkpoint_mark_session`), which keeps it at least at the transaction
+/// before the log. `None` otherwise, and for another volume's journal.
+pub fn home_behind_journal(sb: &VolumeSuperblock, jsb: &JournalSuperblock) -> Option<String> {
+    if jsb.uuid != sb.journal_uuid() {
+        return None;
+    }
+    let (vs, js, mark) = (sb.journal_session, jsb.session, sb.checkpoint_sequence);
+    let advice = "Opening it would mix the two: blocks neither the old state nor the new one. \
+                  Put back the home and journal taken at the same moment (a snapshot of \
+                  both), or the current home; `jbdev journal reset --force` keeps this home \
+                  as it is and discards the journal";
+    // A clean journal stamped by a later session than this home's last
+    // open: every open stamps both, a clean close changes neither, and an
+    // open cut short leaves its journal in use (not clean). So a later
+    // session opened this journal with another (newer) home.
+    if jsb.is_clean() && vs != 0 && js != 0 && js.wrapping_sub(vs) as i32 > 0 {
+        return Some(format!(
+            "the volume's home is older than its journal: the journal was last used by \
+             session {js}, this home only by session {vs} (a snapshot or copy of the home \
+             alone put back under a journal that went on?). {advice}"
+        ));
+    }
+    // Within one session: the open set the mark to the transaction before
+    // the log, and the checkpoint moves the log's start only past what the
+    // mark covers, so the mark is at least the transaction before the log.
+    // Trusted only when this session's open set it and stamped the
+    // journal (a crash inside an open leaves the stamps apart).
+    if mark == 0 || sb.checkpoint_mark_session != vs || js != vs {
+        return None;
+    }
+    // The transaction before the log's first (for a clean journal, the last
+    // one it held): the home must hold it. Sequences wrap, compared as jbd2
+    // does.
+    let before_log = jsb.sequence.wrapping_sub(1);
+    (before_log.wrapping_sub(mark) as i32 > 0).then(|| {
+        format!(
+            "the volume's home is older than its journal: the journal has written every \
+             transaction up to {before_log} home and dropped it from its log, but this home \
+             holds transactions up to {mark} only (a snapshot or copy of the home alone put \
+             back under a journal that went on?). {advice}"
+        )
+    })
+}
+
 /// Writes an empty journal of `journal_bytes` at `joff` of `jdev`, for a
 /// volume whose journal uuid is `uuid`, and flushes it: zeroes over the
 /// whole log (not a hole punch: a dump of a fresh journal shows nothing
@@ -1576,6 +1629,7 @@ impl Volume {
             journal_session: 0,
             journal_session_pending: 0,
             checkpoint_sequence: 0,
+            checkpoint_mark_session: 0,
         };
         write_volume_superblock(dev.as_ref(), &vsb)
     }
@@ -1643,8 +1697,9 @@ impl Volume {
         if let Some(why) = origin.and_then(|o| o.refuses(&scan.superblock, opts.read_only)) {
             return Err(VolumeError::CorruptJournal(why));
         }
-        if let Some(why) =
-            stale_journal(&sb, &scan.superblock).or_else(|| journal_behind_home(&sb, &scan))
+        if let Some(why) = stale_journal(&sb, &scan.superblock)
+            .or_else(|| journal_behind_home(&sb, &scan))
+            .or_else(|| home_behind_journal(&sb, &scan.superblock))
         {
             return Err(VolumeError::CorruptJournal(why));
         }
@@ -1767,6 +1822,15 @@ impl Volume {
             engine.log.region.flush()?;
             *engine.log.jsb.get_mut() = jsb;
             sb.journal_session = session;
+            // Every transaction before the log (which starts at
+            // `next_sequence` now, in the journal written above) is home:
+            // checkpointed before, or replayed and flushed above. The mark
+            // says so, for this session, so it never falls behind the log
+            // (`home_behind_journal`). Written with the session stamp, after
+            // the journal's: a crash before leaves the old mark with the old
+            // stamps, which still describe the journal as it was.
+            sb.checkpoint_sequence = scan.next_sequence.wrapping_sub(1);
+            sb.checkpoint_mark_session = session;
             write_volume_superblock(dev.as_ref(), &sb)?;
             engine.record_checkpoints_in(sb.clone());
         }

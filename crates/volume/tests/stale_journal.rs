@@ -469,3 +469,118 @@ fn a_copy_of_a_volume_does_not_replay_its_original_s_journal() {
     );
     v.close().unwrap();
 }
+
+/// Waits (bounded) until the volume's checkpoint has written every
+/// committed transaction home and moved the journal's tail past them.
+fn checkpointed(v: &Volume) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while v.stats().checkpoint_lag_transactions > 0 || v.stats().checkpoints == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no checkpoint within 20 s"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+}
+
+/// Found by session 25's RBD pass: a snapshot of the home alone (its
+/// journal on a second image), put back under a journal that went on
+/// (`rbd snap rollback` of the home image), opened silently. Under a log
+/// that needed replay, the replay mixed the two (blocks neither old nor
+/// new); under a clean journal, the writes only the journal had held at
+/// the snapshot were gone. The journal had dropped transactions the old
+/// home lacked, and its checkpoint mark shows it: every open now refuses
+/// such a pair, a reset without --force refuses to discard the journal,
+/// and the pair taken at one moment still opens.
+#[test]
+fn a_home_older_than_its_journal_is_refused_clean_or_not() {
+    let (home, jnl) = devices();
+    let o = OpenOptions {
+        checkpoint_interval: std::time::Duration::from_millis(5),
+        ..quiet_open_options()
+    };
+    let v = open_with(&home, &jnl, &o).unwrap();
+    v.write_at(&[0xa1; BS as usize], 0, WriteFlags::FUA)
+        .unwrap();
+    checkpointed(&v);
+    // The home alone, snapshotted with 0xa1 home: a later write is
+    // acknowledged, checkpointed and dropped from the log.
+    let home_snapshot = home.durable_image();
+    v.write_at(&[0xb2; BS as usize], BS, WriteFlags::FUA)
+        .unwrap();
+    checkpointed(&v);
+    v.write_at(&[0xc3; BS as usize], 2 * BS, WriteFlags::FUA)
+        .unwrap();
+    let (home_now, jnl_now) = crashed(&home, &jnl);
+    drop(v);
+    let old_home = || {
+        Arc::new(FaultDevice::from_image(
+            home_snapshot.clone(),
+            SECTOR as u32,
+        ))
+    };
+    for read_only in [false, true] {
+        let e = open_error(&old_home(), &jnl_now, read_only);
+        assert!(e.contains("home is older than its journal"), "{e}");
+    }
+    let e = reset_without_force(&old_home(), &jnl_now).unwrap_err();
+    assert!(e.to_string().contains("older than its journal"), "{e}");
+    // The pair as it crashed recovers all three writes, and closes clean.
+    let v = open_with(&home_now, &jnl_now, &quiet_open_options()).unwrap();
+    for (b, byte) in [(0, 0xa1), (1, 0xb2), (2, 0xc3)] {
+        assert_eq!(read_block(&v, b), vec![byte; BS as usize], "block {b}");
+    }
+    v.close().unwrap();
+    // A clean journal that went on past the old home (in a later session)
+    // is refused too.
+    let e = open_error(&old_home(), &jnl_now, false);
+    assert!(e.contains("home is older than its journal"), "{e}");
+    opens_with(&home_now, &jnl_now, &[(0, 0xa1), (1, 0xb2), (2, 0xc3)]);
+
+    // Closed clean in the session the snapshot was taken in: the mark
+    // tells, as the session stamps cannot.
+    let (home, jnl) = devices();
+    let v = open_with(&home, &jnl, &o).unwrap();
+    v.write_at(&[0xd4; BS as usize], 0, WriteFlags::FUA)
+        .unwrap();
+    checkpointed(&v);
+    let snapshot = home.durable_image();
+    v.write_at(&[0xe5; BS as usize], BS, WriteFlags::FUA)
+        .unwrap();
+    v.close().unwrap();
+    let old = Arc::new(FaultDevice::from_image(snapshot, SECTOR as u32));
+    let e = open_error(&old, &jnl, false);
+    assert!(e.contains("dropped it from its log"), "{e}");
+    opens_with(&home, &jnl, &[(0, 0xd4), (1, 0xe5)]);
+}
+
+/// The mark an open sets keeps up with the log: a crash, a replaying open,
+/// more writes and a second crash before any checkpoint (the log then
+/// starts after every transaction the checkpoint ever marked) still opens,
+/// and so does a replaying open cut short at each of its writes.
+#[test]
+fn a_replaying_open_leaves_a_mark_the_next_crash_agrees_with() {
+    let (home, jnl) = devices();
+    let v = open_with(&home, &jnl, &quiet_open_options()).unwrap();
+    v.write_at(&[0x11; BS as usize], 0, WriteFlags::FUA)
+        .unwrap();
+    let (h1, j1) = crashed(&home, &jnl);
+    drop(v);
+    let v = open_with(&h1, &j1, &quiet_open_options()).unwrap();
+    assert!(v.recovery_report().blocks_replayed > 0);
+    v.write_at(&[0x22; BS as usize], BS, WriteFlags::FUA)
+        .unwrap();
+    let (h2, j2) = crashed(&h1, &j1);
+    drop(v);
+    opens_with(&h2, &j2, &[(0, 0x11), (1, 0x22)]);
+    // The replaying open of (h1, j1) cut short after each of its writes.
+    for ops in 0..12 {
+        let (h, j) = crashed(&h1, &j1);
+        h.crash_after_ops(ops);
+        j.crash_after_ops(ops);
+        let r = open_with(&h, &j, &quiet_open_options());
+        let (hc, jc) = crashed(&h, &j);
+        drop(r);
+        opens_with(&hc, &jc, &[(0, 0x11)]);
+    }
+}
