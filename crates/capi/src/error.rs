@@ -56,36 +56,11 @@ impl From<VolumeError> for Error {
     }
 }
 
-/// What the salvage could not take home, if anything.
-fn uncommitted_note(stats: &Stats) -> String {
-    match stats.salvage_uncommitted_blocks {
-        0 => String::new(),
-        n => format!(
-            "; {n} block(s) of plain writes no flush or FUA had covered were not committed and \
-             are lost"
-        ),
-    }
-}
-
 /// The error of `jbdev_close`, with the salvage's outcome when there was
 /// one (`stats` as the close left it: the salvage has ended): after the
 /// close the caller cannot ask `jbdev_get_stats` any more.
 pub(crate) fn close_error(e: VolumeError, stats: &Stats) -> Error {
-    let outcome = if stats.salvage_complete {
-        format!(
-            "; at close: the salvage is complete ({} block(s) written home and flushed): every \
-             write committed before the journal failed (every write a flush or FUA \
-             acknowledged) is on the volume{}",
-            stats.salvaged_blocks,
-            uncommitted_note(stats)
-        )
-    } else if matches!(e, VolumeError::JournalFileLost(_)) {
-        "; at close: the salvage did not complete (a write or flush of the volume's own device \
-         failed too): acknowledged writes not yet written home may exist only in the journal"
-            .to_owned()
-    } else {
-        String::new()
-    };
+    let outcome = stats.close_outcome(&e);
     Error::new(e.errno(), format!("{e}{outcome}"))
 }
 

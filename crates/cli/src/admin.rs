@@ -1282,7 +1282,12 @@ pub fn check(a: CheckArgs) -> anyhow::Result<()> {
                     reason,
                 } => {
                     outln!("CORRUPT: transaction {sequence} (block {pos}): {reason}")?;
-                    outln!("a read-write open will refuse this volume; open it read-only to rescue data")?;
+                    outln!(
+                        "a read-write open will refuse this volume; a read-only open serves it \
+                         with the transactions before {sequence} replayed (copy out what you \
+                         need); the committed transactions after the damage cannot be \
+                         replayed by any open"
+                    )?;
                     std::process::exit(EXIT_CORRUPT);
                 }
                 _ => outln!("log ends cleanly at a transaction boundary")?,

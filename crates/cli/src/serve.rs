@@ -636,11 +636,22 @@ fn close_volumes(volumes: Vec<(PathBuf, Arc<Volume>)>) -> anyhow::Result<()> {
         }
         let shown = path.display().to_string();
         let done = match Arc::try_unwrap(vol) {
-            Ok(v) => within(&format!("closing {shown}"), CLOSE_LIMIT, move || v.close()),
+            Ok(v) => within(&format!("closing {shown}"), CLOSE_LIMIT, move || {
+                // With the salvage's outcome: the abort's message was
+                // written before it was known (session 25's docs pass: the
+                // last line said nothing of it).
+                let (r, stats) = v.close_with_stats();
+                r.map_err(|e| {
+                    let outcome = stats.close_outcome(&e);
+                    anyhow::anyhow!("{e}{outcome}")
+                })
+            }),
             Err(v) => {
                 // A connection outlived the grace time and still holds it.
                 tracing::warn!("{shown} still in use at exit; flushing only");
-                within(&format!("flushing {shown}"), FLUSH_LIMIT, move || v.flush())
+                within(&format!("flushing {shown}"), FLUSH_LIMIT, move || {
+                    v.flush().map_err(anyhow::Error::from)
+                })
             }
         };
         match done {

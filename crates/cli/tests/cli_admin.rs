@@ -1818,6 +1818,69 @@ fn check_says_what_to_do_about_a_truncated_external_journal() {
         .unwrap();
 }
 
+/// Session 25's docs pass: a wrong `--journal` shorter than the journal
+/// (another volume's smaller journal, any small file) was reported as
+/// this volume's journal "truncated" (exit 2), with advice to extend the
+/// wrong file and to `journal reset --force` the volume, which reset the
+/// real journal at the recorded path and lost its acknowledged writes. It
+/// is now "not this volume's journal" (exit 1) from check, info-style
+/// inspection and reset, and the real journal is untouched; a truncated
+/// journal given with `--journal` gets advice that names it.
+#[test]
+fn a_short_wrong_journal_is_not_called_truncated() {
+    let (_dir, img, jnl) = external_16m();
+    let p = img.to_str().unwrap();
+    let other_dir = tempfile::tempdir().unwrap();
+    let (oimg, ojnl) = (
+        other_dir.path().join("o.img"),
+        other_dir.path().join("o.jnl"),
+    );
+    let o = jbdev(&[
+        "format",
+        oimg.to_str().unwrap(),
+        "--size",
+        "4M",
+        "--journal-size",
+        "256K",
+        "--journal",
+        ojnl.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let tiny = other_dir.path().join("tiny");
+    std::fs::write(&tiny, b"abc").unwrap();
+    for wrong in [ojnl.to_str().unwrap(), tiny.to_str().unwrap()] {
+        for args in [
+            &["check", p, "--journal", wrong][..],
+            &["journal", "reset", p, "--journal", wrong][..],
+        ] {
+            let o = jbdev(args);
+            assert_eq!(o.status.code(), Some(1), "{args:?}: {}", text(&o));
+            let t = text(&o);
+            assert!(
+                t.contains("not this volume's journal") && !t.contains("truncate"),
+                "{args:?}: {t}"
+            );
+        }
+    }
+    let o = jbdev(&["check", p]);
+    assert!(o.status.success(), "{}", text(&o));
+    // Truncated for real, and given with --journal: the reset it advises
+    // names that journal.
+    let moved = other_dir.path().join("moved.jnl");
+    std::fs::copy(&jnl, &moved).unwrap();
+    set_len(&moved, 512 << 10);
+    let o = jbdev(&["check", p, "--journal", moved.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(
+        text(&o).contains(&format!(
+            "`jbdev journal reset --force {p} --journal {}`",
+            moved.display()
+        )),
+        "{}",
+        text(&o)
+    );
+}
+
 /// A journal larger than the volume is legal but rarely meant (format
 /// zero-fills all of it; `--journal-size 1T` on a 1 MiB volume wrote
 /// gigabytes without a word): format says so, and still formats.

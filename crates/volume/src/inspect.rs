@@ -76,11 +76,11 @@ pub fn inspect_volume(
         JournalLocation::External {
             len_bytes,
             path_hint,
-            ..
+            uuid,
         } => {
             match crate::volume::open_external_journal(
                 path,
-                path_hint,
+                (path_hint, *uuid),
                 journal_path,
                 *len_bytes,
                 &dopts,

@@ -18,8 +18,9 @@ use jbdev_journal::JournalRegion;
 
 use crate::superblock::{JournalLocation, VolumeSuperblock};
 use crate::volume::{
-    external_journal_path, file_format_would_create, rbd_image_absent, read_volume_superblock,
-    refuse_unused_journal_path, remove_created, truncated_journal_file, write_empty_journal,
+    external_journal_path, file_format_would_create, is_journal_of, rbd_image_absent,
+    read_volume_superblock, refuse_unused_journal_path, remove_created, truncated_journal_file,
+    write_empty_journal,
 };
 use crate::{Result, VolumeError};
 
@@ -105,7 +106,7 @@ fn reset(
     let JournalLocation::External {
         path_hint,
         len_bytes,
-        ..
+        uuid,
     } = &sb.journal
     else {
         refuse_unused_journal_path(path, journal)?;
@@ -141,7 +142,16 @@ fn reset(
             held < *len_bytes && (opened.watch.is_some() || jbdev_device::is_rbd_target(&jp));
         if truncated {
             if !force {
-                return Err(truncated_journal_file(path, &jp, held, *len_bytes));
+                if !is_journal_of(opened.device.as_ref(), *uuid) {
+                    return Err(VolumeError::InvalidArgument(format!(
+                        "{} is not this volume's journal (it holds {held} bytes, less than the \
+                         journal's {len_bytes}, and no jbdev journal superblock with this \
+                         volume's journal uuid): the wrong --journal? --force overwrites it \
+                         with a new journal",
+                        jp.display()
+                    )));
+                }
+                return Err(truncated_journal_file(path, &jp, journal, held, *len_bytes));
             }
             if check {
                 // --force extends and rewrites it, whatever it holds.
@@ -369,10 +379,12 @@ fn describe_old_journal(
                  committed transactions after the damage; they are discarded"
             ),
             why: format!(
-                "the journal is damaged in the middle (transaction {sequence}: {reason}); \
-                 committed transactions after the damage would be lost with it. Rescue data \
-                 first with a read-only open (`jbdev serve --read-only`); --force discards \
-                 the journal"
+                "the journal is damaged in the middle (transaction {sequence}: {reason}). A \
+                 read-only open (`jbdev serve --read-only`) serves the volume with the \
+                 transactions before the damage replayed: copy out what you need first; the \
+                 committed transactions after the damage cannot be replayed by any open. \
+                 --force discards the journal, and the volume is then what its home holds, \
+                 without the transactions before the damage either"
             ),
         },
         _ => Old::Refused {

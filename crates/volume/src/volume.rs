@@ -51,6 +51,38 @@ pub struct Extent {
     pub state: ExtentState,
 }
 
+impl Stats {
+    /// For the error of a close (`error`, with these stats as the close
+    /// left them): how the salvage after a journal failure ended, to
+    /// append to the error, or "" when there was none. The abort's own
+    /// message was written when the journal failed, before the outcome
+    /// was known; a closed volume has no stats to ask any more.
+    pub fn close_outcome(&self, error: &VolumeError) -> String {
+        if self.salvage_complete {
+            let uncommitted = match self.salvage_uncommitted_blocks {
+                0 => String::new(),
+                n => format!(
+                    "; {n} block(s) of plain writes no flush or FUA had covered were not \
+                     committed and are lost"
+                ),
+            };
+            format!(
+                "; at close: the salvage is complete ({} block(s) written home and flushed): \
+                 every write committed before the journal failed (every write a flush or FUA \
+                 acknowledged) is on the volume{uncommitted}",
+                self.salvaged_blocks
+            )
+        } else if matches!(error, VolumeError::JournalFileLost(_)) {
+            "; at close: the salvage did not complete (a write or flush of the volume's own \
+             device failed too): acknowledged writes not yet written home may exist only in \
+             the journal"
+                .to_owned()
+        } else {
+            String::new()
+        }
+    }
+}
+
 /// Operator metrics.
 #[derive(Clone, Debug, Default, serde::Serialize)]
 pub struct Stats {
@@ -340,12 +372,13 @@ pub(crate) fn read_volume_superblock(
 /// with what is lost and what to do ([`VolumeError::Truncated`]).
 pub(crate) fn open_external_journal(
     home: &Path,
-    path_hint: &Path,
+    (path_hint, uuid): (&Path, [u8; 16]),
     given: Option<&Path>,
     len_bytes: u64,
     dopts: &jbdev_device::OpenOptions,
 ) -> Result<(PathBuf, Arc<dyn BlockDevice>)> {
-    open_external_journal_watched(home, path_hint, given, len_bytes, dopts).map(|(p, d, _)| (p, d))
+    open_external_journal_watched(home, (path_hint, uuid), given, len_bytes, dopts)
+        .map(|(p, d, _)| (p, d))
 }
 
 /// [`open_external_journal`], also returning the descriptor to watch for a
@@ -373,16 +406,30 @@ pub(crate) fn external_journal_path(
 
 fn open_external_journal_watched(
     home: &Path,
-    path_hint: &Path,
+    (path_hint, uuid): (&Path, [u8; 16]),
     given: Option<&Path>,
     len_bytes: u64,
     dopts: &jbdev_device::OpenOptions,
 ) -> Result<(PathBuf, Arc<dyn BlockDevice>, Option<std::fs::File>)> {
     let (jp, recorded) = external_journal_path(home, path_hint, given)?;
     match open_device(&jp, dopts) {
+        // Shorter than the journal, and not this volume's journal at all:
+        // the wrong --journal, not a truncated one (whose advice, a reset
+        // of the journal at the recorded path, destroyed the real journal
+        // in session 25's docs pass).
+        Ok(o) if o.device.size_bytes() < len_bytes && !is_journal_of(o.device.as_ref(), uuid) => {
+            Err(VolumeError::InvalidArgument(format!(
+                "{} is not this volume's journal (it holds {} bytes, less than the journal's \
+                 {len_bytes}, and no jbdev journal superblock with this volume's journal uuid \
+                 {}): the wrong --journal?",
+                jp.display(),
+                o.device.size_bytes(),
+                uuid::Uuid::from_bytes(uuid).hyphenated()
+            )))
+        }
         // `watch`: a regular file, which can have been truncated.
         Ok(o) if o.watch.is_some() && o.device.size_bytes() < len_bytes => Err(
-            truncated_journal_file(home, &jp, o.device.size_bytes(), len_bytes),
+            truncated_journal_file(home, &jp, given, o.device.size_bytes(), len_bytes),
         ),
         Ok(o) if o.device.size_bytes() < len_bytes => Err(short_journal_device(
             &jp.display().to_string(),
@@ -403,6 +450,18 @@ fn open_external_journal_watched(
         }
         Err(e) => Err(e.into()),
     }
+}
+
+/// Whether `dev` starts with a jbdev journal superblock whose uuid is
+/// `uuid` (an unreadable or too short device is not).
+pub(crate) fn is_journal_of(dev: &dyn BlockDevice, uuid: [u8; 16]) -> bool {
+    let n = (JournalSuperblock::ENCODED_LEN as u64).max(u64::from(dev.logical_block_size()));
+    if dev.size_bytes() < n {
+        return false;
+    }
+    let mut buf = AlignedBuf::zeroed(n as usize);
+    dev.read_at(&mut buf, 0).is_ok()
+        && JournalSuperblock::decode(&buf).is_ok_and(|j| j.uuid == uuid)
 }
 
 /// Fills any holes of the journal's blocks (a read-write open). Format
@@ -726,8 +785,22 @@ impl WatchedJournal {
     /// The message when the problem is first seen at close, after the
     /// final checkpoint wrote everything acknowledged home.
     fn close_message(&self, p: &JournalFileProblem) -> String {
-        let what = self.what(p);
-        let next = match p {
+        format!(
+            "{} (noticed at close: everything acknowledged was written home first); {}",
+            self.what(p),
+            self.next_step(p)
+        )
+    }
+
+    /// The close's error after the salvage wrote every committed write
+    /// home: what happened and the next step.
+    fn after_salvage_message(&self, p: &JournalFileProblem) -> String {
+        format!("{}; {}", self.what(p), self.next_step(p))
+    }
+
+    /// What gives the volume a journal again.
+    fn next_step(&self, p: &JournalFileProblem) -> String {
+        match p {
             JournalFileProblem::Deleted => format!(
                 "`jbdev journal reset {}` gives the volume a new, empty journal",
                 self.home.display()
@@ -736,8 +809,7 @@ impl WatchedJournal {
                 "to open the volume again, {}",
                 truncated_journal_advice(&self.home, &self.path, self.region_end)
             ),
-        };
-        format!("{what} (noticed at close: everything acknowledged was written home first); {next}")
+        }
     }
 }
 
@@ -749,17 +821,21 @@ impl WatchedJournal {
 pub(crate) fn truncated_journal_file(
     home: &Path,
     journal: &Path,
+    given: Option<&Path>,
     held: u64,
     len_bytes: u64,
 ) -> VolumeError {
+    // The reset names the journal the way this command was given it: a
+    // reset without --journal resets the one at the recorded path.
+    let journal_arg = given.map_or(String::new(), |g| format!(" --journal {}", g.display()));
     VolumeError::Truncated(format!(
         "the external journal file {} holds {held} bytes, less than the journal's \
          {len_bytes}: it was truncated. If it was truncated under the running volume and \
          its log said \"salvage complete\", every committed write (each write a flush or \
          FUA acknowledged) is on the volume: \
-         `jbdev journal reset --force {}` gives it a new journal. Otherwise acknowledged \
-         writes that were only in the cut-off part (not yet written home) are lost; to open \
-         the volume with what is left, {}",
+         `jbdev journal reset --force {}{journal_arg}` gives it a new journal. Otherwise \
+         acknowledged writes that were only in the cut-off part (not yet written home) are \
+         lost; to open the volume with what is left, {}",
         journal.display(),
         home.display(),
         truncated_journal_advice(home, journal, len_bytes)
@@ -1442,10 +1518,10 @@ impl Volume {
             JournalLocation::External {
                 path_hint,
                 len_bytes,
-                ..
+                uuid,
             } => {
                 let given = opts.journal_path.as_deref();
-                open_external_journal(path, path_hint, given, *len_bytes, &ro).map(drop)
+                open_external_journal(path, (path_hint, *uuid), given, *len_bytes, &ro).map(drop)
             }
         }
     }
@@ -1480,11 +1556,16 @@ impl Volume {
             JournalLocation::External {
                 path_hint,
                 len_bytes,
-                ..
+                uuid,
             } => {
                 let given = opts.journal_path.as_deref();
-                let (jp, jdev, file) =
-                    open_external_journal_watched(path, path_hint, given, *len_bytes, &dopts)?;
+                let (jp, jdev, file) = open_external_journal_watched(
+                    path,
+                    (path_hint, *uuid),
+                    given,
+                    *len_bytes,
+                    &dopts,
+                )?;
                 origin.journal = given.is_none().then(|| jp.clone());
                 (
                     Some(jdev),
@@ -1711,7 +1792,9 @@ impl Volume {
         if let ScanEnd::CorruptMiddle { .. } = scan.end {
             if !opts.read_only {
                 return Err(VolumeError::CorruptJournal(format!(
-                    "{end}; refusing a read-write open (open read-only to rescue data)"
+                    "{end}; refusing a read-write open (a read-only open serves the volume with \
+                     the transactions before the damage replayed; the committed transactions \
+                     after it cannot be replayed by any open)"
                 )));
             }
         }
@@ -2566,6 +2649,13 @@ impl Volume {
                         e => e.to_string(),
                     };
                     return Err(w.rescue_at_close(&why));
+                }
+                // Everything committed is home: the abort's message (with
+                // advice for while the process still ran, a /proc copy) is
+                // stale now; say what happened and the next step
+                // (`Stats::close_outcome` adds how the salvage ended).
+                if let (true, Some(p)) = (home_has_all, w.problem()) {
+                    return Err(VolumeError::JournalFileLost(w.after_salvage_message(&p)));
                 }
             }
             return Err(e);
