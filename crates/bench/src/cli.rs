@@ -15,7 +15,7 @@ pub enum BenchCommand {
     /// `--baseline kernel` runs O_DIRECT|O_SYNC pwrite on the same backing.
     SyncWriters(SyncWritersArgs),
     /// T threads each rewriting its own 64 KiB region synchronously (do
-    /// writers serialize while the device flushes?); MB/s, per-second
+    /// writers serialize while the device flushes?); MiB/s, per-second
     /// series, latency.
     OsyncWriters(OsyncArgs),
     /// Group commit: 4 KiB write + sync at 1..32 threads for each batching
@@ -72,7 +72,7 @@ pub struct CommonArgs {
     /// Overwrite a --device that holds a jbdev volume, a jbdev journal or a file system.
     #[arg(long)]
     pub force: bool,
-    /// Size of the backing file of ram/disk.
+    /// Size of the backing file of ram/disk (K/M/G suffixes).
     #[arg(long, default_value = "1G", value_parser = parse_size)]
     pub backing_size: u64,
     /// Directory of the disk backing file.
@@ -195,6 +195,8 @@ pub struct SyncWritersArgs {
     /// Thread counts, comma separated.
     #[arg(long, value_delimiter = ',', default_value = "1,32")]
     pub threads: Vec<usize>,
+    /// What jbdev is compared with: kernel (O_DIRECT|O_SYNC pwrite on the
+    /// same backing) or none.
     #[arg(long, value_enum, default_value = "kernel")]
     pub baseline: Baseline,
     /// Batching policy: none, fixed:N (a wait of N microseconds), adaptive.
@@ -219,11 +221,13 @@ pub struct SyncWritersArgs {
 pub struct OsyncArgs {
     #[command(flatten)]
     pub common: CommonArgs,
+    /// Writer threads, each with its own region.
     #[arg(long, default_value_t = 64)]
     pub threads: usize,
-    /// Each thread's region, rewritten whole by every write.
+    /// Each thread's region, rewritten whole by every write (K/M/G suffixes).
     #[arg(long, default_value = "64K", value_parser = parse_size)]
     pub region_size: u64,
+    /// Batching policy: none, fixed:N (a wait of N microseconds), adaptive.
     #[arg(long, default_value = "adaptive")]
     pub policy: BatchPolicy,
 }
@@ -251,15 +255,20 @@ pub struct FsyncBatchArgs {
 pub struct MixedArgs {
     #[command(flatten)]
     pub common: CommonArgs,
+    /// Threads; each keeps --iodepth requests in flight (threads × iodepth
+    /// submitters, each with one synchronous request).
     #[arg(long, default_value_t = 4)]
     pub threads: usize,
+    /// Requests in flight per thread.
     #[arg(long, default_value_t = 8)]
     pub iodepth: usize,
+    /// Percentage of the requests that are reads (the rest are plain writes).
     #[arg(long, default_value_t = 50)]
     pub read_percent: u32,
-    /// Range the random offsets fall in.
+    /// Range the random offsets fall in (K/M/G suffixes).
     #[arg(long, default_value = "128M", value_parser = parse_size)]
     pub working_set: u64,
+    /// Batching policy: none, fixed:N (a wait of N microseconds), adaptive.
     #[arg(long, default_value = "adaptive")]
     pub policy: BatchPolicy,
 }
@@ -274,12 +283,13 @@ pub struct ReadLatencyArgs {
     /// Milliseconds between reads.
     #[arg(long, default_value_t = 500)]
     pub interval_ms: u64,
-    /// Bytes per streaming write.
+    /// Bytes per streaming write (K/M/G suffixes).
     #[arg(long, default_value = "512K", value_parser = parse_size)]
     pub write_size: u64,
     /// Threads of the sync-write half.
     #[arg(long, default_value_t = 4)]
     pub sync_threads: usize,
+    /// Batching policy: none, fixed:N (a wait of N microseconds), adaptive.
     #[arg(long, default_value = "adaptive")]
     pub policy: BatchPolicy,
 }
@@ -308,6 +318,7 @@ pub struct LargeWritesArgs {
     /// Skip the stream variant with FUA on every write.
     #[arg(long)]
     pub no_fua: bool,
+    /// Batching policy: none, fixed:N (a wait of N microseconds), adaptive.
     #[arg(long, default_value = "adaptive")]
     pub policy: BatchPolicy,
 }

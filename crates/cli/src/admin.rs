@@ -25,8 +25,8 @@ pub struct FormatArgs {
     /// superblock and an internal journal).
     #[arg(long, value_parser = parse_size)]
     pub size: Option<u64>,
-    /// Journal size, e.g. 64M (default: 64M or a quarter of the volume,
-    /// whichever is smaller); rounded down to whole blocks, which the
+    /// Journal size, e.g. 64M (default: a quarter of the volume, at least
+    /// 1M and at most 64M); rounded down to whole blocks, which the
     /// output then says.
     #[arg(long, value_parser = parse_size)]
     pub journal_size: Option<u64>,
@@ -249,14 +249,17 @@ pub fn format(a: FormatArgs) -> anyhow::Result<()> {
         jbdev_volume::VolumeError::InvalidArgument(m) => anyhow::Error::new(crate::UsageError(m)),
         e => e.into(),
     })?;
-    if layout.journal_bytes > size {
+    // Only a size the user chose: the 1 MiB floor of the default may exceed
+    // a tiny volume, and warning about format's own choice read as blame.
+    if layout.journal_bytes > size && a.journal_size.is_some() {
         // Legal, but rarely meant: format zero-fills all of it, an open
         // volume may hold a journal's worth of writes in memory, and a
         // recovery surveys all of it.
         eprintln!(
             "jbdev format: warning: the journal ({} bytes) is larger than the volume ({size} \
              bytes): format writes all of it, and an open volume may keep up to a journal's \
-             worth of writes in memory; the default is a quarter of the volume, at most 64 MiB",
+             worth of writes in memory; the default is a quarter of the volume, at least 1 MiB \
+             and at most 64 MiB",
             layout.journal_bytes
         );
     }
@@ -1259,7 +1262,7 @@ pub fn check(a: CheckArgs) -> anyhow::Result<()> {
             )?;
             for t in &scan.txns {
                 outln!(
-                    "  transaction {}: blocks {}..{}, {} data block(s), {} revoke(s)",
+                    "  transaction {}: log blocks [{}, {}), {} data block(s), {} revoke(s)",
                     t.sequence,
                     t.start_pos,
                     t.end_pos,

@@ -264,7 +264,12 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
         });
     }
     for spec in &a.export {
-        named.push(parse_export(spec)?);
+        let e = parse_export(spec)?;
+        if named.iter().any(|o| o.name == e.name) {
+            // Refused before anything is opened: a usage error (exit 64).
+            usage_bail!("export name {:?} given twice", e.name);
+        }
+        named.push(e);
     }
     if named.is_empty() {
         usage_bail!("nothing to serve: give a volume PATH or --export NAME=PATH (create one with `jbdev format PATH --size 1G`)");
@@ -498,7 +503,7 @@ fn parse_export(spec: &str) -> anyhow::Result<ExportSpec> {
 
 fn parse_export_with(spec: &str, exists: impl Fn(&str) -> bool) -> anyhow::Result<ExportSpec> {
     let Some((name, rest)) = spec.split_once('=') else {
-        usage_bail!("--export wants NAME=PATH[,description=TEXT], got {spec:?}");
+        usage_bail!("--export wants NAME=PATH[,journal=JPATH][,description=TEXT], got {spec:?}");
     };
     if name.is_empty() {
         usage_bail!(

@@ -215,7 +215,20 @@ fn conflicting_or_zero_flags_are_refused_before_serving() {
         (vec!["--listen", "127.0.0.1:0"], "nothing to serve"),
         (
             vec!["--export", "foo", "--listen", "127.0.0.1:0"],
-            "--export wants NAME=PATH",
+            "--export wants NAME=PATH[,journal=JPATH][,description=TEXT]",
+        ),
+        // Refused before anything is opened (session 25's docs pass: exit 1
+        // after opening the volumes).
+        (
+            vec![
+                "--export",
+                &format!("foo={i}"),
+                "--export",
+                "foo=/nonexistent.img",
+                "--listen",
+                "127.0.0.1:0",
+            ],
+            "export name \"foo\" given twice",
         ),
         // A misspelt key is named, not taken as part of the path.
         (
