@@ -129,6 +129,7 @@ mod ffi {
         pub fn rbd_resize(image: rbd_image_t, size: u64) -> c_int;
 
         pub fn rbd_lock_acquire(image: rbd_image_t, lock_mode: rbd_lock_mode_t) -> c_int;
+        pub fn rbd_is_exclusive_lock_owner(image: rbd_image_t, is_owner: *mut c_int) -> c_int;
         pub fn rbd_lock_get_owners(
             image: rbd_image_t,
             lock_mode: *mut rbd_lock_mode_t,
@@ -612,6 +613,15 @@ struct Health {
     confirmed_ns: AtomicU64,
     /// One ownership probe at a time; the others wait for its answer.
     probing: std::sync::Mutex<()>,
+    /// This client took the image's exclusive lock at open.
+    locked: bool,
+    /// librbd said the image's header changed (features, size, ...): the
+    /// next request asks whether the lock is still this client's.
+    header_changed: AtomicBool,
+    /// The exclusive lock is no longer this client's (the feature was
+    /// disabled, or another client took the lock): every request fails with
+    /// ESHUTDOWN from then on.
+    lock_lost: AtomicBool,
 }
 
 // SAFETY: the image handle is used only for rbd_get_size, which librbd
@@ -622,6 +632,54 @@ unsafe impl Send for Health {}
 unsafe impl Sync for Health {}
 
 impl Health {
+    /// Fails with ESHUTDOWN once the image's exclusive lock is no longer
+    /// this client's. librbd lets another client disable the
+    /// exclusive-lock feature of an image in use (the owner carries the
+    /// change out), and then a second writer can open it; this client is
+    /// not blocklisted, so its requests still succeed, and its memory may
+    /// hold blocks the other writer overwrote (session 25's RBD pass read
+    /// such a block back). Asked after each header change librbd reports,
+    /// and after a failed request.
+    fn check_lock(&self, op: &'static str) -> Result<()> {
+        if !self.locked {
+            return Ok(());
+        }
+        if self.header_changed.swap(false, Ordering::AcqRel)
+            && !self.lock_lost.load(Ordering::Acquire)
+        {
+            self.ask_lock_owner();
+        }
+        if self.lock_lost.load(Ordering::Acquire) {
+            return Err(DeviceError::io(
+                op,
+                format!(
+                    "{} (its exclusive lock is no longer this client's: the exclusive-lock \
+                     feature was disabled, or the lock taken, by another client; reopen the \
+                     image once no other client writes it)",
+                    self.name
+                ),
+                io::Error::from_raw_os_error(libc::ESHUTDOWN),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Asks librbd whether this client still owns the exclusive lock, and
+    /// records (and logs, once) that it does not.
+    fn ask_lock_owner(&self) {
+        let mut owner: c_int = 0;
+        // SAFETY: an open image (as for rbd_get_size) and a valid out pointer.
+        let r = unsafe { ffi::rbd_is_exclusive_lock_owner(self.image, &mut owner) };
+        if r == 0 && owner == 0 && !self.lock_lost.swap(true, Ordering::AcqRel) {
+            tracing::error!(
+                "{}: this client no longer holds the image's exclusive lock (another client \
+                 disabled the exclusive-lock feature, or took the lock): every request fails \
+                 from now on, reads included (another writer may have changed the image)",
+                self.name
+            );
+        }
+    }
+
     /// A request succeeded on the cluster just now.
     fn confirmed(&self) {
         let now = self.opened.elapsed().as_nanos() as u64;
@@ -691,6 +749,14 @@ impl Health {
     /// answering (logged once). Returns the error, or the shrink error if
     /// the image was shrunk (a read past the new end fails with EINVAL).
     fn failed(&self, op: &'static str, e: DeviceError) -> DeviceError {
+        // A request refused because the lock went elsewhere (EPERM, EIO,
+        // EROFS from librbd) is the lock's loss, said as such.
+        if self.locked && !self.lock_lost.load(Ordering::Acquire) {
+            self.ask_lock_owner();
+        }
+        if let Err(lost) = self.check_lock(op) {
+            return lost;
+        }
         if let DeviceError::Io { error, .. } = &e {
             if error.raw_os_error() == Some(libc::ETIMEDOUT)
                 && !self.timed_out.swap(true, Ordering::AcqRel)
@@ -713,6 +779,7 @@ impl Health {
     /// Before a write, zeroing or flush is sent: refused at once after a
     /// timeout, or when the image was shrunk.
     fn check_mutation(&self, op: &'static str) -> Result<()> {
+        self.check_lock(op)?;
         if self.timed_out.load(Ordering::Acquire) {
             return Err(DeviceError::io(
                 op,
@@ -739,6 +806,8 @@ unsafe extern "C" fn on_header_update(arg: *mut c_void) {
     // device keeps it alive until `rbd_update_unwatch` returned, which
     // waits for a callback in progress (`Closing::close`).
     let health = unsafe { &*arg.cast::<Health>() };
+    // Asked outside librbd's callback, by the next request.
+    health.header_changed.store(true, Ordering::Release);
     let _ = health.poll_size("header update");
 }
 
@@ -884,6 +953,9 @@ impl RbdDevice {
             opened: Instant::now(),
             confirmed_ns: AtomicU64::new(0),
             probing: std::sync::Mutex::new(()),
+            locked,
+            header_changed: AtomicBool::new(false),
+            lock_lost: AtomicBool::new(false),
         });
         health.confirmed();
         let mut handle = 0u64;
@@ -1103,6 +1175,10 @@ fn conf_options(target: &RbdTarget) -> Vec<(String, String)> {
         ("rbd_cache", "false"),
         ("client_mount_timeout", "20"),
         ("rados_osd_op_timeout", timeout.as_str()),
+        // The same for the monitors: breaking a lock blocklists its holder
+        // through them, and with a monitor that stopped answering after the
+        // connect, `--break-lock` waited for ever (session 25's RBD pass).
+        ("rados_mon_op_timeout", timeout.as_str()),
     ];
     defaults
         .iter()
@@ -1616,10 +1692,14 @@ impl BlockDevice for RbdDevice {
     }
 
     fn ownership_probe_due(&self) -> bool {
-        self.locked && !self.health.recently_confirmed()
+        self.locked
+            && (!self.health.recently_confirmed()
+                || self.health.header_changed.load(Ordering::Acquire)
+                || self.health.lock_lost.load(Ordering::Acquire))
     }
 
     fn confirm_ownership(&self) -> Result<()> {
+        self.health.check_lock("ownership probe")?;
         if !self.locked || self.health.recently_confirmed() {
             return Ok(());
         }

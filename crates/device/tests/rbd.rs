@@ -189,6 +189,13 @@ fn an_osd_op_timeout_is_set_by_default_and_overridable() {
     assert_eq!(timeout(&open("")), Some(Ok(30.0)));
     assert_eq!(timeout(&open(":rados_osd_op_timeout=0")), Some(Ok(0.0)));
     assert_eq!(timeout(&open(":rados_osd_op_timeout=7")), Some(Ok(7.0)));
+    // The monitors' too: `--break-lock` blocklists the holder through them.
+    let mon = |d: &RbdDevice| {
+        d.conf_value("rados_mon_op_timeout")
+            .map(|v| v.parse::<f64>())
+    };
+    assert_eq!(mon(&open("")), Some(Ok(30.0)));
+    assert_eq!(mon(&open(":rados_mon_op_timeout=5")), Some(Ok(5.0)));
 }
 
 /// An unknown image option is named as such (librados says ENOENT).
