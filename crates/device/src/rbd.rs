@@ -1619,7 +1619,17 @@ fn break_locks(image: &Image, name: &str, owners: Vec<String>, why: &str) -> Res
         // SAFETY: an open image and a NUL-terminated owner string.
         let r = unsafe { ffi::rbd_lock_break(image.0, ffi::RBD_LOCK_MODE_EXCLUSIVE, o.as_ptr()) };
         if r < 0 && r != -libc::ENOENT {
-            return Err(rbd_err("rbd_lock_break", name, r));
+            // Breaking blocklists the holder through the monitors: a
+            // monitor that does not answer within rados_mon_op_timeout
+            // ends it here (librbd says EIO or ETIMEDOUT).
+            return Err(rbd_err(
+                "rbd_lock_break",
+                &format!(
+                    "{name} (blocklisting {owner} through the monitors; are they answering? \
+                     rados_mon_op_timeout bounds the wait)"
+                ),
+                r,
+            ));
         }
     }
     Ok(())
