@@ -325,3 +325,67 @@ fn shutdown_answers_every_request_of_a_deep_pipeline() {
     c.disconnect().unwrap();
     assert!(srv.stop(), "server did not shut down cleanly");
 }
+
+/// Session 25's interop pass: a SIGTERM while a client sent requests
+/// without a pause (qemu-io's stream of writes) kept the connection open
+/// for the whole 30 s grace time, every request answered ESHUTDOWN, so a
+/// restart took 30 s. A shut-down connection now ends a second after the
+/// shutdown even if its client never pauses: the server exits on its own,
+/// and the grace time never runs out. (Fails on the old code: the log
+/// says "still busy after the shutdown grace time".)
+#[test]
+fn a_client_that_never_pauses_does_not_hold_the_shutdown() {
+    const LEN: usize = 4096;
+    let dir = TempDir::new("shutdown-busy");
+    let img = dir.path("b.img");
+    format_volume(&img, "64M");
+    let i = img.to_str().unwrap();
+    let mut srv = ServerProc::start(&[i], None);
+    let addr: Address = srv.tcp.clone().unwrap().parse().unwrap();
+    let Client {
+        mut writer,
+        mut reader,
+        ..
+    } = Client::connect(&addr, "").expect("connect");
+    let payload = pattern(1, LEN);
+    // Requests back to back, bounded in count, until the server ends the
+    // connection; replies drained on another thread.
+    let sender = std::thread::spawn(move || {
+        for k in 0..2_000_000u64 {
+            let off = (k % 1024) * LEN as u64;
+            if writer
+                .queue(CMD_WRITE, 0, k, off, LEN as u32, &payload)
+                .and_then(|()| writer.flush())
+                .is_err()
+            {
+                return k;
+            }
+        }
+        u64::MAX
+    });
+    let drainer = std::thread::spawn(move || {
+        let mut shut = 0u64;
+        while let Ok((_, r)) = reader.recv(|_| 0) {
+            if r.is_err() {
+                shut += 1;
+            }
+        }
+        shut
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    srv.signal("TERM");
+    let st = srv.wait_exit(Duration::from_secs(60));
+    let sent = sender.join().unwrap();
+    let shut = drainer.join().unwrap();
+    let log = srv.log_text();
+    assert!(
+        st.is_some_and(|s| s.success()),
+        "server exit {st:?}:\n{log}"
+    );
+    assert!(sent != u64::MAX, "the connection was never ended");
+    assert!(
+        !log.contains("still busy after the shutdown grace time"),
+        "{log}"
+    );
+    eprintln!("{sent} requests sent, {shut} answered ESHUTDOWN");
+}
