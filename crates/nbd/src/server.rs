@@ -308,7 +308,9 @@ impl Server {
                 unlink: Some(p), ..
             } = &l
             {
-                unlink.push(p.clone());
+                // The socket file as bound: removed at the end only if the
+                // path still names it (see `remove_own_socket`).
+                unlink.push((p.clone(), file_identity(p)));
             }
             let what = l.describe();
             let registered = {
@@ -335,8 +337,8 @@ impl Server {
         }
         drop(live);
         self.wait_connections();
-        for p in unlink {
-            let _ = std::fs::remove_file(p);
+        for (p, bound) in unlink {
+            remove_own_socket(&p, bound);
         }
     }
 
@@ -777,5 +779,58 @@ async fn run_connection(inner: &Arc<Inner>, id: u64, stream: Stream) {
             }
             control.shutdown();
         }
+    }
+}
+
+/// A file's device and inode numbers (None if it cannot be stat'ed).
+fn file_identity(p: &std::path::Path) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::symlink_metadata(p)
+        .ok()
+        .map(|m| (m.dev(), m.ino()))
+}
+
+/// Removes the unix socket file at `p` if it is still the one this server
+/// bound (`bound`): a newer server that took the path over (after a
+/// restart, serving another image on the same `--socket`) keeps its
+/// socket. Before, the old server's shutdown removed it, and the new
+/// server went on running unreachable (session 25's interop pass).
+fn remove_own_socket(p: &std::path::Path, bound: Option<(u64, u64)>) {
+    match (bound, file_identity(p)) {
+        (Some(b), Some(now)) if b == now => {
+            let _ = std::fs::remove_file(p);
+        }
+        (_, None) => {}
+        _ => tracing::info!(
+            "{} now belongs to another socket (a newer server?): left in place",
+            p.display()
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A shutting-down server removes its socket file only while the path
+    /// still names the socket it bound; one a newer server bound there
+    /// stays (session 25's interop pass: the new server became
+    /// unreachable).
+    #[test]
+    fn only_the_socket_this_server_bound_is_removed() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("s.sock");
+        let ours = std::os::unix::net::UnixListener::bind(&p).unwrap();
+        let bound = file_identity(&p);
+        assert!(bound.is_some());
+        // A newer server took the path over.
+        std::fs::remove_file(&p).unwrap();
+        let theirs = std::os::unix::net::UnixListener::bind(&p).unwrap();
+        remove_own_socket(&p, bound);
+        assert!(p.exists(), "another server's socket was removed");
+        // Its own is removed.
+        remove_own_socket(&p, file_identity(&p));
+        assert!(!p.exists());
+        drop((ours, theirs));
     }
 }
