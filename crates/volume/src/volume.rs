@@ -520,7 +520,8 @@ fn short_journal_device(what: &str, held: u64, len_bytes: u64) -> VolumeError {
     VolumeError::Truncated(format!(
         "{what} holds {held} bytes, less than this volume's {len_bytes}-byte journal: the \
          wrong device, or it shrank (a loop device set up with a smaller --sizelimit, a \
-         shrunk logical volume)"
+         shrunk logical volume, an RBD image shrunk with `rbd resize --allow-shrink`: grow \
+         it back to {len_bytes} bytes)"
     ))
 }
 
