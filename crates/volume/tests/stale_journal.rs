@@ -330,25 +330,14 @@ fn opens_cut_short_at_every_write_twice_in_a_row_still_open() {
 #[test]
 fn a_journal_copy_older_than_what_the_checkpoint_wrote_home_is_refused() {
     let (home, jnl) = devices();
-    let o = OpenOptions {
-        checkpoint_interval: std::time::Duration::from_millis(5),
-        ..quiet_open_options()
-    };
-    let v = open_with(&home, &jnl, &o).unwrap();
+    let v = open_with(&home, &jnl, &fast_checkpoints()).unwrap();
     v.write_at(&[0xa1; BS as usize], 0, WriteFlags::FUA)
         .unwrap();
     let copy = jnl.durable_image();
     let before = v.stats().checkpoints;
     v.write_at(&[0xb2; BS as usize], 0, WriteFlags::FUA)
         .unwrap();
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-    while v.stats().checkpoints == before || v.stats().checkpoint_lag_transactions > 0 {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "no checkpoint within 20 s"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(5));
-    }
+    checkpointed_after(&v, before);
     let (home_now, jnl_now) = crashed(&home, &jnl);
     drop(v);
     // The live journal as it crashed recovers 0xb2.
@@ -470,16 +459,29 @@ fn a_copy_of_a_volume_does_not_replay_its_original_s_journal() {
     v.close().unwrap();
 }
 
-/// Waits (bounded) until the volume's checkpoint has written every
-/// committed transaction home and moved the journal's tail past them.
-fn checkpointed(v: &Volume) {
+/// Waits (bounded) until a checkpoint after the first `before` has run and
+/// every committed transaction is home, the journal's tail past them.
+fn checkpointed_after(v: &Volume, before: u64) {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-    while v.stats().checkpoint_lag_transactions > 0 || v.stats().checkpoints == 0 {
+    while v.stats().checkpoints <= before || v.stats().checkpoint_lag_transactions > 0 {
         assert!(
             std::time::Instant::now() < deadline,
             "no checkpoint within 20 s"
         );
         std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+}
+
+/// [`checkpointed_after`] the checkpoints so far.
+fn checkpointed(v: &Volume) {
+    checkpointed_after(v, v.stats().checkpoints.saturating_sub(1));
+}
+
+/// Quiet options whose checkpoint runs every 5 ms.
+fn fast_checkpoints() -> OpenOptions {
+    OpenOptions {
+        checkpoint_interval: std::time::Duration::from_millis(5),
+        ..quiet_open_options()
     }
 }
 
@@ -494,11 +496,30 @@ fn checkpointed(v: &Volume) {
 /// and the pair taken at one moment still opens.
 #[test]
 fn a_home_older_than_its_journal_is_refused_clean_or_not() {
-    let (home, jnl) = devices();
-    let o = OpenOptions {
-        checkpoint_interval: std::time::Duration::from_millis(5),
-        ..quiet_open_options()
-    };
+    // One power supply for both: the crash below stops them at one instant
+    // (the checkpoint runs every 5 ms, and two images taken one after the
+    // other could straddle one of its rounds).
+    let power = jbdev_device::fault::PowerDomain::new();
+    let home = Arc::new(FaultDevice::new_in_domain(
+        DATA + 4096,
+        SECTOR as u32,
+        power.clone(),
+    ));
+    let jnl = Arc::new(FaultDevice::new_in_domain(
+        JOURNAL,
+        SECTOR as u32,
+        power.clone(),
+    ));
+    let mut f = FormatOptions::new(DATA);
+    f.journal_bytes = Some(JOURNAL);
+    f.journal = jbdev_volume::JournalPlacement::External("/nonexistent/j".into());
+    Volume::format_device(
+        home.clone() as Arc<dyn BlockDevice>,
+        Some(jnl.clone() as Arc<dyn BlockDevice>),
+        &f,
+    )
+    .unwrap();
+    let o = fast_checkpoints();
     let v = open_with(&home, &jnl, &o).unwrap();
     v.write_at(&[0xa1; BS as usize], 0, WriteFlags::FUA)
         .unwrap();
@@ -511,6 +532,7 @@ fn a_home_older_than_its_journal_is_refused_clean_or_not() {
     checkpointed(&v);
     v.write_at(&[0xc3; BS as usize], 2 * BS, WriteFlags::FUA)
         .unwrap();
+    power.cut_power();
     let (home_now, jnl_now) = crashed(&home, &jnl);
     drop(v);
     let old_home = || {
