@@ -588,6 +588,10 @@ impl Drop for Image {
 /// SIGTERM took four of them, two minutes, before session 21).
 pub const CLOSE_WAIT: Duration = Duration::from_secs(5);
 
+/// How stale [`Health::confirmed`] lets its record of the last success be
+/// (a tenth of [`OWNERSHIP_CONFIRM_INTERVAL`]).
+const CONFIRM_GRANULARITY: Duration = Duration::from_millis(100);
+
 /// What the device learnt while open that makes later requests fail at
 /// once: the image was shrunk under it, or a request timed out. Shared
 /// with librbd's header-update callback ([`on_header_update`]).
@@ -644,7 +648,10 @@ impl Health {
         if !self.locked {
             return Ok(());
         }
-        if self.header_changed.swap(false, Ordering::AcqRel)
+        // A load first: every request comes here, and an unconditional
+        // swap would make them all write one shared cache line.
+        if self.header_changed.load(Ordering::Acquire)
+            && self.header_changed.swap(false, Ordering::AcqRel)
             && !self.lock_lost.load(Ordering::Acquire)
         {
             self.ask_lock_owner();
@@ -683,7 +690,13 @@ impl Health {
     /// A request succeeded on the cluster just now.
     fn confirmed(&self) {
         let now = self.opened.elapsed().as_nanos() as u64;
-        self.confirmed_ns.fetch_max(now, Ordering::AcqRel);
+        // Written at most every CONFIRM_GRANULARITY: every completion comes
+        // here, and the probe needs the time only to a fraction of
+        // OWNERSHIP_CONFIRM_INTERVAL, not a shared write per request.
+        let last = self.confirmed_ns.load(Ordering::Acquire);
+        if now.saturating_sub(last) >= CONFIRM_GRANULARITY.as_nanos() as u64 {
+            self.confirmed_ns.fetch_max(now, Ordering::AcqRel);
+        }
     }
 
     /// Whether a request succeeded within [`OWNERSHIP_CONFIRM_INTERVAL`].

@@ -472,11 +472,6 @@ fn checkpointed_after(v: &Volume, before: u64) {
     }
 }
 
-/// [`checkpointed_after`] the checkpoints so far.
-fn checkpointed(v: &Volume) {
-    checkpointed_after(v, v.stats().checkpoints.saturating_sub(1));
-}
-
 /// Quiet options whose checkpoint runs every 5 ms.
 fn fast_checkpoints() -> OpenOptions {
     OpenOptions {
@@ -500,36 +495,20 @@ fn a_home_older_than_its_journal_is_refused_clean_or_not() {
     // (the checkpoint runs every 5 ms, and two images taken one after the
     // other could straddle one of its rounds).
     let power = jbdev_device::fault::PowerDomain::new();
-    let home = Arc::new(FaultDevice::new_in_domain(
-        DATA + 4096,
-        SECTOR as u32,
-        power.clone(),
-    ));
-    let jnl = Arc::new(FaultDevice::new_in_domain(
-        JOURNAL,
-        SECTOR as u32,
-        power.clone(),
-    ));
-    let mut f = FormatOptions::new(DATA);
-    f.journal_bytes = Some(JOURNAL);
-    f.journal = jbdev_volume::JournalPlacement::External("/nonexistent/j".into());
-    Volume::format_device(
-        home.clone() as Arc<dyn BlockDevice>,
-        Some(jnl.clone() as Arc<dyn BlockDevice>),
-        &f,
-    )
-    .unwrap();
+    let (home, jnl) = common::external_journal_devices_in(DATA, JOURNAL, power.clone());
     let o = fast_checkpoints();
     let v = open_with(&home, &jnl, &o).unwrap();
+    let before = v.stats().checkpoints;
     v.write_at(&[0xa1; BS as usize], 0, WriteFlags::FUA)
         .unwrap();
-    checkpointed(&v);
+    checkpointed_after(&v, before);
     // The home alone, snapshotted with 0xa1 home: a later write is
     // acknowledged, checkpointed and dropped from the log.
     let home_snapshot = home.durable_image();
+    let before = v.stats().checkpoints;
     v.write_at(&[0xb2; BS as usize], BS, WriteFlags::FUA)
         .unwrap();
-    checkpointed(&v);
+    checkpointed_after(&v, before);
     v.write_at(&[0xc3; BS as usize], 2 * BS, WriteFlags::FUA)
         .unwrap();
     power.cut_power();
@@ -563,9 +542,10 @@ fn a_home_older_than_its_journal_is_refused_clean_or_not() {
     // tells, as the session stamps cannot.
     let (home, jnl) = devices();
     let v = open_with(&home, &jnl, &o).unwrap();
+    let before = v.stats().checkpoints;
     v.write_at(&[0xd4; BS as usize], 0, WriteFlags::FUA)
         .unwrap();
-    checkpointed(&v);
+    checkpointed_after(&v, before);
     let snapshot = home.durable_image();
     v.write_at(&[0xe5; BS as usize], BS, WriteFlags::FUA)
         .unwrap();

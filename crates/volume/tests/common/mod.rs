@@ -714,6 +714,33 @@ pub fn as_dev(d: &Arc<FaultDevice>) -> Arc<dyn BlockDevice> {
 pub fn external_journal_devices(data: u64, journal: u64) -> (Arc<FaultDevice>, Arc<FaultDevice>) {
     let home = Arc::new(FaultDevice::new(data + 4096, SECTOR as u32));
     let jnl = Arc::new(FaultDevice::new(journal, SECTOR as u32));
+    format_external(data, journal, home, jnl)
+}
+
+/// [`external_journal_devices`] on one power supply (`power`): a power cut
+/// stops both at the same instant.
+pub fn external_journal_devices_in(
+    data: u64,
+    journal: u64,
+    power: Arc<jbdev_device::fault::PowerDomain>,
+) -> (Arc<FaultDevice>, Arc<FaultDevice>) {
+    let home = Arc::new(FaultDevice::new_in_domain(
+        data + 4096,
+        SECTOR as u32,
+        power.clone(),
+    ));
+    let jnl = Arc::new(FaultDevice::new_in_domain(journal, SECTOR as u32, power));
+    format_external(data, journal, home, jnl)
+}
+
+/// Formats a volume of `data` bytes on `home` with its `journal`-byte
+/// journal on `jnl`.
+fn format_external(
+    data: u64,
+    journal: u64,
+    home: Arc<FaultDevice>,
+    jnl: Arc<FaultDevice>,
+) -> (Arc<FaultDevice>, Arc<FaultDevice>) {
     let mut f = FormatOptions::new(data);
     f.journal_bytes = Some(journal);
     f.journal = jbdev_volume::JournalPlacement::External("/nonexistent/j".into());
