@@ -389,11 +389,16 @@ pub fn run_plans(
         if cfg.quick { ", quick" } else { "" }
     )?;
     let mut failures = Vec::new();
+    // Whether every failure so far refused a flag's value (a backing or
+    // `--device` too small, a region that does not fit the volume): the
+    // run then fails as a usage error, as `plans` refusals do.
+    let mut usage_only = true;
     'backings: for kind in &kinds {
         let b = match Backing::setup(kind, &bcfg) {
             Ok(b) => b,
             Err(BenchError::Interrupted) => return Err(BenchError::Interrupted),
             Err(e) => {
+                usage_only &= matches!(e, BenchError::InvalidArgument(_));
                 failures.push(format!("backing {}: {e}", kind.name()));
                 continue;
             }
@@ -403,6 +408,7 @@ pub fn run_plans(
             b.size_bytes,
             common.journal_size,
         ) {
+            usage_only &= matches!(e, BenchError::InvalidArgument(_));
             failures.push(format!("backing {}: {e}", kind.name()));
             continue;
         }
@@ -434,6 +440,7 @@ pub fn run_plans(
                 match res {
                     Ok(mut rep) => {
                         if let Some(e) = finish_scenario(&mut rep, plan, &b, common, out)? {
+                            usage_only = false;
                             failures.push(format!(
                                 "plots of {} on {}: {e}",
                                 plan.name(),
@@ -447,6 +454,7 @@ pub fn run_plans(
                         return Err(BenchError::Interrupted);
                     }
                     Err(e) => {
+                        usage_only &= matches!(e, BenchError::InvalidArgument(_));
                         let msg = format!("{} on {}: {e}", plan.name(), kind.name());
                         outln!(to out, "\n=== {msg}")?;
                         failures.push(msg);
@@ -496,11 +504,12 @@ pub fn run_plans(
         outln!(to out, "plots: {}", common.plot_dir.display())?;
     }
     if !failures.is_empty() {
-        return Err(BenchError::Setup(format!(
-            "{} failed: {}",
-            failures.len(),
-            failures.join("; ")
-        )));
+        let what = format!("{} failed: {}", failures.len(), failures.join("; "));
+        return Err(if usage_only {
+            BenchError::InvalidArgument(what)
+        } else {
+            BenchError::Setup(what)
+        });
     }
     Ok(report)
 }

@@ -845,7 +845,7 @@ fn rbd_lock_holder(_path: &std::path::Path) -> Option<String> {
 /// plain buffered reads of the two superblocks, never a write.
 mod in_use {
     use std::fs::File;
-    use std::os::unix::fs::{FileExt, MetadataExt};
+    use std::os::unix::fs::FileExt;
     use std::path::{Path, PathBuf};
 
     use anyhow::Context;
@@ -907,44 +907,11 @@ mod in_use {
         })
     }
 
-    /// "held by pid N (command line)" from /proc/locks (flock on image
+    /// "held by pid N: command line" from /proc/locks (flock on image
     /// files); block devices opened with O_EXCL leave no trace there.
     fn holder(path: &Path) -> String {
-        let unknown = "held by another process".to_string();
-        let Ok(meta) = std::fs::metadata(path) else {
-            return unknown;
-        };
-        let (dev, ino) = (meta.dev(), meta.ino());
-        // dev_t to major:minor, as glibc's gnu_dev_major/minor.
-        let major = ((dev >> 8) & 0xfff) | ((dev >> 32) & !0xfff);
-        let minor = (dev & 0xff) | ((dev >> 12) & !0xff);
-        let want = format!("{major:02x}:{minor:02x}:{ino}");
-        let locks = std::fs::read_to_string("/proc/locks").unwrap_or_default();
-        let pid = locks.lines().find_map(|l| {
-            let f: Vec<&str> = l.split_whitespace().collect();
-            // "1: FLOCK ADVISORY WRITE 1234 08:01:5678 0 EOF"
-            (f.get(1) == Some(&"FLOCK") && f.get(5) == Some(&want.as_str()))
-                .then(|| f.get(4).map(|p| p.to_string()))
-                .flatten()
-        });
-        match pid {
-            Some(pid) => {
-                let cmd = std::fs::read(format!("/proc/{pid}/cmdline"))
-                    .map(|c| {
-                        String::from_utf8_lossy(&c)
-                            .replace('\0', " ")
-                            .trim()
-                            .to_string()
-                    })
-                    .unwrap_or_default();
-                if cmd.is_empty() {
-                    format!("held by pid {pid}")
-                } else {
-                    format!("held by pid {pid}: {cmd}")
-                }
-            }
-            None => unknown,
-        }
+        jbdev_device::open::flock_holder_of(path)
+            .unwrap_or_else(|| "held by another process".to_string())
     }
 }
 

@@ -52,12 +52,17 @@ fn rbd_sync_writers(target: &str, _s: &jbdev_bench::cli::SyncWritersArgs) -> any
 }
 
 /// A bench error, with a failed write to stdout as the [`StdoutError`] that
-/// `main` looks for (a closed pipe ends the command quietly, exit 141).
+/// `main` looks for (a closed pipe ends the command quietly, exit 141) and
+/// an invalid argument as a usage error (exit 64).
 ///
 /// [`StdoutError`]: jbdev_device::stdout::StdoutError
 fn stdout_error(e: BenchError) -> anyhow::Error {
     match e {
         BenchError::Stdout(s) => s.into(),
+        // Refusals of the flags that need the run's context to judge (a
+        // backing too small for the journal, a stream that does not fit
+        // the volume) are usage errors too: exit 64, like `plans`' ones.
+        BenchError::InvalidArgument(m) => anyhow::Error::new(crate::UsageError(m)),
         e => e.into(),
     }
 }

@@ -107,14 +107,24 @@ fn main() {
         Ok(c) => c,
         Err(e) => {
             use clap::error::ErrorKind;
-            let code = match e.kind() {
-                ErrorKind::DisplayHelp | ErrorKind::DisplayVersion => e.exit_code(),
-                _ => EXIT_USAGE,
-            };
-            // clap writes help to stdout and errors to stderr; a failure to
-            // write them changes nothing about the exit status.
-            let _ = e.print();
-            std::process::exit(code);
+            let asked = matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion);
+            // clap writes help to stdout and errors to stderr. Help that
+            // could not be written (a full disk, a closed pipe) is a failed
+            // command, as any other output that fails; a usage error stays
+            // one whether or not its message got out.
+            let printed = e
+                .print()
+                .and_then(|()| std::io::Write::flush(&mut std::io::stdout()));
+            match printed {
+                Err(w) if asked && w.kind() == std::io::ErrorKind::BrokenPipe => {
+                    std::process::exit(EXIT_BROKEN_PIPE)
+                }
+                Err(w) if asked => {
+                    eprintln!("jbdev: error: writing to stdout: {w}");
+                    std::process::exit(1)
+                }
+                _ => std::process::exit(if asked { e.exit_code() } else { EXIT_USAGE }),
+            }
         }
     };
     if !matches!(cli.command, Command::Serve(_) | Command::Bench(_)) {

@@ -244,15 +244,40 @@ fn a_backing_or_journal_too_small_is_named_as_given() {
     let args = ONE_SHORT_RUN;
     let bench =
         |extra: &[&str]| sync_writers_on(&scratch, &[&args[..], &["--no-plots"], extra].concat());
-    fails_saying(
-        &bench(&[]),
-        &format!(
+    // A usage error (exit 64), as every refusal of a flag's value is.
+    let o = bench(&[]);
+    assert_eq!(o.status.code(), Some(64), "{}", text(&o));
+    assert!(
+        text(&o).contains(&format!(
             "{} (8388608 bytes) is too small: the volume under test needs room beside its \
              67108864-byte journal and the 33554432-byte area of the kernel baselines; give \
              at least 98 MiB",
             scratch.display()
-        ),
+        )),
+        "{}",
+        text(&o)
     );
+    // The same for a backing the bench makes (it exited 1 once).
+    let o = Command::new(env!("CARGO_BIN_EXE_jbdev"))
+        .args([
+            "bench",
+            "sync-writers",
+            "--backing",
+            "ram",
+            "--backing-size",
+            "8M",
+        ])
+        .args(["--no-plots", "--no-progress"])
+        .output()
+        .unwrap();
+    if !text(&o).contains("need root and loop devices") {
+        assert_eq!(o.status.code(), Some(64), "{}", text(&o));
+        assert!(
+            text(&o).contains("--backing-size 8388608 is too small"),
+            "{}",
+            text(&o)
+        );
+    }
     let f = std::fs::OpenOptions::new()
         .write(true)
         .open(&scratch)

@@ -469,6 +469,18 @@ fn a_volume_is_not_opened_twice() {
     let o = jbdev(&["check", p]);
     assert_clean_error(&o, "check while open read-write elsewhere");
     assert!(text(&o).contains("already open"), "{}", text(&o));
+    // Naming the holder, as `info` does (it did not: s25 docs pass).
+    let me = format!("held by pid {}: ", std::process::id());
+    assert!(text(&o).contains(&me), "{}", text(&o));
+    let o = jbdev(&["journal", "reset", p, "--force"]);
+    assert_clean_error(&o, "reset while open read-write elsewhere");
+    assert!(text(&o).contains(&me), "{}", text(&o));
+    // A second open in this same process says that it is ours.
+    let again = jbdev_volume::Volume::open(&img, &jbdev_volume::OpenOptions::default())
+        .err()
+        .expect("a second open is refused")
+        .to_string();
+    assert!(again.contains("held by this process"), "{again}");
     let o = jbdev(&["info", p]);
     assert!(o.status.success(), "{}", text(&o));
     assert!(text(&o).contains("OPEN ELSEWHERE"), "{}", text(&o));
@@ -982,7 +994,8 @@ fn format_with_stdout_closed_does_its_work_quietly() {
     assert!(jbdev(&["check", img.to_str().unwrap()]).status.success());
 }
 
-/// Report #5: a stdout that fails (`>/dev/full`) is a clean error, exit 1.
+/// Report #5: a stdout that fails (`>/dev/full`) is a clean error, exit 1,
+/// also for help and the version asked for.
 #[test]
 fn a_failing_stdout_is_a_clean_error() {
     let dir = tempfile::tempdir().unwrap();
@@ -996,6 +1009,10 @@ fn a_failing_stdout_is_a_clean_error() {
         &["info", p][..],
         &["journal", "dump", "--all", p][..],
         &["format", fresh.to_str().unwrap(), "--size", "4M"][..],
+        // Help and version asked for: they exited 0 with nothing written.
+        &["--help"][..],
+        &["grow", "--help"][..],
+        &["--version"][..],
     ] {
         let full = std::fs::OpenOptions::new()
             .write(true)

@@ -499,8 +499,9 @@ fn flock_file(file: &File, path: &Path, read_only: bool, held: impl Fn() -> Stri
         let (Some(holders), Some((ma, mi, ino))) = (holders, id) else {
             return Err(DeviceError::Busy(held()));
         };
-        if holders.iter().any(|&pid| crate::open::pid_alive(pid)) {
-            return Err(DeviceError::Busy(held()));
+        if let Some(&pid) = holders.iter().find(|&&pid| crate::open::pid_alive(pid)) {
+            let who = crate::open::describe_holder(pid);
+            return Err(DeviceError::Busy(with_note(held(), &who)));
         }
         if deadline.is_none() {
             // Listed holders all dead, but a live process has the file open:

@@ -280,6 +280,38 @@ pub(crate) fn live_openers_of(major: u64, minor: u64, ino: u64, max: usize) -> V
     out
 }
 
+/// "held by pid N: its command line" for the first live holder of a flock
+/// on the file at `path` (`/proc/locks`), "held by this process" when that
+/// is us, or None when no live holder is listed (a block device opened
+/// with `O_EXCL` leaves no trace there).
+pub fn flock_holder_of(path: &Path) -> Option<String> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(path).ok()?;
+    let pids = flock_holders_of(dev_major(m.dev()), dev_minor(m.dev()), m.ino())?;
+    let pid = pids.into_iter().find(|&p| pid_alive(p))?;
+    Some(describe_holder(pid))
+}
+
+/// "held by pid N: its command line" ("held by this process" for our own).
+pub(crate) fn describe_holder(pid: i64) -> String {
+    if pid == i64::from(std::process::id()) {
+        return "held by this process".to_string();
+    }
+    let cmd = std::fs::read(format!("/proc/{pid}/cmdline"))
+        .map(|c| {
+            String::from_utf8_lossy(&c)
+                .replace('\0', " ")
+                .trim()
+                .to_string()
+        })
+        .unwrap_or_default();
+    if cmd.is_empty() {
+        format!("held by pid {pid}")
+    } else {
+        format!("held by pid {pid}: {cmd}")
+    }
+}
+
 /// The glibc/Linux encoding of `dev_t`.
 pub(crate) fn dev_major(dev: u64) -> u64 {
     ((dev >> 32) & 0xffff_f000) | ((dev >> 8) & 0xfff)
