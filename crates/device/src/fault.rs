@@ -252,6 +252,8 @@ struct State {
     next_write_id: u64,
     /// [`FaultDevice::set_taken_over`]: ownership probes fail with this errno.
     taken_over: Option<i32>,
+    /// The last [`BlockDevice::set_bytes_in_use`] (for tests to check).
+    bytes_in_use: Option<u64>,
 }
 
 impl State {
@@ -359,6 +361,7 @@ impl FaultDevice {
                 unreaped: std::collections::BTreeMap::new(),
                 next_write_id: 0,
                 taken_over: None,
+                bytes_in_use: None,
             }),
             power,
             sector_size,
@@ -447,6 +450,12 @@ impl FaultDevice {
     /// a test sees what the volume does with the probe's answer alone.
     pub fn set_taken_over(&self, errno: Option<i32>) {
         self.state.lock().taken_over = errno;
+    }
+
+    /// What the device's user last said it touches
+    /// ([`BlockDevice::set_bytes_in_use`]), if anything.
+    pub fn bytes_in_use(&self) -> Option<u64> {
+        self.state.lock().bytes_in_use
     }
 
     /// Makes every read touching `[offset, offset + len)` fail (a bad range).
@@ -698,6 +707,10 @@ impl BlockDevice for FaultDevice {
 
     fn ownership_probe_due(&self) -> bool {
         self.state.lock().taken_over.is_some()
+    }
+
+    fn set_bytes_in_use(&self, bytes: u64) {
+        self.state.lock().bytes_in_use = Some(bytes);
     }
 
     fn confirm_ownership(&self) -> Result<()> {

@@ -126,6 +126,13 @@ pub trait BlockDevice: Send + Sync {
         None
     }
 
+    /// Tells the device that its user touches only its first `bytes` bytes
+    /// (a volume: its superblock, journal and data area). A device that
+    /// watches for its storage being shrunk under it (RBD) fails only a
+    /// shrink below this, not one that took back space the user never
+    /// uses. Other devices: nothing to do.
+    fn set_bytes_in_use(&self, _bytes: u64) {}
+
     /// For storage another client can take over while this one is open (an
     /// RBD image, whose exclusive lock can be broken: the old holder is
     /// then blocklisted), confirms that this client still has it. The

@@ -600,9 +600,11 @@ struct Health {
     name: String,
     /// `POOL/IMAGE`, as the `rbd` tool names it.
     spec: String,
-    /// The image's size when it was opened: the size the volume on it was
-    /// laid out for.
+    /// The image's size when it was opened.
     open_size: u64,
+    /// The bytes its user touches ([`BlockDevice::set_bytes_in_use`]; the
+    /// open size until told): a shrink below this fails the device.
+    in_use: AtomicU64,
     /// The smaller size the image was found at (`u64::MAX`: never).
     shrunk_to: AtomicU64,
     /// A request failed with `ETIMEDOUT` (`rados_osd_op_timeout`).
@@ -720,7 +722,7 @@ impl Health {
         if r < 0 {
             return Err(rbd_err("rbd_get_size", &self.name, r));
         }
-        if size < self.open_size {
+        if size < self.in_use.load(Ordering::Acquire) {
             if self
                 .shrunk_to
                 .compare_exchange(u64::MAX, size, Ordering::AcqRel, Ordering::Acquire)
@@ -748,12 +750,13 @@ impl Health {
 
     fn shrink_text(&self, to: u64) -> String {
         let from = self.open_size;
+        let used = self.in_use.load(Ordering::Acquire).min(from);
         format!(
             "the image was shrunk from {from} to {to} bytes by another client (rbd resize \
-             --allow-shrink) while it was open: every write to it is refused from then on, and \
-             reads past byte {to} fail; whatever had reached bytes {to}..{from} was deleted \
-             with the shrink. Grow it back (rbd resize --size {from}B {}) and reopen it: the \
-             journal replays what it still holds",
+             --allow-shrink) while it was open, below the {used} bytes in use: every write to \
+             it is refused from then on, and reads past byte {to} fail; whatever had reached \
+             bytes {to}..{used} was deleted with the shrink. Grow it back (rbd resize --size \
+             {from}B {}) and reopen it: the journal replays what it still holds",
             self.spec
         )
     }
@@ -960,6 +963,7 @@ impl RbdDevice {
             name: name.clone(),
             spec: format!("{}/{}", target.pool, target.image),
             open_size: size,
+            in_use: AtomicU64::new(size),
             shrunk_to: AtomicU64::new(u64::MAX),
             timed_out: AtomicBool::new(false),
             op_timeout: conf_get(&cluster, "rados_osd_op_timeout").unwrap_or_else(|| "?".into()),
@@ -1712,6 +1716,12 @@ impl BlockDevice for RbdDevice {
         }
         self.health.confirmed();
         Ok(())
+    }
+
+    fn set_bytes_in_use(&self, bytes: u64) {
+        self.health
+            .in_use
+            .store(bytes.min(self.health.open_size), Ordering::Release);
     }
 
     fn ownership_probe_due(&self) -> bool {

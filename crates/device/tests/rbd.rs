@@ -705,6 +705,54 @@ fn a_shrunk_image_refuses_writes_and_names_the_cause() {
     }
 }
 
+/// s25 RBD pass #5: a shrink that leaves every byte the device's user
+/// touches ([`BlockDevice::set_bytes_in_use`]) takes back only unused
+/// space, and the device goes on; one below it fails as before, naming the
+/// bytes in use. (Fails on the old code: the first shrink, to a size still
+/// above everything the volume uses, failed every later write.)
+#[test]
+fn a_shrink_of_unused_space_is_not_a_failure() {
+    let Some(conf) = cluster() else { return };
+    let img = test_cluster::unique_image("shrinkunused");
+    let t = test_cluster::target(&conf, &img);
+    let dev = open_device(t.as_ref(), &create_opts()).unwrap().device;
+    let in_use: u64 = 4 << 20;
+    assert!(dev.size_bytes() > 6 << 20);
+    dev.set_bytes_in_use(in_use);
+    dev.write_at(&[5u8; 4096], in_use - 4096, IoPriority::Urgent)
+        .unwrap();
+    dev.flush().unwrap();
+    let resize = |size: &str| {
+        rbd_tool(
+            &conf,
+            &[
+                "resize",
+                "--allow-shrink",
+                "--size",
+                size,
+                &format!("rbd/{img}"),
+            ],
+        )
+    };
+    resize("6M");
+    dev.write_at(&[6u8; 4096], in_use - 4096, IoPriority::Urgent)
+        .unwrap();
+    dev.flush().unwrap();
+    let mut buf = vec![0u8; 4096];
+    dev.read_at(&mut buf, in_use - 4096).unwrap();
+    assert_eq!(buf, vec![6u8; 4096]);
+    resize("2M");
+    let e = dev
+        .write_at(&[7u8; 4096], 0, IoPriority::Urgent)
+        .and_then(|()| dev.flush())
+        .expect_err("a write after a shrink below the bytes in use");
+    let msg = e.to_string();
+    assert!(
+        msg.contains("shrunk") && msg.contains(&format!("below the {in_use} bytes in use")),
+        "{msg}"
+    );
+}
+
 /// Session 21, defect 2: once a request has timed out
 /// (`rados_osd_op_timeout`) the cluster is not answering, and every later
 /// write or flush fails at once, saying so, instead of waiting out the

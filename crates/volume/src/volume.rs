@@ -1765,6 +1765,15 @@ impl Volume {
                 ))
             }
         };
+        // What the volume touches: an RBD device then fails a shrink below
+        // it, not one that took back space past it (s25 RBD pass #5).
+        let home_end = sb.data_offset_bytes.saturating_add(sb.size_bytes);
+        if Arc::ptr_eq(&jdev, &dev) {
+            dev.set_bytes_in_use(home_end.max(joff.saturating_add(jlen)));
+        } else {
+            dev.set_bytes_in_use(home_end);
+            jdev.set_bytes_in_use(joff.saturating_add(jlen));
+        }
         let region = JournalRegion::new(jdev, jflusher, joff, bs, (jlen / u64::from(bs)) as u32)?;
         let scan = recovery::scan(&region, &mut |_| {})?;
         if scan.superblock.uuid != sb.journal_uuid() {

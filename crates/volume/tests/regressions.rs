@@ -1122,3 +1122,33 @@ fn a_read_from_memory_fails_once_the_device_says_it_was_taken_over() {
         "{w:?}"
     );
 }
+
+/// s25 RBD pass #5: an RBD image grown past the volume and shrunk back by
+/// another client while served made the server fail-stop, though the
+/// shrink took back only space the volume never uses (the device compared
+/// with its size at open). The volume now tells each device the bytes it
+/// touches: the home its superblock, journal and data area, an external
+/// journal device its journal. (Fails on the old code: nothing was told.)
+#[test]
+fn an_open_tells_each_device_the_bytes_it_uses() {
+    let dev = fault_volume();
+    assert!(dev.size_bytes() > DATA_OFF + DATA, "the device has slack");
+    let vol = Volume::open_device(dev.clone(), None, &quiet()).unwrap();
+    assert_eq!(dev.bytes_in_use(), Some(DATA_OFF + DATA));
+    vol.close().unwrap();
+
+    let (home, jnl) = common::external_journal_devices(DATA, JOURNAL + 8 * BS);
+    let vol = Volume::open_device(
+        home.clone(),
+        Some(jnl.clone() as Arc<dyn BlockDevice>),
+        &quiet(),
+    )
+    .unwrap();
+    let home_in_use = home.bytes_in_use().expect("the home was told");
+    assert!(
+        home_in_use >= DATA && home_in_use <= home.size_bytes(),
+        "{home_in_use}"
+    );
+    assert_eq!(jnl.bytes_in_use(), Some(JOURNAL + 8 * BS));
+    vol.close().unwrap();
+}
