@@ -705,7 +705,7 @@ impl BlockDevice for FaultDevice {
         self.size_bytes
     }
 
-    fn ownership_probe_due(&self) -> bool {
+    fn ownership_probe_due(&self, _since: std::time::Instant) -> bool {
         self.state.lock().taken_over.is_some()
     }
 
@@ -713,7 +713,7 @@ impl BlockDevice for FaultDevice {
         self.state.lock().bytes_in_use = Some(bytes);
     }
 
-    fn confirm_ownership(&self) -> Result<()> {
+    fn confirm_ownership(&self, _since: std::time::Instant) -> Result<()> {
         match self.state.lock().taken_over {
             Some(errno) => Err(DeviceError::io(
                 "ownership probe",

@@ -67,15 +67,6 @@ use std::io::{IoSlice, IoSliceMut};
 /// this are aligned for every device.
 pub const MAX_ALIGN: usize = 4096;
 
-/// How old the last successful request of a device another client can
-/// take over may be before [`BlockDevice::confirm_ownership`] sends a read
-/// to confirm the device is still this client's. Far below the time a
-/// holder must have been silent before `--break-lock` takes its lock
-/// (`osd_client_watch_timeout`, 30 s by default), so a server paused or cut
-/// off long enough to lose its lock answers no read from memory after it
-/// resumes.
-pub const OWNERSHIP_CONFIRM_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
-
 /// Who waits for a write: decides its I/O priority, so background writeback
 /// never starves reads or writes somebody is waiting for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
@@ -135,20 +126,23 @@ pub trait BlockDevice: Send + Sync {
 
     /// For storage another client can take over while this one is open (an
     /// RBD image, whose exclusive lock can be broken: the old holder is
-    /// then blocklisted), confirms that this client still has it. The
-    /// volume asks before every read, because it answers some reads from
-    /// memory, and once the storage was taken over those answers would be
-    /// stale. Ok at once when a request of this client succeeded on the
-    /// storage within [`OWNERSHIP_CONFIRM_INTERVAL`]; otherwise the device
-    /// sends one small read and returns its failure (`ESHUTDOWN` for a
-    /// blocklisted RBD client). Other devices: always Ok.
-    fn confirm_ownership(&self) -> Result<()> {
+    /// then blocklisted), confirms that this client still had it at some
+    /// instant at or after `since`. The volume asks before it answers a
+    /// read that arrived at `since`, because it answers some reads from
+    /// memory, and once the storage was taken over (another client may
+    /// have written it) those answers would be stale. Ok at once when a
+    /// request of this client submitted at or after `since` succeeded on
+    /// the storage; otherwise the device sends one small read and returns
+    /// its failure (`ESHUTDOWN` for a blocklisted RBD client). Concurrent
+    /// callers share a probe submitted after all their `since`. Other
+    /// devices: always Ok.
+    fn confirm_ownership(&self, _since: std::time::Instant) -> Result<()> {
         Ok(())
     }
 
     /// Whether [`BlockDevice::confirm_ownership`] would send a probe now
     /// (and so block), for a caller that must not block.
-    fn ownership_probe_due(&self) -> bool {
+    fn ownership_probe_due(&self, _since: std::time::Instant) -> bool {
         false
     }
 

@@ -49,7 +49,7 @@ use std::time::{Duration, Instant};
 
 use crate::{
     check_request, iov_len, iov_len_mut, BlockDevice, DeviceError, Extent, IoPriority, IoQueue,
-    Result, WriteReq, OWNERSHIP_CONFIRM_INTERVAL,
+    Result, WriteReq,
 };
 
 #[allow(non_camel_case_types)]
@@ -588,10 +588,6 @@ impl Drop for Image {
 /// SIGTERM took four of them, two minutes, before session 21).
 pub const CLOSE_WAIT: Duration = Duration::from_secs(5);
 
-/// How stale [`Health::confirmed`] lets its record of the last success be
-/// (a tenth of [`OWNERSHIP_CONFIRM_INTERVAL`]).
-const CONFIRM_GRANULARITY: Duration = Duration::from_millis(100);
-
 /// What the device learnt while open that makes later requests fail at
 /// once: the image was shrunk under it, or a request timed out. Shared
 /// with librbd's header-update callback ([`on_header_update`]).
@@ -611,13 +607,17 @@ struct Health {
     timed_out: AtomicBool,
     /// That timeout, as librados prints it (for messages).
     op_timeout: String,
-    /// When the device was opened: the origin of `confirmed_ns`.
+    /// When the device was opened: the origin of `proof_ns`.
     opened: Instant,
-    /// Nanoseconds after `opened` when a request last succeeded on the
-    /// cluster: proof, as of then, that this client was not blocklisted
-    /// ([`BlockDevice::confirm_ownership`]).
-    confirmed_ns: AtomicU64,
-    /// One ownership probe at a time; the others wait for its answer.
+    /// Nanoseconds after `opened` when the newest request known to have
+    /// succeeded on the cluster was submitted: proof that this client was
+    /// not blocklisted then, since the OSDs refuse every request they
+    /// process after a blocklisting ([`BlockDevice::confirm_ownership`]).
+    /// The submission, not the completion: a request submitted before a
+    /// blocklisting may complete after it.
+    proof_ns: AtomicU64,
+    /// One ownership probe at a time; the others wait for its answer, and
+    /// those that asked after it was sent send the next.
     probing: std::sync::Mutex<()>,
     /// This client took the image's exclusive lock at open.
     locked: bool,
@@ -690,22 +690,24 @@ impl Health {
     }
 
     /// A request succeeded on the cluster just now.
-    fn confirmed(&self) {
-        let now = self.opened.elapsed().as_nanos() as u64;
-        // Written at most every CONFIRM_GRANULARITY: every completion comes
-        // here, and the probe needs the time only to a fraction of
-        // OWNERSHIP_CONFIRM_INTERVAL, not a shared write per request.
-        let last = self.confirmed_ns.load(Ordering::Acquire);
-        if now.saturating_sub(last) >= CONFIRM_GRANULARITY.as_nanos() as u64 {
-            self.confirmed_ns.fetch_max(now, Ordering::AcqRel);
+    /// Now, in nanoseconds after `opened`: a request's submission time.
+    fn now_ns(&self) -> u64 {
+        self.opened.elapsed().as_nanos() as u64
+    }
+
+    /// Records that a request submitted at `submitted_ns` succeeded. A
+    /// load first: a store only when it is newer than the record, not a
+    /// shared read-modify-write per completion.
+    fn confirmed(&self, submitted_ns: u64) {
+        if submitted_ns > self.proof_ns.load(Ordering::Acquire) {
+            self.proof_ns.fetch_max(submitted_ns, Ordering::AcqRel);
         }
     }
 
-    /// Whether a request succeeded within [`OWNERSHIP_CONFIRM_INTERVAL`].
-    fn recently_confirmed(&self) -> bool {
-        let now = self.opened.elapsed().as_nanos() as u64;
-        now.saturating_sub(self.confirmed_ns.load(Ordering::Acquire))
-            < OWNERSHIP_CONFIRM_INTERVAL.as_nanos() as u64
+    /// Whether a request submitted at or after `since` has succeeded.
+    fn proven_since(&self, since: Instant) -> bool {
+        let since_ns = since.saturating_duration_since(self.opened).as_nanos() as u64;
+        self.proof_ns.load(Ordering::Acquire) >= since_ns
     }
 
     /// The image's size now (librbd refreshes its header first if another
@@ -968,13 +970,13 @@ impl RbdDevice {
             timed_out: AtomicBool::new(false),
             op_timeout: conf_get(&cluster, "rados_osd_op_timeout").unwrap_or_else(|| "?".into()),
             opened: Instant::now(),
-            confirmed_ns: AtomicU64::new(0),
+            // The open took the lock before `opened`: proof as of then.
+            proof_ns: AtomicU64::new(0),
             probing: std::sync::Mutex::new(()),
             locked,
             header_changed: AtomicBool::new(false),
             lock_lost: AtomicBool::new(false),
         });
-        health.confirmed();
         let mut handle = 0u64;
         // SAFETY: an open image; the callback's argument is the Health
         // this device keeps (an Arc) until the watch is removed in its
@@ -1066,19 +1068,21 @@ impl RbdDevice {
             return Ok(());
         }
         let mut c = Completion::new(&self.name)?;
+        let sent = self.health.now_ns();
         self.submit_write(&mut c, bufs, offset)?;
-        self.done("rbd write", c.wait("rbd write", &self.name))
+        self.done("rbd write", sent, c.wait("rbd write", &self.name))
             .map(drop)
     }
 
     fn flush_wait(&self) -> Result<()> {
         self.health.check_mutation("rbd flush")?;
         let mut c = Completion::new(&self.name)?;
+        let sent = self.health.now_ns();
         // SAFETY: an open image and a fresh completion.
         let r = unsafe { ffi::rbd_aio_flush(self.image.0, c.c) };
         c.submitted("rbd_aio_flush", &self.name, r)?;
         let r = c.wait("rbd flush", &self.name);
-        r.map(|_| self.health.confirmed())
+        r.map(|_| self.health.confirmed(sent))
             .map_err(|e| self.health.failed("rbd flush", e))
     }
 
@@ -1086,11 +1090,11 @@ impl RbdDevice {
     /// ([`Health::failed`]), and a success is checked against a shrink of
     /// the image (librbd clips a write that crosses the image's new end to
     /// the part below it and reports success: none of it may count as
-    /// written).
-    fn done(&self, op: &'static str, r: Result<u64>) -> Result<u64> {
+    /// written). `sent`: when it was submitted ([`Health::now_ns`]).
+    fn done(&self, op: &'static str, sent: u64, r: Result<u64>) -> Result<u64> {
         match r {
             Ok(n) => {
-                self.health.confirmed();
+                self.health.confirmed(sent);
                 self.health.poll_size(op).map(|()| n)
             }
             Err(e) => Err(self.health.failed(op, e)),
@@ -1697,6 +1701,7 @@ impl BlockDevice for RbdDevice {
             return Ok(());
         }
         let mut c = Completion::new(&self.name)?;
+        let sent = self.health.now_ns();
         // IoSliceMut is ABI-compatible with struct iovec on Unix.
         let iov = bufs.as_ptr().cast::<libc::iovec>();
         // SAFETY: `bufs` stays mutably borrowed until the completion is
@@ -1714,7 +1719,7 @@ impl BlockDevice for RbdDevice {
             );
             return Err(self.health.failed("rbd read", short));
         }
-        self.health.confirmed();
+        self.health.confirmed(sent);
         Ok(())
     }
 
@@ -1724,24 +1729,31 @@ impl BlockDevice for RbdDevice {
             .store(bytes.min(self.health.open_size), Ordering::Release);
     }
 
-    fn ownership_probe_due(&self) -> bool {
+    fn ownership_probe_due(&self, since: Instant) -> bool {
         self.locked
-            && (!self.health.recently_confirmed()
+            && (!self.health.proven_since(since)
                 || self.health.header_changed.load(Ordering::Acquire)
                 || self.health.lock_lost.load(Ordering::Acquire))
     }
 
-    fn confirm_ownership(&self) -> Result<()> {
+    fn confirm_ownership(&self, since: Instant) -> Result<()> {
         self.health.check_lock("ownership probe")?;
-        if !self.locked || self.health.recently_confirmed() {
+        if !self.locked || self.health.proven_since(since) {
             return Ok(());
         }
+        // Callers that asked before the probe in flight was sent share its
+        // answer; the rest send the next one. A blocklisting can take
+        // effect at any instant, and another client may take the lock and
+        // write at once (an operator's `ceph osd blocklist add` drops the
+        // watch, so nobody waits the watch timeout: session 26's pass saw
+        // another holder's write acknowledged 0.17 s later), so only a
+        // request sent after the read arrived can vouch for the memory.
         let _one = self
             .health
             .probing
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if self.health.recently_confirmed() {
+        if self.health.proven_since(since) {
             return Ok(());
         }
         if self.health.timed_out.load(Ordering::Acquire) {
@@ -1793,6 +1805,7 @@ impl BlockDevice for RbdDevice {
         }
         let mut comps = Vec::with_capacity(short.len());
         let mut first_err = None;
+        let sent = self.health.now_ns();
         for r in &short {
             let mut c = Completion::new(&self.name)?;
             match self.submit_write(&mut c, r.bufs, r.offset) {
@@ -1805,7 +1818,7 @@ impl BlockDevice for RbdDevice {
         }
         // Every submitted request is waited for, error or not.
         for c in &mut comps {
-            if let Err(e) = self.done("rbd write", c.wait("rbd write", &self.name)) {
+            if let Err(e) = self.done("rbd write", sent, c.wait("rbd write", &self.name)) {
                 first_err.get_or_insert(e);
             }
         }
@@ -1829,12 +1842,17 @@ impl BlockDevice for RbdDevice {
         while done < len {
             let n = (len - done).min(ZEROES_STEP);
             let mut c = Completion::new(&self.name)?;
+            let sent = self.health.now_ns();
             // SAFETY: an open image and a fresh completion; no buffer involved.
             let r = unsafe {
                 ffi::rbd_aio_write_zeroes(self.image.0, offset + done, n as usize, c.c, 0, 0)
             };
             c.submitted("rbd_aio_write_zeroes", &self.name, r)?;
-            self.done("rbd write zeroes", c.wait("rbd write zeroes", &self.name))?;
+            self.done(
+                "rbd write zeroes",
+                sent,
+                c.wait("rbd write zeroes", &self.name),
+            )?;
             done += n;
         }
         Ok(())

@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
+use std::time::Instant;
 
 use jbdev_device::{open_device, AlignedBuf, BlockDevice, FlushCoalescer, IoPriority, WriteReq};
 use jbdev_journal::format::JournalSuperblock;
@@ -1240,9 +1241,32 @@ pub fn stale_journal(sb: &VolumeSuperblock, jsb: &JournalSuperblock) -> Option<S
 /// from the live one (found by an adversarial pass, session 21: replaying
 /// such a copy rolled a checkpointed block back). `None` otherwise, and
 /// for another volume's journal (its own check).
+///
+/// A clean journal stamped by an earlier session than the volume's last
+/// read-write open is an old copy too (session 26's pass: a journal copied
+/// while the volume was closed, put back over the live one after a crash,
+/// opened without a word and served a mix of two states). Every open
+/// stamps the journal, and leaves it in use, before it stamps the home; a
+/// clean close changes no stamp; a reset writes the volume's own; so no
+/// crash or legitimate step leaves a clean journal behind its home.
 pub fn journal_behind_home(sb: &VolumeSuperblock, scan: &recovery::Scan) -> Option<String> {
     let (mark, jsb) = (sb.checkpoint_sequence, &scan.superblock);
-    if mark == 0 || jsb.is_clean() || jsb.uuid != sb.journal_uuid() {
+    if jsb.uuid != sb.journal_uuid() {
+        return None;
+    }
+    let (vs, js) = (sb.journal_session, jsb.session);
+    if jsb.is_clean() && vs != 0 && js != 0 && vs.wrapping_sub(js) as i32 > 0 {
+        return Some(format!(
+            "the journal is stale: it was closed cleanly by session {js}, but the volume has \
+             been opened read-write since (session {vs}), and what that session journaled is \
+             not in it. It is an old copy of the journal (restored from a backup?): the writes \
+             only the current journal holds would be lost, and blocks the checkpoint had \
+             written home would stay a mix of two states. Give --journal the current \
+             journal; if there is none and the volume was closed cleanly after session {vs}'s \
+             writes, its home holds them all: `jbdev journal reset` writes a new journal"
+        ));
+    }
+    if mark == 0 || jsb.is_clean() {
         return None;
     }
     // The newest transaction the log holds (or, for an empty log, the one
@@ -2026,22 +2050,26 @@ impl Volume {
     /// Reads `buf.len()` bytes at `offset` (any alignment).
     pub fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
         self.check(offset, buf.len() as u64)?;
-        self.engine.check_readable()?;
+        let arrived = Instant::now();
+        self.engine.check_not_taken_over()?;
         if buf.is_empty() {
-            return Ok(());
+            return self.engine.check_readable(arrived);
         }
         let bs = self.engine.bs as u64;
         let first = offset / bs;
         let last = (offset + buf.len() as u64).div_ceil(bs);
         let aligned = offset.is_multiple_of(bs) && (buf.len() as u64).is_multiple_of(bs);
         if aligned {
-            return self.engine.read_blocks(first, buf);
+            self.engine.read_blocks(first, buf)?;
+        } else {
+            let mut tmp = AlignedBuf::zeroed(((last - first) * bs) as usize);
+            self.engine.read_blocks(first, &mut tmp)?;
+            let s = (offset - first * bs) as usize;
+            buf.copy_from_slice(&tmp[s..s + buf.len()]);
         }
-        let mut tmp = AlignedBuf::zeroed(((last - first) * bs) as usize);
-        self.engine.read_blocks(first, &mut tmp)?;
-        let s = (offset - first * bs) as usize;
-        buf.copy_from_slice(&tmp[s..s + buf.len()]);
-        Ok(())
+        // IMPORTANT: nothing is returned before the storage vouched that
+        // no other client could have written it since the read arrived.
+        self.engine.check_readable(arrived)
     }
 
     /// [`Volume::read_at`] only if it needs no device I/O: whole blocks, each
@@ -2053,7 +2081,7 @@ impl Volume {
         if let Err(e) = self.check(offset, buf.len() as u64) {
             return Some(Err(e));
         }
-        if let Err(e) = self.engine.check_readable_now()? {
+        if let Err(e) = self.engine.check_readable_now(Instant::now())? {
             return Some(Err(e));
         }
         if buf.is_empty() {
@@ -2437,7 +2465,7 @@ impl Volume {
     /// aborted the server.
     pub fn block_status(&self, offset: u64, len: u64) -> Result<Vec<Extent>> {
         self.check(offset, len)?;
-        self.engine.check_readable()?;
+        self.engine.check_readable(Instant::now())?;
         if len == 0 {
             return Ok(Vec::new());
         }

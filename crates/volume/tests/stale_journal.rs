@@ -113,10 +113,14 @@ fn a_journal_restored_from_an_old_copy_is_refused_not_replayed() {
     v.close().unwrap();
 }
 
-/// A clean old copy is harmless (nothing to replay) and is accepted; so is
-/// a journal written by a jbdev without stamps (session 0).
+/// A clean old copy put back is refused too (session 26's pass): the
+/// home cannot tell whether its last session closed cleanly (then the
+/// copy would be harmless) or crashed with writes only the live journal
+/// held (then opening loses them, and leaves blocks the checkpoint had
+/// half written home). A reset without --force replaces it, and the volume
+/// then opens with everything its home holds.
 #[test]
-fn a_clean_old_copy_and_an_unstamped_journal_are_accepted() {
+fn a_clean_old_copy_is_refused_until_it_is_reset() {
     let (home, jnl) = devices();
     let v = open_with(&home, &jnl, &quiet_open_options()).unwrap();
     v.close().unwrap();
@@ -124,12 +128,51 @@ fn a_clean_old_copy_and_an_unstamped_journal_are_accepted() {
     let v = open_with(&home, &jnl, &quiet_open_options()).unwrap();
     v.write_at(&[9u8; BS as usize], 0, WriteFlags::FUA).unwrap();
     v.close().unwrap();
-    let restored = Arc::new(FaultDevice::from_image(clean_copy, SECTOR as u32));
-    opens_with(&home, &restored, &[(0, 9u8)]);
     assert!(
-        v_session(&home) >= 3,
+        v_session(&home) >= 2,
         "each read-write open takes a new session"
     );
+    let restored = Arc::new(FaultDevice::from_image(clean_copy, SECTOR as u32));
+    for read_only in [false, true] {
+        let e = open_error(&home, &restored, read_only);
+        assert!(
+            e.contains("stale") && e.contains("closed cleanly by session"),
+            "{e}"
+        );
+    }
+    opens_with(&home, &jnl, &[(0, 9u8)]);
+    let r = reset_without_force(&home, &restored).unwrap();
+    assert!(r.previous.contains("stale"), "{r:?}");
+    opens_with(&home, &restored, &[(0, 9u8)]);
+}
+
+/// Session 26's pass: a journal copied while the volume was closed (clean),
+/// put back over the live journal after a crash that left acknowledged
+/// writes in the live log only, some of them half checkpointed. The old
+/// binary opened it (and `check` said ok) and served a mix: blocks of one
+/// acknowledged write from before it and after it.
+#[test]
+fn a_clean_old_copy_put_back_after_a_crash_is_refused() {
+    let (home, jnl) = devices();
+    let v = open_with(&home, &jnl, &quiet_open_options()).unwrap();
+    v.write_at(&[1u8; 8 * BS as usize], 0, WriteFlags::FUA)
+        .unwrap();
+    v.close().unwrap();
+    let clean_copy = jnl.durable_image();
+    let v = open_with(&home, &jnl, &fast_checkpoints()).unwrap();
+    let before = v.stats().checkpoints;
+    v.write_at(&[2u8; 8 * BS as usize], 0, WriteFlags::FUA)
+        .unwrap();
+    checkpointed_after(&v, before);
+    v.write_at(&[3u8; 8 * BS as usize], 0, WriteFlags::FUA)
+        .unwrap();
+    let (home, jnl) = crashed(&home, &jnl);
+    drop(v);
+    let restored = Arc::new(FaultDevice::from_image(clean_copy, SECTOR as u32));
+    let e = open_error(&home, &restored, false);
+    assert!(e.contains("stale"), "{e}");
+    // The live journal replays the last write.
+    opens_with(&home, &jnl, &[(0, 3u8), (7, 3u8)]);
 }
 
 /// The volume superblock's session stamp.

@@ -773,17 +773,19 @@ impl Engine {
     /// nobody else writes the storage, and what is in memory is the newest
     /// data this volume acknowledged.
     ///
-    /// A server paused or cut off long enough to lose its lock learns it
-    /// only from its next request to the storage, so before answering,
-    /// the home device confirms it is still this client's when no request
-    /// has succeeded on it within a second
+    /// A server paused, cut off or blocklisted learns that it lost its lock
+    /// only from its next request to the storage, so before answering a
+    /// read that arrived at `arrived`, the home device confirms it was
+    /// still this client's at some instant since: a request sent since
+    /// succeeded (the read's own, when it went to the device), or a probe
     /// ([`BlockDevice::confirm_ownership`]; only RBD sends anything). A
     /// probe refused with `ESHUTDOWN` aborts the volume as above; any other
     /// failure of it fails the read (nothing can say whether another
-    /// holder took over).
-    pub fn check_readable(&self) -> Result<()> {
+    /// holder took over). Called after the read's data was gathered, so
+    /// that a read that went to the device needs no probe.
+    pub fn check_readable(&self, arrived: std::time::Instant) -> Result<()> {
         self.check_not_taken_over()?;
-        if let Err(e) = self.home.dev.confirm_ownership() {
+        if let Err(e) = self.home.dev.confirm_ownership(arrived) {
             if e.errno() != libc::ESHUTDOWN {
                 return Err(e.into());
             }
@@ -802,16 +804,16 @@ impl Engine {
 
     /// [`Engine::check_readable`] for a caller that must not block: None
     /// when the home device would have to send an ownership probe.
-    pub fn check_readable_now(&self) -> Option<Result<()>> {
+    pub fn check_readable_now(&self, arrived: std::time::Instant) -> Option<Result<()>> {
         if let Err(e) = self.check_not_taken_over() {
             return Some(Err(e));
         }
-        (!self.home.dev.ownership_probe_due()).then_some(Ok(()))
+        (!self.home.dev.ownership_probe_due(arrived)).then_some(Ok(()))
     }
 
     /// Fails once the volume was aborted with `ESHUTDOWN` (see
     /// [`Engine::check_readable`]).
-    fn check_not_taken_over(&self) -> Result<()> {
+    pub fn check_not_taken_over(&self) -> Result<()> {
         if self.abort.raised.load(Ordering::Acquire)
             && matches!(
                 self.abort.reason.get(),
