@@ -1988,6 +1988,11 @@ fn grow_extends_an_image_file_and_refuses_what_it_must() {
         (&["grow", p, "--size", "8M"][..], "a shrink"),
         (&["grow", p][..], "no --size for a file"),
         (&["grow", p, "--size", "17000000"][..], "a partial block"),
+        // Past a file's offsets: said so (a conversion error text before).
+        (
+            &["grow", p, "--size", "9223372036854771712"][..],
+            "too large",
+        ),
     ] {
         let o = jbdev(args);
         assert_clean_error(&o, what);
@@ -2013,6 +2018,26 @@ fn grow_extends_an_image_file_and_refuses_what_it_must() {
     assert_eq!(std::fs::metadata(&img).unwrap().len(), before + (16 << 20));
     let o = jbdev(&["check", p]);
     assert!(o.status.success(), "{}", text(&o));
+
+    // A file already longer than its volume (format --force of a smaller
+    // volume over a larger one leaves the tail): the added range reads as
+    // zeroes, not as what the file held there (session 26's pass).
+    {
+        use std::os::unix::fs::FileExt;
+        let f = std::fs::OpenOptions::new().write(true).open(&img).unwrap();
+        let len = f.metadata().unwrap().len();
+        f.write_all_at(&vec![0xeeu8; 8 << 20], len).unwrap();
+    }
+    let o = jbdev(&["grow", p, "--size", "40M"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let v = jbdev_volume::Volume::open(&img, &jbdev_volume::OpenOptions::default()).unwrap();
+    let mut added = vec![1u8; 8 << 20];
+    v.read_at(&mut added, 32 << 20).unwrap();
+    v.close().unwrap();
+    assert!(
+        added.iter().all(|&b| b == 0),
+        "the added range holds the file's old bytes"
+    );
 }
 
 /// `jbdev grow` of a block device without --size takes all of it, and

@@ -75,6 +75,7 @@ pub fn grow(
     let sb = read_volume_superblock(opened.device.as_ref(), &what)?;
     let bs = u64::from(sb.block_size);
     let have = opened.device.size_bytes();
+    let opened_is_block_device = opened.is_block_device;
     let new_size = match size {
         Some(s) if s % bs != 0 => {
             return Err(VolumeError::InvalidArgument(format!(
@@ -109,9 +110,18 @@ pub fn grow(
             allocated: false,
         });
     }
-    let total = sb.data_offset_bytes.checked_add(new_size).ok_or_else(|| {
-        VolumeError::InvalidArgument(format!("{what}: {new_size} bytes is too large"))
-    })?;
+    // A file's offsets are signed 64-bit (off_t), as format checks.
+    let total = sb
+        .data_offset_bytes
+        .checked_add(new_size)
+        .filter(|&n| n <= i64::MAX as u64)
+        .ok_or_else(|| {
+            VolumeError::InvalidArgument(format!(
+                "{what}: {new_size} bytes is too large: superblock, journal and data must fit \
+                 in {} bytes",
+                i64::MAX
+            ))
+        })?;
     let (dev, extended_to) = if total > have {
         if opened.is_block_device {
             return Err(VolumeError::InvalidArgument(format!(
@@ -135,7 +145,13 @@ pub fn grow(
     } else {
         (opened.device, None)
     };
-    grow_on(dev.as_ref(), &what, &sb, new_size, preallocate)?;
+    // A file or RBD image may reach past the volume already (a `format
+    // --force` of a smaller volume over a larger one): what it holds there
+    // is zeroed, as the added range reads on fresh storage (session 26's
+    // pass read 12,288 blocks of old bytes back). A block device's added
+    // range holds what the device held, as documented.
+    let stale_to = if opened_is_block_device { 0 } else { have };
+    grow_on(dev.as_ref(), &what, &sb, new_size, preallocate, stale_to)?;
     Ok(Grown {
         old_size: sb.size_bytes,
         new_size,
@@ -146,14 +162,17 @@ pub fn grow(
 
 /// The steps of [`grow`] on a device already large enough: checks that the
 /// superblock is still `before`'s volume (a second open came between the
-/// two of [`grow`]), allocates the added range if asked, makes the storage
-/// durable, then writes and flushes the superblock with `new_size`.
+/// two of [`grow`]), zeroes what the storage held in the added range below
+/// `stale_to` (its length before it was grown; 0: keep it, as on a block
+/// device), allocates the added range if asked, makes the storage durable,
+/// then writes and flushes the superblock with `new_size`.
 pub fn grow_on(
     dev: &dyn BlockDevice,
     what: &str,
     before: &VolumeSuperblock,
     new_size: u64,
     preallocate: bool,
+    stale_to: u64,
 ) -> Result<()> {
     let mut sb = read_volume_superblock(dev, what)?;
     if sb.uuid != before.uuid
@@ -175,8 +194,12 @@ pub fn grow_on(
             dev.size_bytes()
         )));
     }
+    let from = sb.data_offset_bytes + sb.size_bytes;
+    let stale_end = stale_to.min(end);
+    if stale_end > from {
+        dev.write_zeroes(from, stale_end - from)?;
+    }
     if preallocate {
-        let from = sb.data_offset_bytes + sb.size_bytes;
         dev.allocate(from, end - from)?;
     }
     // IMPORTANT: the storage's new length (a file's size is metadata) is

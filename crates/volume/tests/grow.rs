@@ -153,14 +153,16 @@ fn a_crash_at_any_step_of_a_grow_leaves_the_old_or_the_new_size() {
     vol.close().unwrap();
     let mut image = dev.durable_image();
     let before = VolumeSuperblock::decode(&image[..512]).unwrap();
-    // The storage grown (as a file or RBD image would be) to hold `new`.
-    image.resize((before.data_offset_bytes + new) as usize, 0);
+    // The storage grown (as a file or RBD image would be) to hold `new`,
+    // its added part holding old bytes (a file longer than its volume).
+    image.resize((before.data_offset_bytes + new) as usize, 0xee);
+    let stale_to = image.len() as u64;
 
     let mut sizes = Vec::new();
     for ops in 0.. {
         let dev = Arc::new(FaultDevice::from_image(image.clone(), 512));
         dev.crash_after_ops(ops);
-        let r = jbdev_volume::grow::grow_on(dev.as_ref(), "fault", &before, new, false);
+        let r = jbdev_volume::grow::grow_on(dev.as_ref(), "fault", &before, new, false, stale_to);
         let done = r.is_ok();
         for seed in 0..4 {
             let after = Arc::new(FaultDevice::from_image(dev.crash_image(seed), 512));
@@ -174,6 +176,15 @@ fn a_crash_at_any_step_of_a_grow_leaves_the_old_or_the_new_size() {
             );
             assert!(!done || vol.size() == new, "a finished grow was lost");
             assert_eq!(read(&vol, old - BS, BS as usize), data);
+            if vol.size() == new {
+                // The added range reads as zeroes, never the old bytes
+                // (session 26's pass: they were exposed).
+                let added = read(&vol, old, (new - old) as usize);
+                assert!(
+                    added.iter().all(|&b| b == 0),
+                    "power cut after {ops} op(s): the added range holds old bytes"
+                );
+            }
             sizes.push(vol.size());
             vol.close().unwrap();
         }
