@@ -531,7 +531,26 @@ fn flock_file(file: &File, path: &Path, read_only: bool, held: impl Fn() -> Stri
             Instant::now() + crate::open::DEAD_HOLDER_WAIT
         });
         if Instant::now() >= deadline {
-            return Err(DeviceError::Busy(held()));
+            // Said as it is: no live process holds it (session 26's pass
+            // saw such a lock outlive its killed owner by minutes, on a
+            // disk another program kept busy).
+            let pids: Vec<String> = holders
+                .iter()
+                .filter(|&&p| p > 0)
+                .map(i64::to_string)
+                .collect();
+            let who = if pids.is_empty() {
+                "a process".to_string()
+            } else {
+                format!("pid {}", pids.join(", "))
+            };
+            let note = format!(
+                "the lock is left by {who}, which has exited; the kernel releases it once that \
+                 process's I/O in flight has finished, and has not after {} s (a slow or stalled \
+                 device?): try again",
+                crate::open::DEAD_HOLDER_WAIT.as_secs()
+            );
+            return Err(DeviceError::Busy(with_note(held(), &note)));
         }
         std::thread::sleep(Duration::from_millis(50));
     }

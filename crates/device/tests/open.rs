@@ -539,3 +539,31 @@ fn write_cached_goes_through_the_page_cache_and_direct_writes_win() {
         }
     }
 }
+
+/// A dead holder's lock that outlives the wait (session 26's pass saw one
+/// last minutes, the disk busy with another program): the open is refused
+/// after `DEAD_HOLDER_WAIT`, saying that the holder has exited and to try
+/// again, not that another process has the file open.
+#[test]
+fn a_dead_holder_s_lock_that_outlives_the_wait_is_said_as_it_is() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("v.img");
+    std::fs::write(&path, vec![0u8; 1 << 20]).unwrap();
+    let linger = jbdev_device::open::DEAD_HOLDER_WAIT.as_secs() as u32 + 5;
+    let Some(mut holder) = in_flight_holder(&path, linger) else {
+        return;
+    };
+    let r = open_device(&path, &OpenOptions::default());
+    let _ = holder.kill();
+    holder.wait().unwrap();
+    match r {
+        Err(DeviceError::Busy(m)) => assert!(
+            m.contains("which has exited") && m.contains("try again"),
+            "{m}"
+        ),
+        Err(e) => panic!("unexpected error {e}"),
+        Ok(_) => panic!("opened while the lock was held"),
+    }
+    // Once it is released, the file opens.
+    open_device(&path, &OpenOptions::default()).unwrap();
+}
