@@ -117,6 +117,7 @@ impl Engine {
                             drop(st);
                             self.pool.trim();
                             self.home.direct_bufs.lock().clear();
+                            jbdev_device::release_free_heap();
                             st = self.state();
                         }
                     }
