@@ -619,12 +619,16 @@ fn bind_unix(p: &Path) -> anyhow::Result<Listener> {
     })
 }
 
-/// How long closing one volume at exit may take before the server gives up
-/// on it (a close checkpoints the journal, and a store that stopped answering
-/// would hold the process and the volume's lock for as long as it hangs:
-/// the file backend has no I/O timeout). Giving up is as safe as a crash:
-/// everything acknowledged as durable is in the journal, which the next open
-/// replays.
+/// How long closing one volume at exit may go without progress before the
+/// server gives up on it (a close checkpoints the journal, and a store that
+/// stopped answering would hold the process and the volume's lock for as
+/// long as it hangs: the file backend has no I/O timeout). Progress is the
+/// journal's bytes in use going down: a close that writes a large journal
+/// home at the store's pace is not a hung store (session 26's pass: a 4 GiB
+/// journal would have needed about two minutes, and a fixed limit gave up
+/// on it saying the store did not answer). Giving up is as safe as a
+/// crash: everything acknowledged as durable is in the journal, which the
+/// next open replays.
 const CLOSE_LIMIT: Duration = Duration::from_secs(60);
 /// The same for the flush of a volume a connection still held after the
 /// shutdown grace time: the store is then most likely what holds it.
@@ -640,8 +644,10 @@ fn close_volumes(volumes: Vec<(PathBuf, Arc<Volume>)>) -> anyhow::Result<()> {
             std::thread::sleep(Duration::from_millis(10));
         }
         let shown = path.display().to_string();
+        let probe = vol.journal_probe();
+        let left = move || Some(probe.used_bytes());
         let done = match Arc::try_unwrap(vol) {
-            Ok(v) => within(&format!("closing {shown}"), CLOSE_LIMIT, move || {
+            Ok(v) => within(&format!("closing {shown}"), CLOSE_LIMIT, left, move || {
                 // With the salvage's outcome: the abort's message was
                 // written before it was known (session 25's docs pass: the
                 // last line said nothing of it).
@@ -654,9 +660,12 @@ fn close_volumes(volumes: Vec<(PathBuf, Arc<Volume>)>) -> anyhow::Result<()> {
             Err(v) => {
                 // A connection outlived the grace time and still holds it.
                 tracing::warn!("{shown} still in use at exit; flushing only");
-                within(&format!("flushing {shown}"), FLUSH_LIMIT, move || {
-                    v.flush().map_err(anyhow::Error::from)
-                })
+                within(
+                    &format!("flushing {shown}"),
+                    FLUSH_LIMIT,
+                    || None,
+                    move || v.flush().map_err(anyhow::Error::from),
+                )
             }
         };
         match done {
@@ -686,6 +695,7 @@ fn close_volumes(volumes: Vec<(PathBuf, Arc<Volume>)>) -> anyhow::Result<()> {
 fn within<T: Send + 'static>(
     what: &str,
     limit: Duration,
+    left: impl Fn() -> Option<u64>,
     f: impl FnOnce() -> T + Send + 'static,
 ) -> Option<T> {
     let rx = match jbdev_device::bounded::spawn_with_result("jbdev-close", f) {
@@ -696,26 +706,46 @@ fn within<T: Send + 'static>(
         }
     };
     let start = std::time::Instant::now();
+    // The limit runs from the last progress (`left`: bytes still to write
+    // home, going down), not from the start.
+    let mut progress_at = start;
+    let mut last_left = left();
     loop {
-        let left = limit.saturating_sub(start.elapsed());
-        match rx.recv_timeout(left.min(Duration::from_secs(10))) {
+        let quiet = progress_at.elapsed();
+        match rx.recv_timeout(limit.saturating_sub(quiet).min(Duration::from_secs(10))) {
             Ok(v) => return Some(v),
             Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
                 tracing::error!("{what}: failed without a result (a panic)");
                 return None;
             }
             Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
-                let waited = start.elapsed();
-                if waited >= limit {
+                let now_left = left();
+                if let (Some(was), Some(now)) = (last_left, now_left) {
+                    if now < was {
+                        tracing::info!(
+                            "{what}: {} MiB of the journal still to write home ({} MiB in \
+                             the last {} s)",
+                            now >> 20,
+                            (was - now) >> 20,
+                            progress_at.elapsed().as_secs()
+                        );
+                        progress_at = std::time::Instant::now();
+                        last_left = now_left;
+                        continue;
+                    }
+                }
+                let quiet = progress_at.elapsed();
+                if quiet >= limit {
                     tracing::error!(
-                        "{what}: no answer from the store in {} s; giving up",
-                        waited.as_secs()
+                        "{what}: no progress and no answer from the store in {} s; giving up",
+                        quiet.as_secs()
                     );
                     return None;
                 }
                 tracing::warn!(
-                    "{what}: still waiting for the store after {} s (at most {} s)",
-                    waited.as_secs(),
+                    "{what}: still waiting for the store after {} s without progress (at most \
+                     {} s)",
+                    quiet.as_secs(),
                     limit.as_secs()
                 );
             }
@@ -803,12 +833,45 @@ mod tests {
     fn a_close_that_hangs_is_given_up_at_its_limit() {
         let (hold, hung) = std::sync::mpsc::channel::<()>();
         let limit = Duration::from_millis(50);
-        let got = within("closing hung.img", limit, move || hung.recv().is_ok());
+        let got = within(
+            "closing hung.img",
+            limit,
+            || Some(1),
+            move || hung.recv().is_ok(),
+        );
         assert_eq!(got, None, "a hung close was waited for");
         drop(hold);
-        assert_eq!(within("closing ok.img", limit * 100, || 7), Some(7));
-        let panicked: Option<()> = within("closing bad.img", limit * 100, || panic!("boom"));
+        assert_eq!(
+            within("closing ok.img", limit * 100, || None, || 7),
+            Some(7)
+        );
+        let panicked: Option<()> =
+            within("closing bad.img", limit * 100, || None, || panic!("boom"));
         assert_eq!(panicked, None);
+    }
+
+    /// A close that writes its journal home for longer than the limit, but
+    /// makes progress all along, is waited for (session 26's pass: a large
+    /// journal's close was going to be given up as a hung store).
+    #[test]
+    fn a_close_that_makes_progress_is_waited_for_past_the_limit() {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        let left = Arc::new(AtomicU64::new(20));
+        let l2 = left.clone();
+        let limit = Duration::from_millis(500);
+        let got = within(
+            "closing big.img",
+            limit,
+            move || Some(l2.load(Ordering::Acquire)),
+            move || {
+                while left.load(Ordering::Acquire) > 0 {
+                    std::thread::sleep(Duration::from_millis(50));
+                    left.fetch_sub(1, Ordering::AcqRel);
+                }
+                7
+            },
+        );
+        assert_eq!(got, Some(7), "a close making progress was given up");
     }
 
     #[test]
