@@ -251,17 +251,7 @@ fn conflicting_or_zero_flags_are_refused_before_serving() {
 fn shutdown_answers_every_request_of_a_deep_pipeline() {
     const N: u64 = 100;
     const LEN: usize = 64 << 10;
-    let dir = TempDir::new("shutdown-pipeline");
-    let img = dir.path("p.img");
-    format_volume(&img, "64M");
-    let i = img.to_str().unwrap();
-    let mut srv = ServerProc::start(&[i], None);
-    let addr: Address = srv.tcp.clone().unwrap().parse().unwrap();
-    let Client {
-        mut writer,
-        mut reader,
-        ..
-    } = Client::connect(&addr, "").expect("connect");
+    let (_dir, img, mut srv, mut writer, mut reader) = served_over_tcp("shutdown-pipeline");
     // Send every request before reading any reply, from another thread
     // (the sends may wait for the server to read), then stop the server.
     let sender = std::thread::spawn(move || {
@@ -309,7 +299,7 @@ fn shutdown_answers_every_request_of_a_deep_pipeline() {
     );
     eprintln!("{} writes done, {shut} answered ESHUTDOWN", done.len());
     // Each write answered done is durable; the rest never happened.
-    let srv = ServerProc::start(&[i], None);
+    let srv = ServerProc::start(&[img.to_str().unwrap()], None);
     let addr: Address = srv.tcp.clone().unwrap().parse().unwrap();
     let mut c = Client::connect(&addr, "").expect("connect");
     for &k in &done {
@@ -336,17 +326,7 @@ fn shutdown_answers_every_request_of_a_deep_pipeline() {
 #[test]
 fn a_client_that_never_pauses_does_not_hold_the_shutdown() {
     const LEN: usize = 4096;
-    let dir = TempDir::new("shutdown-busy");
-    let img = dir.path("b.img");
-    format_volume(&img, "64M");
-    let i = img.to_str().unwrap();
-    let mut srv = ServerProc::start(&[i], None);
-    let addr: Address = srv.tcp.clone().unwrap().parse().unwrap();
-    let Client {
-        mut writer,
-        mut reader,
-        ..
-    } = Client::connect(&addr, "").expect("connect");
+    let (_dir, _img, mut srv, mut writer, mut reader) = served_over_tcp("shutdown-busy");
     let payload = pattern(1, LEN);
     // Requests back to back, bounded in count, until the server ends the
     // connection; replies drained on another thread.
@@ -388,4 +368,24 @@ fn a_client_that_never_pauses_does_not_hold_the_shutdown() {
         "{log}"
     );
     eprintln!("{sent} requests sent, {shut} answered ESHUTDOWN");
+}
+
+/// A fresh 64 MiB volume in a temporary directory named after `tag`,
+/// served over TCP, with one client connected and split in two halves.
+fn served_over_tcp(
+    tag: &str,
+) -> (
+    TempDir,
+    std::path::PathBuf,
+    ServerProc,
+    jbdev_nbd::client::ClientWriter,
+    jbdev_nbd::client::ClientReader,
+) {
+    let dir = TempDir::new(tag);
+    let img = dir.path("v.img");
+    format_volume(&img, "64M");
+    let srv = ServerProc::start(&[img.to_str().unwrap()], None);
+    let addr: Address = srv.tcp.clone().unwrap().parse().unwrap();
+    let Client { writer, reader, .. } = Client::connect(&addr, "").expect("connect");
+    (dir, img, srv, writer, reader)
 }

@@ -1778,6 +1778,21 @@ impl Volume {
         refuse_unknown_ro_compat(&sb, opts.read_only)?;
         let bs = sb.block_size;
         let home_flusher = Arc::new(FlushCoalescer::new());
+        // What the volume touches: an RBD device then fails a shrink below
+        // it, not one that took back space past it (s25 RBD pass #5). An
+        // external journal device is told its journal's length below.
+        let internal_end = match sb.journal {
+            JournalLocation::Internal {
+                offset_bytes,
+                len_bytes,
+            } => offset_bytes.saturating_add(len_bytes),
+            JournalLocation::External { .. } => 0,
+        };
+        dev.set_bytes_in_use(
+            sb.data_offset_bytes
+                .saturating_add(sb.size_bytes)
+                .max(internal_end),
+        );
         let (jdev, jflusher, joff, jlen) = match (&sb.journal, journal) {
             (
                 JournalLocation::Internal {
@@ -1797,6 +1812,7 @@ impl Volume {
                         *len_bytes,
                     ));
                 }
+                j.set_bytes_in_use(*len_bytes);
                 (j, Arc::new(FlushCoalescer::new()), 0, *len_bytes)
             }
             (JournalLocation::External { .. }, None) => {
@@ -1805,15 +1821,6 @@ impl Volume {
                 ))
             }
         };
-        // What the volume touches: an RBD device then fails a shrink below
-        // it, not one that took back space past it (s25 RBD pass #5).
-        let home_end = sb.data_offset_bytes.saturating_add(sb.size_bytes);
-        if Arc::ptr_eq(&jdev, &dev) {
-            dev.set_bytes_in_use(home_end.max(joff.saturating_add(jlen)));
-        } else {
-            dev.set_bytes_in_use(home_end);
-            jdev.set_bytes_in_use(joff.saturating_add(jlen));
-        }
         let region = JournalRegion::new(jdev, jflusher, joff, bs, (jlen / u64::from(bs)) as u32)?;
         // A large journal takes seconds to scan (13 s for 4 GiB in session
         // 26's pass, in silence): say how far it got every few seconds.
