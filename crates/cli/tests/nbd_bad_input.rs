@@ -398,10 +398,8 @@ fn oversize_requests_get_eoverflow_and_keep_the_connection() {
         &data[..4096]
     );
     c.disconnect().unwrap();
-    assert!(
-        srv.log_text().contains("EOVERFLOW"),
-        "no warning in the log"
-    );
+    // The log is read from the server's stderr by another thread.
+    srv.wait_for_log("EOVERFLOW");
     assert!(srv.stop());
 }
 
@@ -435,9 +433,8 @@ fn a_refused_write_s_payload_is_drained_only_up_to_the_limit() {
     let mut c = Client::connect(&Address::Tcp(addr), "").unwrap();
     assert!(c.call(CMD_READ, 0, 0, 4096, &[]).unwrap().is_ok());
     c.disconnect().unwrap();
-    assert!(
-        srv.log_text().contains("drain limit"),
-        "the drop is not in the log"
-    );
+    // The drop is logged as the connection ends, which can be after the
+    // client saw the close (CI failed here once, session 26).
+    srv.wait_for_log("drain limit");
     assert!(srv.stop());
 }

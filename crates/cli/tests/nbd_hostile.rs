@@ -486,11 +486,7 @@ fn a_client_over_the_connection_limit_is_told_why() {
         .err()
         .expect("a second client got in");
     assert!(e.to_string().contains("too many connections"), "{e}");
-    assert!(
-        srv.log_text().contains("refusing connection"),
-        "{}",
-        srv.log_text()
-    );
+    srv.wait_for_log("refusing connection");
     eprintln!("refused {} clients with the reason", told + 1);
     let data = pattern(7, 4096);
     held.call(CMD_WRITE, CMD_FLAG_FUA, 0, 4096, &data)
