@@ -1256,7 +1256,8 @@ pub fn check(a: CheckArgs) -> anyhow::Result<()> {
                         "a read-write open will refuse this volume; a read-only open serves it \
                          with the transactions before {sequence} replayed (copy out what you \
                          need); the committed transactions after the damage cannot be \
-                         replayed by any open"
+                         replayed by any open; `jbdev journal rescue` keeps the ones before it \
+                         for good, discards the rest, and the volume opens read-write again"
                     )?;
                     std::process::exit(EXIT_CORRUPT);
                 }
@@ -1298,7 +1299,8 @@ pub enum JournalCommand {
     /// is created (at --journal, or the path recorded at format time; an
     /// open needs --journal PATH if it differs). Refused while the volume
     /// is open, and, without --force, when the journal could still be
-    /// replayed by opening the volume, is damaged in the middle, belongs to
+    /// replayed by opening the volume, is damaged in the middle (see
+    /// `rescue`, which keeps what precedes the damage), belongs to
     /// another volume, is a file shorter than the journal (truncated; --force
     /// extends it) or is something else. A refused reset changes nothing.
     Reset {
@@ -1318,11 +1320,38 @@ pub enum JournalCommand {
         #[arg(long)]
         break_lock: bool,
     },
+    /// For a journal damaged in the middle of its log (what `check` calls
+    /// mid-log corruption, and every read-write open refuses): replay the
+    /// committed transactions before the damage home, discard the damaged
+    /// one and every later one, and leave an empty journal, so the volume
+    /// opens read-write again with the content a read-only open serves.
+    /// The writes only the discarded transactions held are lost (`jbdev
+    /// journal dump --all` shows them first). `reset --force` would lose
+    /// the ones before the damage too. Refused, changing nothing, when the
+    /// log is not damaged in the middle (a plain open replays it), while
+    /// the volume is open, and for another volume's journal. Safe to run
+    /// again after a crash during it.
+    Rescue {
+        /// Volume image or device.
+        path: PathBuf,
+        /// External journal file or device.
+        #[arg(long)]
+        journal: Option<PathBuf>,
+        /// RBD: break the exclusive lock of a holder that is dead, as for
+        /// serve.
+        #[arg(long)]
+        break_lock: bool,
+    },
 }
 
 pub fn journal(c: JournalCommand) -> anyhow::Result<()> {
     let (path, journal, all) = match c {
         JournalCommand::Dump { path, journal, all } => (path, journal, all),
+        JournalCommand::Rescue {
+            path,
+            journal,
+            break_lock,
+        } => return journal_rescue(&path, journal, break_lock),
         JournalCommand::Reset {
             path,
             journal,
@@ -1397,6 +1426,68 @@ pub fn journal(c: JournalCommand) -> anyhow::Result<()> {
     if foreign {
         anyhow::bail!("the journal belongs to another volume (see the warning above)");
     }
+    Ok(())
+}
+
+fn journal_rescue(
+    path: &std::path::Path,
+    journal: Option<PathBuf>,
+    break_lock: bool,
+) -> anyhow::Result<()> {
+    // What the log holds first, read-only: a log that is not damaged in
+    // the middle is left to a plain open, and nothing is changed.
+    let ins =
+        inspect_or_advise(path, journal.as_deref())?.map_err(|e| not_a_volume_hint(path, e))?;
+    refuse_unused_journal(&ins.superblock, journal.as_deref())?;
+    let jsb = journal_superblock_or_exit(&ins, journal.as_deref())?;
+    if jsb.uuid != ins.superblock.journal_uuid() {
+        anyhow::bail!(
+            "the journal belongs to another volume (uuid {}, expected {}): the wrong --journal? \
+             Nothing was changed",
+            uuid_str(&jsb.uuid),
+            uuid_str(&ins.superblock.journal_uuid())
+        );
+    }
+    let scan = if jsb.is_clean() {
+        None
+    } else {
+        Some(recovery::scan(&ins.region, &mut |_| {}).context("reading the journal")?)
+    };
+    let Some((sequence, pos, reason)) = scan.and_then(|s| match s.end {
+        ScanEnd::CorruptMiddle {
+            sequence,
+            pos,
+            reason,
+        } => Some((sequence, pos, reason)),
+        _ => None,
+    }) else {
+        anyhow::bail!(
+            "{}: the journal is not damaged in the middle of its log; nothing to rescue, and \
+             nothing was changed (an open replays what it holds; `jbdev check` says more)",
+            path.display()
+        );
+    };
+    drop(ins);
+    let opts = OpenOptions {
+        journal_path: journal,
+        break_lock,
+        discard_after_damage: true,
+        ..OpenOptions::default()
+    };
+    let v = Volume::open(path, &opts).with_context(|| format!("opening {}", path.display()))?;
+    let (txns, blocks) = {
+        let r = v.recovery_report();
+        (r.transactions_replayed, r.blocks_replayed)
+    };
+    v.close()?;
+    outln!(
+        "{}: replayed {} transaction(s) ({} blocks) before the damage and discarded transaction \
+         {sequence} (journal block {pos}: {reason}) and every later one; the journal is empty",
+        path.display(),
+        txns,
+        blocks
+    )?;
+    outln!("the volume opens read-write again; `jbdev check` it")?;
     Ok(())
 }
 

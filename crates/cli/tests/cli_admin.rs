@@ -2115,3 +2115,83 @@ fn rbd_grow_resizes_the_image_or_takes_all_of_it() {
     let o = jbdev(&["check", &home]);
     assert!(o.status.success(), "{}", text(&o));
 }
+
+/// `jbdev journal rescue` (session 27): refuses a log that is not damaged
+/// in the middle, changing nothing; for one that is, keeps the transactions
+/// before the damage, discards the rest, and the volume opens read-write
+/// again (`check` says ok).
+#[test]
+fn journal_rescue_keeps_what_precedes_mid_log_damage() {
+    use jbdev_volume::journal::format::{self, JournalSuperblock};
+    let dir = tempfile::tempdir().unwrap();
+    let img = dir.path().join("v.img");
+    format_16m(img.to_str().unwrap(), &[]);
+    let writes: Vec<(u64, u8)> = (0..6u64).map(|i| (i * 8192, i as u8 + 1)).collect();
+    let copy = crash_copy(&img, &writes);
+    let c = copy.to_str().unwrap();
+    // Not damaged: refused, nothing changed.
+    let before = std::fs::read(&copy).unwrap();
+    let o = jbdev(&["journal", "rescue", c]);
+    assert_clean_error(&o, "an undamaged log");
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(text(&o).contains("not damaged"), "{}", text(&o));
+    assert!(
+        std::fs::read(&copy).unwrap() == before,
+        "a refused rescue changed the image"
+    );
+    // Damage the third transaction's commit (its digest, with the block's
+    // own checksum made right), as `journal dump`'s test does.
+    let dump = text(&jbdev(&["journal", "dump", c]));
+    let commits: Vec<u64> = dump
+        .lines()
+        .filter(|l| l.contains(": commit "))
+        .map(|l| l.split(':').next().unwrap().trim().parse().unwrap())
+        .collect();
+    assert!(commits.len() >= 4, "{dump}");
+    let at = journal_block_offset(commits[2]);
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&copy)
+        .unwrap();
+    let mut jsb = vec![0u8; 4096];
+    f.read_exact_at(&mut jsb, 4096).unwrap();
+    let seed = JournalSuperblock::decode(&jsb).unwrap().csum_seed();
+    let mut block = vec![0u8; 4096];
+    f.read_exact_at(&mut block, at).unwrap();
+    block[jbdev_volume::journal::writer::DIGEST_OFFSET] ^= 0x40;
+    let sum = format::commit_block_checksum(seed, &block);
+    block[16..20].copy_from_slice(&sum.to_be_bytes());
+    f.write_all_at(&block, at).unwrap();
+    drop(f);
+    assert_eq!(jbdev(&["check", c]).status.code(), Some(2));
+    let refused = jbdev_volume::Volume::open(&copy, &Default::default());
+    let msg = refused
+        .err()
+        .expect("a read-write open of mid-log damage")
+        .to_string();
+    assert!(msg.contains("jbdev journal rescue"), "{msg}");
+    let o = jbdev(&["journal", "rescue", c]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(
+        text(&o).contains("replayed 2 transaction(s)"),
+        "{}",
+        text(&o)
+    );
+    let o = jbdev(&["check", c]);
+    assert!(o.status.success(), "{}", text(&o));
+    let v = jbdev_volume::Volume::open(&copy, &Default::default()).unwrap();
+    for &(off, byte) in &writes {
+        let mut b = vec![0u8; 4096];
+        v.read_at(&mut b, off).unwrap();
+        let want = if byte <= 2 { byte } else { 0 };
+        assert!(
+            b.iter().all(|&x| x == want),
+            "offset {off}: want {want}, got {}",
+            b[0]
+        );
+    }
+    v.close().unwrap();
+    // Once rescued there is nothing left to rescue.
+    assert_eq!(jbdev(&["journal", "rescue", c]).status.code(), Some(1));
+}

@@ -148,6 +148,13 @@ pub struct OpenOptions {
     /// word that the holder is dead (`--break-lock`). Default false: a held
     /// lock is refused, naming its holder.
     pub break_lock: bool,
+    /// A read-write open of a journal damaged in the middle of its log
+    /// replays the transactions before the damage home and discards the
+    /// damaged one and every later one (`jbdev journal rescue`): the volume
+    /// keeps the state a read-only open serves, and the writes only the
+    /// discarded transactions held are lost. Default false: such an open is
+    /// refused, and nothing changes. No effect on an undamaged log.
+    pub discard_after_damage: bool,
 }
 
 /// Longest interval or batching wait [`OpenOptions::validate`] accepts: a
@@ -219,6 +226,7 @@ impl Default for OpenOptions {
             pipeline_depth: 1,
             write_pacing: false,
             break_lock: false,
+            discard_after_damage: false,
         }
     }
 }

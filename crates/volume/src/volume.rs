@@ -1861,13 +1861,21 @@ impl Volume {
         }
         let was_clean = scan.end == ScanEnd::CleanJournal;
         let end = describe_end(&scan.end);
-        if let ScanEnd::CorruptMiddle { .. } = scan.end {
-            if !opts.read_only {
+        if let ScanEnd::CorruptMiddle { sequence, .. } = scan.end {
+            if !opts.read_only && !opts.discard_after_damage {
                 return Err(VolumeError::CorruptJournal(format!(
                     "{end}; refusing a read-write open (a read-only open serves the volume with \
                      the transactions before the damage replayed; the committed transactions \
-                     after it cannot be replayed by any open)"
+                     after it cannot be replayed by any open; `jbdev journal rescue` keeps \
+                     the ones before it for good and discards the rest)"
                 )));
+            }
+            if !opts.read_only {
+                tracing::warn!(
+                    "{end}: replaying the {} transaction(s) before the damage and discarding \
+                     transaction {sequence} and every later one, as asked",
+                    scan.txns.len()
+                );
             }
         }
         let (mut plan, revoked) = recovery::replay_plan(&scan.txns);
