@@ -645,7 +645,7 @@ fn close_volumes(volumes: Vec<(PathBuf, Arc<Volume>)>) -> anyhow::Result<()> {
         }
         let shown = path.display().to_string();
         let probe = vol.journal_probe();
-        let left = move || Some(probe.used_bytes());
+        let left = move || Some((probe.used_bytes(), probe.home_written_bytes()));
         let done = match Arc::try_unwrap(vol) {
             Ok(v) => within(&format!("closing {shown}"), CLOSE_LIMIT, left, move || {
                 // With the salvage's outcome: the abort's message was
@@ -689,13 +689,18 @@ fn close_volumes(volumes: Vec<(PathBuf, Arc<Volume>)>) -> anyhow::Result<()> {
     result
 }
 
-/// Runs `f` on its own thread and waits for it at most `limit`, saying every
-/// 10 s that it still waits. None if `f` did not finish in time: its thread
-/// is left behind (blocked on the store; the process exits without it).
+/// Runs `f` on its own thread and waits for it at most `limit` without
+/// progress, saying every 10 s that it still waits. Progress (`left`): the
+/// bytes of the journal still to write home went down, or the bytes the
+/// checkpoint wrote home went up (a round frees log space only when it
+/// ends, and one round on a slow store can take minutes: session 27's pass
+/// had a close writing 2.5 MiB every 10 s given up as hung). None if `f`
+/// did not finish in time: its thread is left behind (blocked on the
+/// store; the process exits without it).
 fn within<T: Send + 'static>(
     what: &str,
     limit: Duration,
-    left: impl Fn() -> Option<u64>,
+    left: impl Fn() -> Option<(u64, u64)>,
     f: impl FnOnce() -> T + Send + 'static,
 ) -> Option<T> {
     let rx = match jbdev_device::bounded::spawn_with_result("jbdev-close", f) {
@@ -720,13 +725,13 @@ fn within<T: Send + 'static>(
             }
             Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
                 let now_left = left();
-                if let (Some(was), Some(now)) = (last_left, now_left) {
-                    if now < was {
+                if let (Some((was, was_home)), Some((now, now_home))) = (last_left, now_left) {
+                    if now < was || now_home > was_home {
                         tracing::info!(
-                            "{what}: {} MiB of the journal still to write home ({} MiB in \
-                             the last {} s)",
+                            "{what}: {} MiB of the journal still to write home ({} MiB \
+                             written home in the last {} s)",
                             now >> 20,
-                            (was - now) >> 20,
+                            now_home.saturating_sub(was_home) >> 20,
                             progress_at.elapsed().as_secs()
                         );
                         progress_at = std::time::Instant::now();
@@ -836,7 +841,7 @@ mod tests {
         let got = within(
             "closing hung.img",
             limit,
-            || Some(1),
+            || Some((1, 0)),
             move || hung.recv().is_ok(),
         );
         assert_eq!(got, None, "a hung close was waited for");
@@ -862,7 +867,7 @@ mod tests {
         let got = within(
             "closing big.img",
             limit,
-            move || Some(l2.load(Ordering::Acquire)),
+            move || Some((l2.load(Ordering::Acquire), 0)),
             move || {
                 while left.load(Ordering::Acquire) > 0 {
                     std::thread::sleep(Duration::from_millis(50));
@@ -872,6 +877,31 @@ mod tests {
             },
         );
         assert_eq!(got, Some(7), "a close making progress was given up");
+    }
+
+    /// Inside one checkpoint round the log's bytes in use do not go down
+    /// until the round ends; the bytes written home are the progress then
+    /// (session 27's pass: a round on a store writing 256 KiB/s was given
+    /// up as hung after 60 s, while it wrote 2.5 MiB every 10 s).
+    #[test]
+    fn a_close_writing_one_long_round_is_waited_for_past_the_limit() {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        let home = Arc::new(AtomicU64::new(0));
+        let h2 = home.clone();
+        let limit = Duration::from_millis(500);
+        let got = within(
+            "closing slow.img",
+            limit,
+            move || Some((64 << 20, h2.load(Ordering::Acquire))),
+            move || {
+                for _ in 0..20 {
+                    std::thread::sleep(Duration::from_millis(50));
+                    home.fetch_add(4096, Ordering::AcqRel);
+                }
+                7
+            },
+        );
+        assert_eq!(got, Some(7), "a close writing home was given up");
     }
 
     #[test]

@@ -193,6 +193,16 @@ impl JournalProbe {
     pub fn used_bytes(&self) -> u64 {
         self.engine.journal_state().0 * self.engine.bs as u64
     }
+
+    /// Bytes the checkpoint has written home since the open, counted as
+    /// each write completes: progress inside a checkpoint round, which
+    /// frees log space only when it ends.
+    pub fn home_written_bytes(&self) -> u64 {
+        self.engine
+            .home
+            .checkpoint_written_bytes
+            .load(Ordering::Relaxed)
+    }
 }
 
 /// A journaled volume. `Send + Sync`: share it (e.g. in an `Arc`) between

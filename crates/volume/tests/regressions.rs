@@ -1152,3 +1152,26 @@ fn an_open_tells_each_device_the_bytes_it_uses() {
     assert_eq!(jnl.bytes_in_use(), Some(JOURNAL + 8 * BS));
     vol.close().unwrap();
 }
+
+/// The journal probe counts the bytes the checkpoint writes home, as they
+/// are written: what `jbdev serve`'s close takes for progress inside a
+/// round (session 27's pass: one long round on a slow store was given up
+/// as a hung store, because only the log's bytes in use were watched).
+#[test]
+fn the_journal_probe_counts_what_the_checkpoint_writes_home() {
+    let dev = fault_volume();
+    let vol = Volume::open_device(dev.clone(), None, &quiet()).unwrap();
+    let probe = vol.journal_probe();
+    assert_eq!(probe.home_written_bytes(), 0);
+    for i in 0..8u64 {
+        vol.write_at(&[i as u8 + 1; BS as usize], i * 2 * BS, WriteFlags::FUA)
+            .unwrap();
+    }
+    assert!(probe.used_bytes() > 0);
+    vol.close().unwrap();
+    assert!(
+        probe.home_written_bytes() >= 8 * BS,
+        "{} bytes counted for 8 blocks written home",
+        probe.home_written_bytes()
+    );
+}

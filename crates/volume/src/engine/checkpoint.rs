@@ -606,6 +606,13 @@ impl Engine {
             // flight; the caller drops the queue (which waits for them).
             q.reap(1, &mut done)?;
             for d in done.drain(..) {
+                if d.result.is_ok() {
+                    if let Some(run) = runs.get(d.tag as usize) {
+                        self.home
+                            .checkpoint_written_bytes
+                            .fetch_add(((run.end - run.start) * bs) as u64, Ordering::Relaxed);
+                    }
+                }
                 if let Err(e) = d.result {
                     if failed.is_none() {
                         // Abort at once (nothing is acknowledged after a
@@ -664,6 +671,10 @@ impl Engine {
             })
             .collect();
         self.home.dev.write_batch(&reqs, prio)?;
+        let bytes: usize = runs.iter().map(|r| (r.end - r.start) * bs).sum();
+        self.home
+            .checkpoint_written_bytes
+            .fetch_add(bytes as u64, Ordering::Relaxed);
         Ok(())
     }
 }

@@ -429,6 +429,11 @@ pub struct Home {
     /// Touched only by direct writes and flushes, never by journaled I/O.
     written_gen: AtomicU64,
     flushed_gen: AtomicU64,
+    /// Bytes the checkpoint has written home so far (each write counted as
+    /// it completes): how a close that waits for the checkpoint tells a
+    /// slow store from a hung one, within a round (a round can be one
+    /// whole transaction, minutes of writing on a slow store).
+    pub checkpoint_written_bytes: AtomicU64,
     /// Large buffers of direct writes kept for reuse (a leaf lock, never
     /// held with another).
     direct_bufs: Leaf<Vec<AlignedBuf>>,
@@ -635,6 +640,7 @@ impl Engine {
                 lock: RwLock::new(()),
                 written_gen: AtomicU64::new(0),
                 flushed_gen: AtomicU64::new(0),
+                checkpoint_written_bytes: AtomicU64::new(0),
                 direct_bufs: Leaf::new(Vec::new()),
                 superblock: Leaf::new(None),
             },
