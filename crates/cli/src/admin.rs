@@ -687,7 +687,11 @@ pub fn info(a: InfoArgs) -> anyhow::Result<()> {
     let expect_uuid = sb.journal_uuid();
     let foreign = jsb.ok().filter(|j| j.uuid != expect_uuid);
     let geometry = jsb.ok().and_then(|j| journal_geometry_mismatch(sb, j));
-    let stale = jsb.ok().and_then(|j| jbdev_volume::stale_journal(sb, j));
+    // Every refusal the two superblocks tell (a clean old copy of the
+    // journal, a home older than its journal): "clean" alone hid them.
+    let stale = jsb
+        .ok()
+        .and_then(|j| jbdev_volume::refusal_by_superblocks(sb, j));
     // Image files only: how much of the file is allocated, and whether its
     // file system could run out before the holes are filled.
     let space = if home_kind == "local" {
@@ -1375,6 +1379,10 @@ pub fn journal(c: JournalCommand) -> anyhow::Result<()> {
             uuid_str(&ins.superblock.journal_uuid())
         )?;
     }
+    let refused = jbdev_volume::refusal_by_superblocks(&ins.superblock, &jsb);
+    if let Some(why) = &refused {
+        outln!("warning: {why}; every open refuses it")?;
+    }
     outln!(
         "journal superblock: block size {}, {} blocks, first {}, sequence {}, start {}{}",
         jsb.block_size,
@@ -1425,6 +1433,9 @@ pub fn journal(c: JournalCommand) -> anyhow::Result<()> {
     }
     if foreign {
         anyhow::bail!("the journal belongs to another volume (see the warning above)");
+    }
+    if refused.is_some() {
+        anyhow::bail!("every open refuses this journal (see the warning above)");
     }
     Ok(())
 }

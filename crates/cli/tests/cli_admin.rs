@@ -2195,3 +2195,37 @@ fn journal_rescue_keeps_what_precedes_mid_log_damage() {
     // Once rescued there is nothing left to rescue.
     assert_eq!(jbdev(&["journal", "rescue", c]).status.code(), Some(1));
 }
+
+/// `info` and `journal dump` say what every open says of a clean old copy
+/// of the journal put back (session 27's pass: both called it "clean", exit
+/// 0, while `check` and every open refused it).
+#[test]
+fn info_and_dump_warn_of_a_clean_journal_every_open_refuses() {
+    let (_dir, img, jnl) = external_16m();
+    let (p, j) = (img.to_str().unwrap(), jnl.to_str().unwrap());
+    let old = std::fs::read(&jnl).unwrap();
+    let v = jbdev_volume::Volume::open(
+        &img,
+        &jbdev_volume::OpenOptions {
+            journal_path: Some(jnl.clone()),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    v.write_at(&[7u8; 4096], 0, jbdev_volume::WriteFlags::FUA)
+        .unwrap();
+    v.close().unwrap();
+    // Fine before the old copy goes back.
+    let o = jbdev(&["info", p, "--journal", j]);
+    assert!(!text(&o).contains("stale"), "{}", text(&o));
+    std::fs::write(&jnl, &old).unwrap();
+    assert_eq!(jbdev(&["check", p, "--journal", j]).status.code(), Some(1));
+    let o = jbdev(&["info", p, "--journal", j]);
+    assert!(text(&o).contains("the journal is stale"), "{}", text(&o));
+    let o = jbdev(&["info", p, "--journal", j, "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert!(v["journal"]["stale"].is_string(), "{v}");
+    let o = jbdev(&["journal", "dump", p, "--journal", j]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(text(&o).contains("every open refuses"), "{}", text(&o));
+}

@@ -41,7 +41,8 @@ pub use reset::{
 };
 pub use volume::{
     check_replay_plan, default_journal_bytes, file_format_would_create, format_layout,
-    home_behind_journal, journal_behind_home, journal_target, session_mismatch, stale_journal,
-    CreateTarget, Extent, ExtentState, FormatLayout, JournalProbe, RecoveryReport, SessionMismatch,
-    Stats, TargetRole, TouchedBlocks, Transaction, Volume, WriteFlags, MIN_JOURNAL_BLOCKS,
+    home_behind_journal, journal_behind_home, journal_target, refusal_by_superblocks,
+    session_mismatch, stale_journal, CreateTarget, Extent, ExtentState, FormatLayout, JournalProbe,
+    RecoveryReport, SessionMismatch, Stats, TargetRole, TouchedBlocks, Transaction, Volume,
+    WriteFlags, MIN_JOURNAL_BLOCKS,
 };

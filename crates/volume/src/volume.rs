@@ -1280,17 +1280,8 @@ pub fn journal_behind_home(sb: &VolumeSuperblock, scan: &recovery::Scan) -> Opti
     if jsb.uuid != sb.journal_uuid() {
         return None;
     }
-    let (vs, js) = (sb.journal_session, jsb.session);
-    if jsb.is_clean() && vs != 0 && js != 0 && vs.wrapping_sub(js) as i32 > 0 {
-        return Some(format!(
-            "the journal is stale: it was closed cleanly by session {js}, but the volume has \
-             been opened read-write since (session {vs}), and what that session journaled is \
-             not in it. It is an old copy of the journal (restored from a backup?): the writes \
-             only the current journal holds would be lost, and blocks the checkpoint had \
-             written home would stay a mix of two states. Give --journal the current \
-             journal; if there is none and the volume was closed cleanly after session {vs}'s \
-             writes, its home holds them all: `jbdev journal reset` writes a new journal"
-        ));
+    if let Some(why) = clean_journal_behind_home(sb, jsb) {
+        return Some(why);
     }
     if mark == 0 || jsb.is_clean() {
         return None;
@@ -1310,6 +1301,38 @@ pub fn journal_behind_home(sb: &VolumeSuperblock, scan: &recovery::Scan) -> Opti
              journal, or discard this one with `jbdev journal reset`"
         )
     })
+}
+
+/// Every refusal of a journal that its superblock and the volume's tell
+/// without reading the log: [`stale_journal`], a clean journal behind its
+/// home ([`journal_behind_home`]'s first case) and [`home_behind_journal`].
+/// For `jbdev info` and `journal dump`, which do not scan (session 27's
+/// pass: both called such a journal "clean" while every open refused it).
+pub fn refusal_by_superblocks(sb: &VolumeSuperblock, jsb: &JournalSuperblock) -> Option<String> {
+    stale_journal(sb, jsb)
+        .or_else(|| clean_journal_behind_home(sb, jsb))
+        .or_else(|| home_behind_journal(sb, jsb))
+}
+
+/// [`journal_behind_home`] for a clean journal: stamped by an earlier
+/// session than the volume's last read-write open.
+fn clean_journal_behind_home(sb: &VolumeSuperblock, jsb: &JournalSuperblock) -> Option<String> {
+    if jsb.uuid != sb.journal_uuid() {
+        return None;
+    }
+    let (vs, js) = (sb.journal_session, jsb.session);
+    if jsb.is_clean() && vs != 0 && js != 0 && vs.wrapping_sub(js) as i32 > 0 {
+        return Some(format!(
+            "the journal is stale: it was closed cleanly by session {js}, but the volume has \
+             been opened read-write since (session {vs}), and what that session journaled is \
+             not in it. It is an old copy of the journal (restored from a backup?): the writes \
+             only the current journal holds would be lost, and blocks the checkpoint had \
+             written home would stay a mix of two states. Give --journal the current \
+             journal; if there is none and the volume was closed cleanly after session {vs}'s \
+             writes, its home holds them all: `jbdev journal reset` writes a new journal"
+        ));
+    }
+    None
 }
 
 /// Why a volume must not be opened with this journal because its home is
