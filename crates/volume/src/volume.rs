@@ -1473,7 +1473,7 @@ impl Volume {
         check: &mut dyn FnMut(&CreateTarget<'_>) -> Result<()>,
     ) -> Result<Volume> {
         // All checked before anything is created or changed.
-        let (journal_bytes, needed, _) = plan_layout(fopts)?;
+        let (journal_bytes, needed, data_offset) = plan_layout(fopts)?;
         oopts.validate()?;
         if matches!(fopts.journal, JournalPlacement::Internal) {
             refuse_unused_journal_path(path, oopts.journal_path.as_deref())?;
@@ -1538,6 +1538,19 @@ impl Volume {
                 })
             });
             let home_file = held[home].watch.take();
+            // A file or RBD image that was there already: whatever its data
+            // area held is zeroed (hole punch, RBD discard), as a new
+            // volume reads on fresh storage (session 27's pass: a `format
+            // --force` of 32 MiB over a written 128 MiB volume served 8 MiB
+            // of the old one's data, where `grow` zeroes such bytes). A
+            // block device keeps what it holds, as documented.
+            let fresh = held[home].created.is_some() || rbd_created.iter().any(|c| c == path);
+            if !fresh && !held[home].is_block_device {
+                let end = (data_offset + fopts.size_bytes).min(dev.size_bytes());
+                if end > data_offset {
+                    dev.write_zeroes(data_offset, end - data_offset)?;
+                }
+            }
             Self::format_device(dev.clone(), jdev.clone(), fopts)?;
             // (A fresh journal needs no replay: only its record of this
             // home, `journal: None`, matters here.)
