@@ -2088,6 +2088,13 @@ fn rbd_grow_resizes_the_image_or_takes_all_of_it() {
     format_16m(&home, &[]);
     let o = jbdev(&["grow", &home, "--size", "32M", "--preallocate"]);
     assert_eq!(o.status.code(), Some(64), "{}", text(&o));
+    // Past what an image can be: librbd's EINVAL, said as a size the
+    // cluster refused, exit 64 as for a file (session 27's pass: exit 1,
+    // "rbd_resize failed ... Invalid argument").
+    let o = jbdev(&["grow", &home, "--size", "8388607T"]);
+    assert_eq!(o.status.code(), Some(64), "{}", text(&o));
+    assert!(text(&o).contains("refused to resize"), "{}", text(&o));
+    assert_eq!(info_size(&home), 16 << 20);
     let o = jbdev(&["grow", &home, "--size", "32M"]);
     assert!(o.status.success(), "{}", text(&o));
     let total = (32u64 << 20) + (1 << 20) + 4096;

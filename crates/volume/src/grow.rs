@@ -140,7 +140,20 @@ pub fn grow(
                 create_size: Some(total),
                 ..dopts
             },
-        )?;
+        )
+        .map_err(|e| {
+            // librbd answers EINVAL for a size past what an image can be
+            // (session 27's pass: "rbd_resize failed ... Invalid argument",
+            // exit 1, where a file says "too large", exit 64).
+            if rbd && e.errno() == libc::EINVAL {
+                VolumeError::InvalidArgument(format!(
+                    "{what}: the cluster refused to resize the image to {total} bytes ({e}): \
+                     larger than an RBD image can be? Nothing was changed"
+                ))
+            } else {
+                e.into()
+            }
+        })?;
         (grown.device, Some(total))
     } else {
         (opened.device, None)
