@@ -1206,22 +1206,12 @@ fn journal_block_offset(pos: u64) -> u64 {
     4096 + pos * 4096
 }
 
-/// Report #13: `journal dump` verifies each commit block's data digest,
-/// and says so (exit 2) when committed transactions follow a damaged one.
-#[test]
-fn journal_dump_checks_digests_and_reports_mid_log_corruption() {
+/// Damages the data digest of the third transaction's commit block of the
+/// internal journal of `image` (the block's own checksum made right), found
+/// in `dump`, the output of `jbdev journal dump`: what `check` calls mid-log
+/// corruption when later transactions follow.
+fn damage_third_commit_digest(image: &Path, dump: &str) {
     use jbdev_volume::journal::format::{self, JournalSuperblock};
-    let dir = tempfile::tempdir().unwrap();
-    let img = dir.path().join("v.img");
-    format_16m(img.to_str().unwrap(), &[]);
-    let writes: Vec<(u64, u8)> = (0..6u64).map(|i| (i * 8192, i as u8 + 1)).collect();
-    let copy = crash_copy(&img, &writes);
-    let c = copy.to_str().unwrap();
-    let o = jbdev(&["journal", "dump", c]);
-    assert!(o.status.success(), "{}", text(&o));
-    let dump = text(&o);
-    assert!(dump.contains("data digest ok"), "{dump}");
-    // The commit block of the third transaction.
     let commits: Vec<u64> = dump
         .lines()
         .filter(|l| l.contains(": commit "))
@@ -1232,18 +1222,34 @@ fn journal_dump_checks_digests_and_reports_mid_log_corruption() {
     let f = std::fs::OpenOptions::new()
         .read(true)
         .write(true)
-        .open(&copy)
+        .open(image)
         .unwrap();
     let mut jsb = vec![0u8; 4096];
     f.read_exact_at(&mut jsb, 4096).unwrap();
     let seed = JournalSuperblock::decode(&jsb).unwrap().csum_seed();
     let mut block = vec![0u8; 4096];
     f.read_exact_at(&mut block, at).unwrap();
-    let d = jbdev_volume::journal::writer::DIGEST_OFFSET;
-    block[d] ^= 0x40; // the digest, with the block's checksum made right
+    block[jbdev_volume::journal::writer::DIGEST_OFFSET] ^= 0x40;
     let sum = format::commit_block_checksum(seed, &block);
     block[16..20].copy_from_slice(&sum.to_be_bytes());
     f.write_all_at(&block, at).unwrap();
+}
+
+/// Report #13: `journal dump` verifies each commit block's data digest,
+/// and says so (exit 2) when committed transactions follow a damaged one.
+#[test]
+fn journal_dump_checks_digests_and_reports_mid_log_corruption() {
+    let dir = tempfile::tempdir().unwrap();
+    let img = dir.path().join("v.img");
+    format_16m(img.to_str().unwrap(), &[]);
+    let writes: Vec<(u64, u8)> = (0..6u64).map(|i| (i * 8192, i as u8 + 1)).collect();
+    let copy = crash_copy(&img, &writes);
+    let c = copy.to_str().unwrap();
+    let o = jbdev(&["journal", "dump", c]);
+    assert!(o.status.success(), "{}", text(&o));
+    let dump = text(&o);
+    assert!(dump.contains("data digest ok"), "{dump}");
+    damage_third_commit_digest(&copy, &dump);
     let o = jbdev(&["journal", "dump", c]);
     let dump = text(&o);
     assert!(dump.contains("data digest MISMATCH"), "{dump}");
@@ -2129,7 +2135,6 @@ fn rbd_grow_resizes_the_image_or_takes_all_of_it() {
 /// again (`check` says ok).
 #[test]
 fn journal_rescue_keeps_what_precedes_mid_log_damage() {
-    use jbdev_volume::journal::format::{self, JournalSuperblock};
     let dir = tempfile::tempdir().unwrap();
     let img = dir.path().join("v.img");
     format_16m(img.to_str().unwrap(), &[]);
@@ -2146,31 +2151,8 @@ fn journal_rescue_keeps_what_precedes_mid_log_damage() {
         std::fs::read(&copy).unwrap() == before,
         "a refused rescue changed the image"
     );
-    // Damage the third transaction's commit (its digest, with the block's
-    // own checksum made right), as `journal dump`'s test does.
-    let dump = text(&jbdev(&["journal", "dump", c]));
-    let commits: Vec<u64> = dump
-        .lines()
-        .filter(|l| l.contains(": commit "))
-        .map(|l| l.split(':').next().unwrap().trim().parse().unwrap())
-        .collect();
-    assert!(commits.len() >= 4, "{dump}");
-    let at = journal_block_offset(commits[2]);
-    let f = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(&copy)
-        .unwrap();
-    let mut jsb = vec![0u8; 4096];
-    f.read_exact_at(&mut jsb, 4096).unwrap();
-    let seed = JournalSuperblock::decode(&jsb).unwrap().csum_seed();
-    let mut block = vec![0u8; 4096];
-    f.read_exact_at(&mut block, at).unwrap();
-    block[jbdev_volume::journal::writer::DIGEST_OFFSET] ^= 0x40;
-    let sum = format::commit_block_checksum(seed, &block);
-    block[16..20].copy_from_slice(&sum.to_be_bytes());
-    f.write_all_at(&block, at).unwrap();
-    drop(f);
+    // Damage the third transaction's commit, as `journal dump`'s test does.
+    damage_third_commit_digest(&copy, &text(&jbdev(&["journal", "dump", c])));
     assert_eq!(jbdev(&["check", c]).status.code(), Some(2));
     let refused = jbdev_volume::Volume::open(&copy, &Default::default());
     let msg = refused

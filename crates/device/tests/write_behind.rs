@@ -13,85 +13,50 @@
 //! bytes reach the device within seconds (the flusher alone would wait 30
 //! s). Needs root and loop devices; skips with a message otherwise.
 
+mod common;
+
 use std::io::IoSlice;
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::Path;
 use std::time::{Duration, Instant};
 
+use common::LoopDevice;
 use jbdev_device::open::{open_device, OpenOptions};
 
 const SIZE: u64 = 64 << 20;
 const WRITTEN: u64 = 16 << 20;
 
-struct Loop {
-    dev: PathBuf,
-    file: PathBuf,
-}
-
-impl Loop {
-    fn setup() -> Option<Loop> {
-        // On disk, not in /dev/shm: any file will do, the loop device's own
-        // page cache is what is written back.
-        let file = std::env::temp_dir().join(format!("jbdev-wb-test-{}.img", std::process::id()));
-        std::fs::File::create(&file).ok()?.set_len(SIZE).ok()?;
-        let out = Command::new("losetup")
-            .args(["-f", "--show"])
-            .arg(&file)
-            .output()
-            .ok();
-        match out {
-            Some(o) if o.status.success() => {
-                let dev = PathBuf::from(String::from_utf8_lossy(&o.stdout).trim().to_string());
-                Some(Loop { dev, file })
-            }
-            _ => {
-                let _ = std::fs::remove_file(&file);
-                None
-            }
-        }
-    }
-
-    /// Bytes written to the loop device so far (stat field 7: sectors).
-    fn bytes_written(&self) -> u64 {
-        let name = self.dev.file_name().unwrap().to_str().unwrap();
-        let stat =
-            std::fs::read_to_string(Path::new("/sys/block").join(name).join("stat")).unwrap();
-        let sectors: u64 = stat.split_whitespace().nth(6).unwrap().parse().unwrap();
-        sectors * 512
-    }
-}
-
-impl Drop for Loop {
-    fn drop(&mut self) {
-        let _ = Command::new("losetup").arg("-d").arg(&self.dev).status();
-        let _ = std::fs::remove_file(&self.file);
-    }
+/// Bytes written to the loop device `dev` so far (stat field 7: sectors).
+fn bytes_written(dev: &Path) -> u64 {
+    let name = dev.file_name().unwrap().to_str().unwrap();
+    let stat = std::fs::read_to_string(Path::new("/sys/block").join(name).join("stat")).unwrap();
+    let sectors: u64 = stat.split_whitespace().nth(6).unwrap().parse().unwrap();
+    sectors * 512
 }
 
 #[test]
 fn a_write_through_the_page_cache_is_written_back_without_a_flush() {
-    let Some(l) = Loop::setup() else {
-        eprintln!("SKIP: needs root and loop devices (losetup)");
+    // (The loop device's own page cache is what is written back.)
+    let Some(l) = LoopDevice::new(SIZE, 512) else {
         return;
     };
     let opts = OpenOptions {
         read_cache: true,
         ..OpenOptions::default()
     };
-    let dev = open_device(&l.dev, &opts)
+    let dev = open_device(&l.path, &opts)
         .expect("open the loop device")
         .device;
     assert!(dev.has_write_cache(), "the loop device has no write cache");
-    let before = l.bytes_written();
+    let before = bytes_written(&l.path);
     let data = vec![0x5au8; WRITTEN as usize];
     dev.write_cached(&[IoSlice::new(&data)], 4 << 20).unwrap();
     // Waiting is bounded well below the flusher's 30 s expiry, so a write
     // left dirty for the flusher fails here.
     let deadline = Instant::now() + Duration::from_secs(10);
-    let mut seen = l.bytes_written() - before;
+    let mut seen = bytes_written(&l.path) - before;
     while seen < WRITTEN && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(50));
-        seen = l.bytes_written() - before;
+        seen = bytes_written(&l.path) - before;
     }
     assert!(
         seen >= WRITTEN,
