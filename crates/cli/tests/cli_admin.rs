@@ -1206,6 +1206,17 @@ fn journal_block_offset(pos: u64) -> u64 {
     4096 + pos * 4096
 }
 
+/// A 16 MiB volume's crash copy (see [`crash_copy`]) after six FUA writes,
+/// one transaction each (block 2i gets byte i+1), and the writes.
+fn six_writes_crash_copy() -> (tempfile::TempDir, std::path::PathBuf, Vec<(u64, u8)>) {
+    let dir = tempfile::tempdir().unwrap();
+    let img = dir.path().join("v.img");
+    format_16m(img.to_str().unwrap(), &[]);
+    let writes: Vec<(u64, u8)> = (0..6u64).map(|i| (i * 8192, i as u8 + 1)).collect();
+    let copy = crash_copy(&img, &writes);
+    (dir, copy, writes)
+}
+
 /// Damages the data digest of the third transaction's commit block of the
 /// internal journal of `image` (the block's own checksum made right), found
 /// in `dump`, the output of `jbdev journal dump`: what `check` calls mid-log
@@ -1239,11 +1250,7 @@ fn damage_third_commit_digest(image: &Path, dump: &str) {
 /// and says so (exit 2) when committed transactions follow a damaged one.
 #[test]
 fn journal_dump_checks_digests_and_reports_mid_log_corruption() {
-    let dir = tempfile::tempdir().unwrap();
-    let img = dir.path().join("v.img");
-    format_16m(img.to_str().unwrap(), &[]);
-    let writes: Vec<(u64, u8)> = (0..6u64).map(|i| (i * 8192, i as u8 + 1)).collect();
-    let copy = crash_copy(&img, &writes);
+    let (_dir, copy, _) = six_writes_crash_copy();
     let c = copy.to_str().unwrap();
     let o = jbdev(&["journal", "dump", c]);
     assert!(o.status.success(), "{}", text(&o));
@@ -2135,11 +2142,7 @@ fn rbd_grow_resizes_the_image_or_takes_all_of_it() {
 /// again (`check` says ok).
 #[test]
 fn journal_rescue_keeps_what_precedes_mid_log_damage() {
-    let dir = tempfile::tempdir().unwrap();
-    let img = dir.path().join("v.img");
-    format_16m(img.to_str().unwrap(), &[]);
-    let writes: Vec<(u64, u8)> = (0..6u64).map(|i| (i * 8192, i as u8 + 1)).collect();
-    let copy = crash_copy(&img, &writes);
+    let (_dir, copy, writes) = six_writes_crash_copy();
     let c = copy.to_str().unwrap();
     // Not damaged: refused, nothing changed.
     let before = std::fs::read(&copy).unwrap();
