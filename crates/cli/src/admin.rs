@@ -1022,6 +1022,20 @@ fn inspect_or_advise(
     )
 }
 
+/// The volume at `path` inspected without an open (no lock, nothing
+/// written) and its journal's superblock, for `journal dump` and `journal
+/// rescue`; the errors and exits of [`inspect_or_advise`],
+/// [`refuse_unused_journal`] and [`journal_superblock_or_exit`].
+fn inspect_journal(
+    path: &std::path::Path,
+    journal: Option<&std::path::Path>,
+) -> anyhow::Result<(Inspection, format::JournalSuperblock)> {
+    let ins = inspect_or_advise(path, journal)?.map_err(|e| not_a_volume_hint(path, e))?;
+    refuse_unused_journal(&ins.superblock, journal)?;
+    let jsb = journal_superblock_or_exit(&ins, journal)?;
+    Ok((ins, jsb))
+}
+
 /// The journal superblock of `ins`, for `check` and `journal dump`, or the
 /// end of the command: one that cannot be decoded is a corrupt journal
 /// (printed, exit 2), except when the block cannot be read at all (a device
@@ -1366,10 +1380,7 @@ pub fn journal(c: JournalCommand) -> anyhow::Result<()> {
             return journal_reset(&path, journal.as_deref(), &opts);
         }
     };
-    let ins =
-        inspect_or_advise(&path, journal.as_deref())?.map_err(|e| not_a_volume_hint(&path, e))?;
-    refuse_unused_journal(&ins.superblock, journal.as_deref())?;
-    let jsb = journal_superblock_or_exit(&ins, journal.as_deref())?;
+    let (ins, jsb) = inspect_journal(&path, journal.as_deref())?;
     let foreign = jsb.uuid != ins.superblock.journal_uuid();
     if foreign {
         outln!(
@@ -1447,10 +1458,7 @@ fn journal_rescue(
 ) -> anyhow::Result<()> {
     // What the log holds first, read-only: a log that is not damaged in
     // the middle is left to a plain open, and nothing is changed.
-    let ins =
-        inspect_or_advise(path, journal.as_deref())?.map_err(|e| not_a_volume_hint(path, e))?;
-    refuse_unused_journal(&ins.superblock, journal.as_deref())?;
-    let jsb = journal_superblock_or_exit(&ins, journal.as_deref())?;
+    let (ins, jsb) = inspect_journal(path, journal.as_deref())?;
     if jsb.uuid != ins.superblock.journal_uuid() {
         anyhow::bail!(
             "the journal belongs to another volume (uuid {}, expected {}): the wrong --journal? \

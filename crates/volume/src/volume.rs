@@ -182,6 +182,35 @@ pub struct RecoveryReport {
 /// How often an open's journal scan and replay report how far they got.
 const SCAN_REPORT_EVERY: std::time::Duration = std::time::Duration::from_secs(2);
 
+/// When a long step of an open (the journal scan, the replay) is due to say
+/// how far it got: every [`SCAN_REPORT_EVERY`], asked from any thread.
+struct ProgressTicker {
+    started: Instant,
+    next: parking_lot::Mutex<Instant>,
+}
+
+impl ProgressTicker {
+    fn new() -> Self {
+        let started = Instant::now();
+        Self {
+            started,
+            next: parking_lot::Mutex::new(started + SCAN_REPORT_EVERY),
+        }
+    }
+
+    /// The whole seconds since the start when a report is due now (to one
+    /// caller per period), else `None`.
+    fn due(&self) -> Option<u64> {
+        let mut next = self.next.try_lock()?;
+        let now = Instant::now();
+        if now < *next {
+            return None;
+        }
+        *next = now + SCAN_REPORT_EVERY;
+        Some(self.started.elapsed().as_secs())
+    }
+}
+
 /// See [`Volume::journal_probe`].
 pub struct JournalProbe {
     engine: Arc<Engine>,
@@ -1870,17 +1899,13 @@ impl Volume {
         let region = JournalRegion::new(jdev, jflusher, joff, bs, (jlen / u64::from(bs)) as u32)?;
         // A large journal takes seconds to scan (13 s for 4 GiB in session
         // 26's pass, in silence): say how far it got every few seconds.
-        let scan_started = Instant::now();
-        let mut next_report = scan_started + SCAN_REPORT_EVERY;
+        let tick = ProgressTicker::new();
         let scan = recovery::scan(&region, &mut |blocks| {
-            let now = Instant::now();
-            if now >= next_report {
-                next_report = now + SCAN_REPORT_EVERY;
+            if let Some(secs) = tick.due() {
                 tracing::info!(
-                    "journal scan: {} of {} MiB read in {} s",
+                    "journal scan: {} of {} MiB read in {secs} s",
                     (blocks * u64::from(bs)) >> 20,
                     jlen >> 20,
-                    scan_started.elapsed().as_secs()
                 );
             }
         })?;
@@ -1969,21 +1994,15 @@ impl Volume {
             // Progress every few seconds, as for the scan (a 4 GiB log
             // took 12 s to replay in session 26's pass, with one line).
             let replayed = std::sync::atomic::AtomicU64::new(0);
-            let replay_started = Instant::now();
-            let next_replay_report = parking_lot::Mutex::new(replay_started + SCAN_REPORT_EVERY);
+            let tick = ProgressTicker::new();
             let total = plan.len();
             let write_window = |entries: &[&recovery::ReplayEntry], blocks: &[&[u8]]| {
                 let done = replayed.fetch_add(entries.len() as u64, Ordering::Relaxed)
                     + entries.len() as u64;
-                if let Some(mut next) = next_replay_report.try_lock() {
-                    let now = Instant::now();
-                    if now >= *next {
-                        *next = now + SCAN_REPORT_EVERY;
-                        tracing::info!(
-                            "journal replay: {done} of {total} block(s) going home after {} s",
-                            replay_started.elapsed().as_secs()
-                        );
-                    }
+                if let Some(secs) = tick.due() {
+                    tracing::info!(
+                        "journal replay: {done} of {total} block(s) going home after {secs} s"
+                    );
                 }
                 let mut order: Vec<usize> = (0..entries.len()).collect();
                 order.sort_unstable_by_key(|&i| entries[i].home);

@@ -69,6 +69,13 @@ struct Run {
     punch: bool,
 }
 
+impl Run {
+    /// The bytes of home the run covers.
+    fn bytes(&self, bs: usize) -> u64 {
+        ((self.end - self.start) * bs) as u64
+    }
+}
+
 impl Engine {
     // ----- checkpoint thread ----------------------------------------------
 
@@ -585,7 +592,7 @@ impl Engine {
                 let Some((tag, run)) = next.next() else { break };
                 let off = self.home_offset(todo[run.start].0);
                 let req = if run.punch {
-                    IoRequest::write_zeroes(off, ((run.end - run.start) * bs) as u64)
+                    IoRequest::write_zeroes(off, run.bytes(bs))
                 } else {
                     IoRequest::write_v(off, home_bufs(&todo[run.start..run.end], bs))
                 };
@@ -610,7 +617,7 @@ impl Engine {
                     if let Some(run) = runs.get(d.tag as usize) {
                         self.home
                             .checkpoint_written_bytes
-                            .fetch_add(((run.end - run.start) * bs) as u64, Ordering::Relaxed);
+                            .fetch_add(run.bytes(bs), Ordering::Relaxed);
                     }
                 }
                 if let Err(e) = d.result {
@@ -648,9 +655,7 @@ impl Engine {
         for run in runs {
             let off = self.home_offset(todo[run.start].0);
             if run.punch {
-                self.home
-                    .dev
-                    .write_zeroes(off, ((run.end - run.start) * bs) as u64)?;
+                self.home.dev.write_zeroes(off, run.bytes(bs))?;
             } else {
                 let iov = todo[run.start..run.end]
                     .iter()
@@ -671,10 +676,10 @@ impl Engine {
             })
             .collect();
         self.home.dev.write_batch(&reqs, prio)?;
-        let bytes: usize = runs.iter().map(|r| (r.end - r.start) * bs).sum();
+        let bytes = runs.iter().map(|r| r.bytes(bs)).sum();
         self.home
             .checkpoint_written_bytes
-            .fetch_add(bytes as u64, Ordering::Relaxed);
+            .fetch_add(bytes, Ordering::Relaxed);
         Ok(())
     }
 }
