@@ -914,7 +914,7 @@ mod in_use {
     /// "held by pid N: command line" from /proc/locks (flock on image
     /// files); block devices opened with O_EXCL leave no trace there.
     fn holder(path: &Path) -> String {
-        jbdev_device::open::flock_holder_of(path)
+        jbdev_device::lock::flock_holder_of(path)
             .unwrap_or_else(|| "held by another process".to_string())
     }
 }

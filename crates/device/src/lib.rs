@@ -42,9 +42,11 @@ pub mod file;
 pub mod flush;
 pub mod fork;
 pub mod heap;
+pub mod lock;
 #[cfg(any(test, feature = "testing"))]
 pub mod mem;
 pub mod open;
+pub mod options;
 pub mod pool;
 pub mod pread;
 pub mod queue;
@@ -56,7 +58,8 @@ pub mod uring;
 pub use aligned::AlignedBuf;
 pub use error::{DeviceError, Result};
 pub use flush::FlushCoalescer;
-pub use open::{is_rbd_target, open_device, Backend, OpenOptions, OpenedDevice};
+pub use open::{is_rbd_target, open_device, OpenedDevice};
+pub use options::{Backend, OpenOptions};
 pub use queue::{
     IoBuf, IoBufMut, IoDone, IoOp, IoQueue, IoRequest, Refused, IOV_MAX, QUEUE_DEPTH_MAX,
 };

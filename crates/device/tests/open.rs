@@ -549,7 +549,7 @@ fn a_dead_holder_s_lock_that_outlives_the_wait_is_said_as_it_is() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("v.img");
     std::fs::write(&path, vec![0u8; 1 << 20]).unwrap();
-    let linger = jbdev_device::open::DEAD_HOLDER_WAIT.as_secs() as u32 + 5;
+    let linger = jbdev_device::lock::DEAD_HOLDER_WAIT.as_secs() as u32 + 5;
     let Some(mut holder) = in_flight_holder(&path, linger) else {
         return;
     };

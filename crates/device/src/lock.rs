@@ -1,0 +1,426 @@
+//! Who holds a device: the lock an open takes (flock on files and on a
+//! loop device's backing file), the holders `/proc/locks` lists, and the
+//! wait for a lock whose holder has exited.
+
+use std::fs::{File, OpenOptions as FsOpenOptions};
+use std::io;
+use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+use std::os::unix::io::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use crate::{DeviceError, Result};
+
+/// Longest wait for a file lock whose every holder has exited (see
+/// `flock_file`).
+pub const DEAD_HOLDER_WAIT: Duration = Duration::from_secs(10);
+
+/// Pids holding flock locks on the inode `ino` of device `major:minor`,
+/// from `/proc/locks` (0 for a holder whose pid no longer exists in our
+/// namespace). `None` if there is no /proc to tell.
+pub(crate) fn flock_holders_of(major: u64, minor: u64, ino: u64) -> Option<Vec<i64>> {
+    let locks = std::fs::read_to_string("/proc/locks").ok()?;
+    Some(parse_proc_locks(&locks, major, minor, ino))
+}
+
+/// Live processes other than this one with a descriptor of the inode
+/// (`/proc/PID/fd`), at most `max` of them. A flock belongs to an open file,
+/// not to a process: `flock -x FD` in a shell takes the lock in the `flock`
+/// process, which exits and leaves it held through the shell's descriptor,
+/// so `/proc/locks` names a dead pid for a lock a live process holds. A
+/// lock whose listed holders are dead while such a process exists is held
+/// by it, not left over from a killed one.
+pub(crate) fn live_openers_of(major: u64, minor: u64, ino: u64, max: usize) -> Vec<i64> {
+    use std::os::unix::fs::MetadataExt;
+    let me = i64::from(std::process::id());
+    let mut out = Vec::new();
+    let Ok(procs) = std::fs::read_dir("/proc") else {
+        return out;
+    };
+    for p in procs.flatten() {
+        let Some(pid) = p.file_name().to_str().and_then(|s| s.parse::<i64>().ok()) else {
+            continue;
+        };
+        if pid == me || !pid_alive(pid) {
+            continue;
+        }
+        let Ok(fds) = std::fs::read_dir(p.path().join("fd")) else {
+            continue;
+        };
+        let holds = fds.flatten().any(|fd| {
+            // stat through the magic link: the file itself, not the link.
+            std::fs::metadata(fd.path()).is_ok_and(|m| {
+                m.ino() == ino && dev_major(m.dev()) == major && dev_minor(m.dev()) == minor
+            })
+        });
+        if holds {
+            out.push(pid);
+            if out.len() >= max {
+                break;
+            }
+        }
+    }
+    out
+}
+
+/// "held by pid N: its command line" for the first live holder of a flock
+/// on the file at `path` (`/proc/locks`), "held by this process" when that
+/// is us, or None when no live holder is listed (a block device opened
+/// with `O_EXCL` leaves no trace there).
+pub fn flock_holder_of(path: &Path) -> Option<String> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(path).ok()?;
+    let pids = flock_holders_of(dev_major(m.dev()), dev_minor(m.dev()), m.ino())?;
+    let pid = pids.into_iter().find(|&p| pid_alive(p))?;
+    Some(describe_holder(pid))
+}
+
+/// "held by pid N: its command line" ("held by this process" for our own).
+pub(crate) fn describe_holder(pid: i64) -> String {
+    if pid == i64::from(std::process::id()) {
+        return "held by this process".to_string();
+    }
+    let cmd = std::fs::read(format!("/proc/{pid}/cmdline"))
+        .map(|c| {
+            String::from_utf8_lossy(&c)
+                .replace('\0', " ")
+                .trim()
+                .to_string()
+        })
+        .unwrap_or_default();
+    if cmd.is_empty() {
+        format!("held by pid {pid}")
+    } else {
+        format!("held by pid {pid}: {cmd}")
+    }
+}
+
+/// The glibc/Linux encoding of `dev_t`.
+pub(crate) fn dev_major(dev: u64) -> u64 {
+    ((dev >> 32) & 0xffff_f000) | ((dev >> 8) & 0xfff)
+}
+pub(crate) fn dev_minor(dev: u64) -> u64 {
+    ((dev >> 12) & 0xffff_ff00) | (dev & 0xff)
+}
+
+/// Pids of the FLOCK entries of `/proc/locks` for one inode. A line reads
+/// `N: [->] FLOCK ADVISORY WRITE PID MAJ:MIN:INO START END`, with MAJ and
+/// MIN in hex; `->` marks a waiter, not a holder.
+fn parse_proc_locks(text: &str, major: u64, minor: u64, ino: u64) -> Vec<i64> {
+    let mut out = Vec::new();
+    for line in text.lines() {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        if fields.get(1) == Some(&"->") || fields.get(1) != Some(&"FLOCK") {
+            continue;
+        }
+        let (Some(pid), Some(id)) = (fields.get(4), fields.get(5)) else {
+            continue;
+        };
+        let mut parts = id.split(':');
+        let (Some(ma), Some(mi), Some(i)) = (parts.next(), parts.next(), parts.next()) else {
+            continue;
+        };
+        let same = u64::from_str_radix(ma, 16).ok() == Some(major)
+            && u64::from_str_radix(mi, 16).ok() == Some(minor)
+            && i.parse::<u64>().ok() == Some(ino);
+        if let (true, Ok(pid)) = (same, pid.parse::<i64>()) {
+            out.push(pid);
+        }
+    }
+    out
+}
+
+/// True unless `pid` is known to have exited (absent, a zombie, or dead).
+/// Pid 0 is what /proc/locks shows once the holder's pid is gone.
+pub(crate) fn pid_alive(pid: i64) -> bool {
+    if pid == 0 {
+        return false;
+    }
+    if pid < 0 {
+        return true; // an OFD lock: no owner to ask about
+    }
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // The state follows the parenthesised command name.
+        Ok(stat) => !matches!(
+            stat.rsplit_once(')')
+                .and_then(|(_, rest)| rest.trim_start().chars().next()),
+            Some('Z' | 'X' | 'x')
+        ),
+        Err(_) => false,
+    }
+}
+
+/// `LOOP_GET_STATUS64` (`0x4C05`).
+const LOOP_GET_STATUS64: libc::c_ulong = 0x4C05;
+
+/// `struct loop_info64` of `<linux/loop.h>`.
+#[repr(C)]
+struct LoopInfo64 {
+    lo_device: u64,
+    lo_inode: u64,
+    lo_rdevice: u64,
+    lo_offset: u64,
+    lo_sizelimit: u64,
+    lo_number: u32,
+    lo_encrypt_type: u32,
+    lo_encrypt_key_size: u32,
+    lo_flags: u32,
+    lo_file_name: [u8; 64],
+    lo_crypt_name: [u8; 64],
+    lo_encrypt_key: [u8; 32],
+    lo_init: [u64; 2],
+}
+
+/// The kernel's `new_decode_dev` (how `lo_device` is encoded) as
+/// (major, minor).
+fn kernel_decode_dev(dev: u64) -> (u64, u64) {
+    ((dev & 0xfff00) >> 8, (dev & 0xff) | ((dev >> 12) & 0xfff00))
+}
+
+/// The storage behind the loop block device open as `file`: the device and
+/// inode of its backing file, and the path the kernel recorded for it.
+/// `None` if `file` is not a (bound) loop device. A loop *partition*
+/// (`/dev/loop3p1`) is resolved through its parent device in sysfs.
+fn loop_backing(file: &File) -> Option<((u64, u64), u64, PathBuf)> {
+    use std::os::unix::fs::MetadataExt;
+    let rdev = file.metadata().ok()?.rdev();
+    let sys = PathBuf::from(format!(
+        "/sys/dev/block/{}:{}",
+        dev_major(rdev),
+        dev_minor(rdev)
+    ));
+    let loop_dir = if sys.join("loop").is_dir() {
+        sys.join("loop")
+    } else if sys.join("partition").exists() && sys.join("../loop").is_dir() {
+        sys.join("../loop")
+    } else {
+        return None;
+    };
+    let recorded = std::fs::read_to_string(loop_dir.join("backing_file")).ok()?;
+    let recorded = PathBuf::from(recorded.trim_end_matches('\n'));
+    if loop_dir == sys.join("loop") {
+        // The identity from the kernel itself: the path may be stale.
+        // SAFETY: loop_info64 is plain old data; all-zero is valid.
+        let mut info: LoopInfo64 = unsafe { std::mem::zeroed() };
+        // SAFETY: LOOP_GET_STATUS64 fills the struct we pass a pointer to.
+        let r = unsafe {
+            libc::ioctl(
+                file.as_raw_fd(),
+                LOOP_GET_STATUS64 as _,
+                &mut info as *mut LoopInfo64,
+            )
+        };
+        if r == 0 {
+            return Some((kernel_decode_dev(info.lo_device), info.lo_inode, recorded));
+        }
+    }
+    // A partition, or the ioctl refused: identify by what the path names now.
+    let md = std::fs::metadata(&recorded).ok()?;
+    Some((
+        (dev_major(md.dev()), dev_minor(md.dev())),
+        md.ino(),
+        recorded,
+    ))
+}
+
+/// If `file` is a loop block device, takes on its backing storage the lock
+/// an open of the backing file's own path would take (`flock`, shared for a
+/// read-only open, exclusive otherwise; `O_EXCL` if the backing is itself a
+/// block device) and returns the descriptor holding it. Without this a
+/// volume could be opened through `/dev/loopN` and through its backing file
+/// (or a second loop device over it) at once: two writers of one journal.
+/// The backing file is identified by device and inode (`LOOP_GET_STATUS64`);
+/// if the recorded path no longer names it (moved, deleted) it cannot be
+/// locked, and we refuse only if `/proc/locks` shows a live holder. A lock
+/// whose holders have all exited is waited for, as for an open of the file
+/// ([`flock_file`]).
+pub(crate) fn lock_loop_backing(file: &File, what: &str, read_only: bool) -> Result<Option<File>> {
+    use std::os::unix::fs::MetadataExt;
+    let Some(((major, minor), ino, path)) = loop_backing(file) else {
+        return Ok(None);
+    };
+    let alias = || format!("{what} is backed by {}, which", path.display());
+    let md = std::fs::metadata(&path).ok();
+    let same = md.as_ref().is_some_and(|m| {
+        dev_major(m.dev()) == major && dev_minor(m.dev()) == minor && m.ino() == ino
+    });
+    if !same {
+        if flock_holders_of(major, minor, ino).is_some_and(|h| h.iter().any(|&pid| pid_alive(pid)))
+        {
+            return Err(DeviceError::Busy(alias()));
+        }
+        tracing::warn!(
+            "{what}: its backing file {} is no longer at that path (moved or deleted), so it cannot be locked against a second opener",
+            path.display()
+        );
+        return Ok(None);
+    }
+    let is_blk = md.is_some_and(|m| m.file_type().is_block_device());
+    let mut o = FsOpenOptions::new();
+    o.read(true);
+    if is_blk {
+        o.custom_flags(libc::O_EXCL);
+    }
+    let backing = match o.open(&path) {
+        Ok(f) => f,
+        Err(e) if e.raw_os_error() == Some(libc::EBUSY) => return Err(DeviceError::Busy(alias())),
+        Err(e) => return Err(DeviceError::io("open (loop backing file)", alias(), e)),
+    };
+    // The file we opened must still be the loop's (a rename in between).
+    let now = backing
+        .metadata()
+        .map_err(|e| DeviceError::io("stat", path.display().to_string(), e))?;
+    if now.ino() != ino {
+        return Err(DeviceError::Invalid(format!(
+            "{what}: its backing file {} changed while it was being locked; try again",
+            path.display()
+        )));
+    }
+    if !is_blk {
+        flock_file(&backing, &path, read_only, alias)?;
+    }
+    Ok(Some(backing))
+}
+
+/// Takes the lock a jbdev open takes on `file` (opened at `path`): shared
+/// for a read-only open, exclusive otherwise. `held` names what is locked,
+/// for the `Busy` error when another open holds it.
+///
+/// A lock held by a live process fails at once, and so does one whose
+/// listed holders have exited while a live process still has the file open
+/// (it inherited the locked descriptor: [`live_openers_of`]).
+/// One whose every holder has exited (`/proc/locks`) is waited for, up to
+/// [`DEAD_HOLDER_WAIT`](DEAD_HOLDER_WAIT), saying so. Why: a
+/// process killed with SIGKILL keeps its flock until the kernel has released
+/// every reference to its open file, and io_uring instances are torn down
+/// asynchronously after the process is gone, so for a moment the lock
+/// outlives its owner and a supervisor's immediate restart would fail with
+/// "already open". The same wait serves an open of the file and of a loop
+/// device over it (the lock on its backing file, [`lock_loop_backing`]).
+pub(crate) fn flock_file(
+    file: &File,
+    path: &Path,
+    read_only: bool,
+    held: impl Fn() -> String,
+) -> Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    let op = if read_only {
+        libc::LOCK_SH
+    } else {
+        libc::LOCK_EX
+    };
+    let mut deadline: Option<Instant> = None;
+    loop {
+        // SAFETY: flock on a valid, owned descriptor.
+        if unsafe { libc::flock(file.as_raw_fd(), op | libc::LOCK_NB) } == 0 {
+            return Ok(());
+        }
+        let e = io::Error::last_os_error();
+        if e.raw_os_error() != Some(libc::EWOULDBLOCK) {
+            return Err(DeviceError::io("flock", held(), e));
+        }
+        let id = file
+            .metadata()
+            .ok()
+            .map(|m| (dev_major(m.dev()), dev_minor(m.dev()), m.ino()));
+        let holders = id.and_then(|(ma, mi, ino)| flock_holders_of(ma, mi, ino));
+        let (Some(holders), Some((ma, mi, ino))) = (holders, id) else {
+            return Err(DeviceError::Busy(held()));
+        };
+        if let Some(&pid) = holders.iter().find(|&&pid| pid_alive(pid)) {
+            let who = describe_holder(pid);
+            return Err(DeviceError::Busy(with_note(held(), &who)));
+        }
+        if deadline.is_none() {
+            // Listed holders all dead, but a live process has the file open:
+            // it holds the lock through a descriptor it inherited (a shell's
+            // `flock -x FD`), and no wait will end that. Once: a killed
+            // holder's descriptors are gone from /proc at once.
+            let live = live_openers_of(ma, mi, ino, 4);
+            if !live.is_empty() {
+                let pids: Vec<String> = live.iter().map(i64::to_string).collect();
+                let note = format!(
+                    "pid {} has it open, and the lock with it: the process that took the lock has exited",
+                    pids.join(", ")
+                );
+                return Err(DeviceError::Busy(with_note(held(), &note)));
+            }
+        }
+        // All holders have exited, or none is listed any more (the lock
+        // went away between our attempt and the look): retry.
+        let deadline = *deadline.get_or_insert_with(|| {
+            if !holders.is_empty() {
+                tracing::warn!(
+                    "{} is locked by a process that has exited; waiting up to {} s for the kernel to release the lock",
+                    path.display(),
+                    DEAD_HOLDER_WAIT.as_secs()
+                );
+            }
+            Instant::now() + DEAD_HOLDER_WAIT
+        });
+        if Instant::now() >= deadline {
+            // Said as it is: no live process holds it (session 26's pass
+            // saw such a lock outlive its killed owner by minutes, on a
+            // disk another program kept busy).
+            let pids: Vec<String> = holders
+                .iter()
+                .filter(|&&p| p > 0)
+                .map(i64::to_string)
+                .collect();
+            let who = if pids.is_empty() {
+                "a process".to_string()
+            } else {
+                format!("pid {}", pids.join(", "))
+            };
+            let note = format!(
+                "the lock is left by {who}, which has exited; the kernel releases it once that \
+                 process's I/O in flight has finished, and has not after {} s (a slow or stalled \
+                 device?): try again",
+                DEAD_HOLDER_WAIT.as_secs()
+            );
+            return Err(DeviceError::Busy(with_note(held(), &note)));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// `held` (a name, perhaps with who may hold it in parentheses) with `note`
+/// in its parentheses.
+fn with_note(held: String, note: &str) -> String {
+    match held.strip_suffix(')') {
+        Some(h) => format!("{h}; {note})"),
+        None => format!("{held} ({note})"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn proc_locks_lines_are_matched_by_inode() {
+        let text = "1: FLOCK  ADVISORY  WRITE 18236 fe:00:5308645 0 EOF\n\
+                    2: FLOCK  ADVISORY  READ 0 fe:00:5308645 0 EOF\n\
+                    3: -> FLOCK  ADVISORY  WRITE 99 fe:00:5308645 0 EOF\n\
+                    4: POSIX  ADVISORY  WRITE 77 fe:00:5308645 0 EOF\n\
+                    5: FLOCK  ADVISORY  WRITE 5 fe:01:5308645 0 EOF\n\
+                    garbage\n";
+        assert_eq!(parse_proc_locks(text, 0xfe, 0, 5308645), vec![18236, 0]);
+        assert!(parse_proc_locks(text, 0xfe, 0, 1).is_empty());
+    }
+
+    #[test]
+    fn dev_numbers_decode() {
+        // makedev(0xfe, 0) and makedev(259, 70000) as glibc encodes them.
+        assert_eq!((dev_major(0xfe00), dev_minor(0xfe00)), (0xfe, 0));
+        let (ma, mi) = (259u64, 70000u64);
+        let dev = ((ma & 0xfff) << 8) | (mi & 0xff) | ((mi >> 8) << 20);
+        assert_eq!((dev_major(dev), dev_minor(dev)), (259, 70000));
+    }
+
+    #[test]
+    fn liveness_of_this_process_and_of_pid_zero() {
+        assert!(pid_alive(i64::from(std::process::id())));
+        assert!(!pid_alive(0));
+    }
+}
