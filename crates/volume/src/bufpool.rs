@@ -26,12 +26,20 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use crossbeam_channel::{Receiver, Sender};
-use jbdev_device::AlignedBuf;
+use jbdev_device::{AlignedBuf, MAX_ALIGN};
 use jbdev_journal::writer::BlockSums;
 use smallvec::SmallVec;
 
 /// Size classes: 1, 2, 4, … 256 blocks (1 MiB of 4 KiB blocks).
 pub const CLASSES: usize = 9;
+
+/// Buffers of at most this many bytes are carved from one allocation of
+/// [`CARVE_CHUNK`] bytes ([`AlignedBuf::carve`]).
+const CARVE_MAX: usize = 16 << 10;
+/// The allocation small buffers are carved from: 16 buffers of 4 KiB, and
+/// below glibc's default mmap threshold (128 KiB), so chunks come from the
+/// heap rather than one memory mapping each.
+const CARVE_CHUNK: usize = 64 << 10;
 
 struct Slot {
     buf: AlignedBuf,
@@ -127,16 +135,38 @@ impl BufPool {
             }
             Err(_) => {
                 inner.allocated.fetch_add(1, Ordering::Relaxed);
-                Arc::new(Slot {
-                    buf: AlignedBuf::zeroed(inner.bs << class),
-                    sums: vec![None; 1 << class],
-                    zeroed: vec![false; 1 << class],
-                    class: class as u8,
-                })
+                let len = inner.bs << class;
+                let new_slot = |buf| {
+                    Arc::new(Slot {
+                        buf,
+                        sums: vec![None; 1 << class],
+                        zeroed: vec![false; 1 << class],
+                        class: class as u8,
+                    })
+                };
+                if len <= CARVE_MAX
+                    && len.is_multiple_of(MAX_ALIGN)
+                    && inner.keep_bytes >= CARVE_CHUNK
+                {
+                    // Small buffers come carved from one allocation: alone,
+                    // each would cost a page more (ARCHITECTURE 12b). The
+                    // rest of the chunk goes to the free list (a pool that
+                    // could not keep it carves nothing: pieces it dropped
+                    // would hold their chunk's memory until the last one
+                    // went).
+                    let mut pieces = AlignedBuf::carve(len, CARVE_CHUNK / len);
+                    let mine = pieces.pop().expect("carve gives at least one piece");
+                    for piece in pieces {
+                        inner.recycle(new_slot(piece));
+                    }
+                    new_slot(mine)
+                } else {
+                    new_slot(AlignedBuf::zeroed(len))
+                }
             }
         };
         OwnedBuf {
-            slot,
+            slot: Some(slot),
             pool: self.inner.clone(),
         }
     }
@@ -215,25 +245,40 @@ impl Inner {
     }
 }
 
-/// A buffer only its holder sees: writable.
+/// A buffer only its holder sees: writable. Dropped unshared (a write
+/// that gave up: a non-blocking attempt finding the log full, an error), it
+/// goes back to the pool like a last [`SharedBuf`]; freed instead, a carved
+/// buffer would hold its whole chunk while the chunk's other buffers went
+/// round the pool.
 struct OwnedBuf {
-    slot: Arc<Slot>,
+    /// Always `Some` until `share` or the drop takes it.
+    slot: Option<Arc<Slot>>,
     pool: Arc<Inner>,
 }
 
 impl OwnedBuf {
     fn slot_mut(&mut self) -> &mut Slot {
         // Never cloned before `share`, so the holder is the only one.
-        match Arc::get_mut(&mut self.slot) {
+        match self.slot.as_mut().and_then(Arc::get_mut) {
             Some(s) => s,
             None => unreachable!("an owned pool buffer is never shared"),
         }
     }
 
-    fn share(self) -> SharedBuf {
+    fn share(mut self) -> SharedBuf {
         SharedBuf {
-            slot: Some(self.slot),
-            pool: self.pool,
+            slot: self.slot.take(),
+            pool: self.pool.clone(),
+        }
+    }
+}
+
+impl Drop for OwnedBuf {
+    fn drop(&mut self) {
+        if let Some(slot) = self.slot.take() {
+            if slot.class != u8::MAX {
+                self.pool.recycle(slot);
+            }
         }
     }
 }
@@ -376,22 +421,95 @@ mod tests {
         let pool = BufPool::new(4096, 1 << 20);
         let mut w = pool.take(1);
         w.block_mut(0).fill(9);
+        // The rest of the carved chunk waits on the free list.
+        let rest = (CARVE_CHUNK - 4096) as u64;
+        assert_eq!(pool.stats().kept_bytes, rest);
         let (chunks, per) = w.share();
         assert_eq!(per, 1);
         let a = chunks[0].clone();
         drop(chunks);
-        assert_eq!(pool.stats().kept_bytes, 0, "a handle is still alive");
+        assert_eq!(pool.stats().kept_bytes, rest, "a handle is still alive");
         assert_eq!(a[0], 9);
         drop(a);
-        assert_eq!(pool.stats().kept_bytes, 4096);
+        assert_eq!(pool.stats().kept_bytes, rest + 4096);
         let _again = pool.take(1);
         assert_eq!(
             pool.stats(),
             PoolStats {
                 allocated: 1,
                 reused: 1,
-                kept_bytes: 0
+                kept_bytes: rest
             }
+        );
+    }
+
+    /// A write that gives up before sharing its buffer (the NBD server's
+    /// non-blocking attempt finding the log full) gives the buffer back:
+    /// freed, a carved one would hold its chunk for as long as the chunk's
+    /// other buffers went round the pool.
+    #[test]
+    fn a_buffer_dropped_unshared_comes_back() {
+        let pool = BufPool::new(4096, 4 << 20);
+        let kept = pool.stats().kept_bytes;
+        let mut w = pool.take(1);
+        w.block_mut(0).fill(3);
+        w.seal(0);
+        w.mark_zeroed(0);
+        drop(w);
+        let st = pool.stats();
+        assert_eq!(st.kept_bytes, kept + CARVE_CHUNK as u64, "{st:?}");
+        // Reused without its old sums or zeroed mark.
+        let again = pool.take(1).share().0;
+        assert_eq!(pool.stats().allocated, 1);
+        assert!(again[0].sums(0).is_none() && !again[0].zeroed(0));
+        // Large writes too.
+        drop(pool.take(300));
+        assert_eq!(
+            pool.stats().kept_bytes,
+            (CARVE_CHUNK - 4096 + (2 << 20)) as u64
+        );
+    }
+
+    /// Small buffers are carved 64 KiB at a time: sixteen 4 KiB writes
+    /// make one allocation, each buffer aligned and distinct; a pool too
+    /// small to keep a chunk's rest allocates buffers one by one.
+    #[test]
+    fn small_buffers_are_carved_from_one_allocation() {
+        let pool = BufPool::new(4096, 1 << 20);
+        let held: Vec<_> = (0..16)
+            .map(|i| {
+                let mut w = pool.take(1);
+                w.block_mut(0).fill(i as u8);
+                w.share().0
+            })
+            .collect();
+        let st = pool.stats();
+        assert_eq!(
+            (st.allocated, st.reused, st.kept_bytes),
+            (1, 15, 0),
+            "{st:?}"
+        );
+        for (i, h) in held.iter().enumerate() {
+            assert!(AlignedBuf::is_aligned(h[0].as_ptr(), MAX_ALIGN));
+            assert!(
+                h[0].iter().all(|&b| b == i as u8),
+                "buffer {i} was overwritten"
+            );
+        }
+        // Eight-block buffers (32 KiB) are not carved.
+        let _big = pool.take(8);
+        assert_eq!(pool.stats().allocated, 2);
+        drop(held);
+        assert_eq!(pool.stats().kept_bytes, CARVE_CHUNK as u64);
+
+        let small = BufPool::new(4096, 16 << 10);
+        let _a = small.take(1);
+        let _b = small.take(1);
+        let st = small.stats();
+        assert_eq!(
+            (st.allocated, st.reused, st.kept_bytes),
+            (2, 0, 0),
+            "{st:?}"
         );
     }
 
@@ -521,8 +639,8 @@ mod tests {
         }
         let s = pool.stats();
         assert!(
-            s.kept_bytes <= 4096,
-            "one buffer can be on the list at most: {s:?}"
+            s.kept_bytes <= CARVE_CHUNK as u64,
+            "one carved chunk can be on the list at most: {s:?}"
         );
         assert_eq!(s.allocated + s.reused, 200);
     }
