@@ -1214,7 +1214,8 @@ pub fn check(a: CheckArgs) -> anyhow::Result<()> {
         ProgressStyle::with_template("scanning journal {bar:40} {pos}/{len} blocks")
             .expect("static template"),
     );
-    let scan = recovery::scan(&ins.region, &mut |n| pb.set_position(n));
+    let scan =
+        jbdev_volume::scan_journal(&ins.region, &ins.superblock, &mut |n| pb.set_position(n));
     pb.finish_and_clear();
     let scan = match scan {
         Ok(s) => s,
@@ -1230,6 +1231,14 @@ pub fn check(a: CheckArgs) -> anyhow::Result<()> {
         .or_else(|| jbdev_volume::home_behind_journal(&ins.superblock, &scan.superblock))
     {
         anyhow::bail!("{why}; every open refuses it");
+    }
+    if let Some(damage) = &scan.home_damage {
+        outln!(
+            "journal: damaged at or before the checkpoint mark (transaction {}), in what the \
+             home already holds: {}; recovery goes on after the mark, nothing is lost",
+            ins.superblock.checkpoint_sequence,
+            jbdev_volume::describe_scan_end(damage)
+        )?;
     }
     let (plan, revoked) = recovery::replay_plan(&scan.txns);
     // The checks every open applies to what recovery would replay.
@@ -1417,8 +1426,16 @@ pub fn journal(c: JournalCommand) -> anyhow::Result<()> {
         // The walk above stops at the first block that ends the log; the
         // recovery scan (what `check` and every open use) knows whether
         // committed transactions follow a damaged one.
-        match recovery::scan(&ins.region, &mut |_| {}) {
+        match jbdev_volume::scan_journal(&ins.region, &ins.superblock, &mut |_| {}) {
             Ok(scan) => {
+                if let Some(damage) = &scan.home_damage {
+                    outln!(
+                        "note: damaged at or before the checkpoint mark (transaction {}), in \
+                         what the home already holds: {}; recovery goes on after the mark",
+                        ins.superblock.checkpoint_sequence,
+                        jbdev_volume::describe_scan_end(damage)
+                    )?;
+                }
                 if let ScanEnd::CorruptMiddle {
                     sequence,
                     pos,
@@ -1470,8 +1487,27 @@ fn journal_rescue(
     let scan = if jsb.is_clean() {
         None
     } else {
-        Some(recovery::scan(&ins.region, &mut |_| {}).context("reading the journal")?)
+        Some(
+            jbdev_volume::scan_journal(&ins.region, &ins.superblock, &mut |_| {})
+                .context("reading the journal")?,
+        )
     };
+    if let Some(damage) = scan.as_ref().and_then(|s| s.home_damage.as_ref()) {
+        if !matches!(
+            scan.as_ref().map(|s| &s.end),
+            Some(ScanEnd::CorruptMiddle { .. })
+        ) {
+            anyhow::bail!(
+                "{}: the journal's damage ({}) is at or before the checkpoint mark (transaction \
+                 {}), in what the home already holds: a plain open replays every committed \
+                 transaction after it and loses nothing. Nothing to rescue, and nothing was \
+                 changed",
+                path.display(),
+                jbdev_volume::describe_scan_end(damage),
+                ins.superblock.checkpoint_sequence
+            );
+        }
+    }
     let Some((sequence, pos, reason)) = scan.and_then(|s| match s.end {
         ScanEnd::CorruptMiddle {
             sequence,

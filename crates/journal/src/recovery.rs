@@ -112,6 +112,11 @@ pub struct Scan {
     /// blocks of a discarded transaction can never be mistaken for new ones.
     pub next_sequence: u32,
     pub blocks_read: u64,
+    /// Set by [`scan_past_mark`] when the walk met damage in a transaction
+    /// the home already holds and went on from the first transaction after
+    /// the mark: where the damage was (`CorruptMiddle` or `TornTail`).
+    /// `txns` then start after the mark.
+    pub home_damage: Option<ScanEnd>,
 }
 
 /// One home block to restore from the journal.
@@ -205,21 +210,109 @@ pub fn check_geometry(sb: &JournalSuperblock, region: &JournalRegion) -> Result<
 pub fn scan(region: &JournalRegion, progress: &mut dyn FnMut(u64)) -> Result<Scan> {
     let sb = region.read_superblock()?;
     check_geometry(&sb, region)?;
+    scan_from(region, &sb, progress).map(|(scan, _)| scan)
+}
+
+/// [`scan`] of a journal whose home already holds every transaction up to
+/// `mark` (the volume's checkpoint mark, FORMAT.md `checkpoint_sequence`;
+/// 0 for none), if the journal's uuid is `uuid`.
+///
+/// Damage in such a transaction loses nothing (its blocks are home, and so
+/// are those of every transaction before it): where the walk stops at
+/// damage (mid-log or a torn tail) in a transaction at or before the mark,
+/// it goes on from the first block of transaction `mark + 1`, and the
+/// scan's transactions start there; `home_damage` says where the damage
+/// was. No transaction at or before the mark may then be replayed: one
+/// before the damage would roll back the blocks the damaged one, or a
+/// later one at or before the mark, wrote home since (session 28's pass:
+/// such a log was called a stale copy, and the `journal reset` that
+/// advised dropped the committed transactions after the mark).
+///
+/// If transactions after the mark are present but the first block of
+/// `mark + 1` is not found, the damage reaches past the mark: the scan
+/// ends `CorruptMiddle` at `mark + 1`, with no transactions.
+pub fn scan_past_mark(
+    region: &JournalRegion,
+    uuid: [u8; 16],
+    mark: u32,
+    progress: &mut dyn FnMut(u64),
+) -> Result<Scan> {
+    let sb = region.read_superblock()?;
+    check_geometry(&sb, region)?;
+    let (first, survey) = scan_from(region, &sb, progress)?;
+    let failed = match &first.end {
+        ScanEnd::CorruptMiddle { sequence, .. } | ScanEnd::TornTail { sequence, .. } => *sequence,
+        _ => return Ok(first),
+    };
+    if sb.uuid != uuid || mark == 0 || !not_before(mark, failed) {
+        return Ok(first);
+    }
+    let resume = mark.wrapping_add(1);
+    let later = survey.max_sequence.is_some_and(|m| not_before(m, resume));
+    let at = if later {
+        first_block_of(region, &sb, resume)?
+    } else {
+        None
+    };
+    let mut out = match at {
+        Some(pos) => {
+            let mut from = sb.clone();
+            from.start = pos;
+            from.sequence = resume;
+            let (mut rest, _) = scan_from(region, &from, progress)?;
+            rest.superblock = sb.clone();
+            rest.blocks_read += first.blocks_read;
+            if is_after(first.next_sequence, rest.next_sequence) {
+                rest.next_sequence = first.next_sequence;
+            }
+            rest
+        }
+        None => Scan {
+            superblock: sb.clone(),
+            txns: Vec::new(),
+            end: if later {
+                ScanEnd::CorruptMiddle {
+                    sequence: resume,
+                    pos: sb.start,
+                    reason: format!(
+                        "no first block of transaction {resume} is found, and later ones are                          (the damage in transaction {failed} reaches past the checkpoint mark)"
+                    ),
+                }
+            } else {
+                ScanEnd::End
+            },
+            next_sequence: first.next_sequence,
+            blocks_read: first.blocks_read,
+            home_damage: None,
+        },
+    };
+    out.home_damage = Some(first.end);
+    Ok(out)
+}
+
+/// The scan of the log that `sb` describes (its `start` and `sequence`),
+/// and the survey of the whole log area that decided how it ended.
+fn scan_from(
+    region: &JournalRegion,
+    sb: &JournalSuperblock,
+    progress: &mut dyn FnMut(u64),
+) -> Result<(Scan, Survey)> {
     let mut out = Scan {
         superblock: sb.clone(),
         txns: Vec::new(),
         end: ScanEnd::CleanJournal,
         next_sequence: sb.sequence,
         blocks_read: 0,
+        home_damage: None,
     };
     if sb.is_clean() {
-        return Ok(out);
+        return Ok((out, Survey::default()));
     }
-    let failure = walk_log(region, &sb, &mut out, progress)?;
+    let failure = walk_log(region, sb, &mut out, progress)?;
     let sequence = sb.sequence.wrapping_add(out.txns.len() as u32);
     // The whole log area, once: later transactions, the highest sequence
     // present, unreadable blocks.
-    let survey = survey_log(region, &sb, sequence)?;
+    let survey = survey_log(region, sb, sequence)?;
     out.end = decide(failure, &survey, sequence);
     // IMPORTANT: the next transaction written must carry a sequence that
     // exists nowhere in the log area, or a stale block of an old lap could
@@ -231,7 +324,38 @@ pub fn scan(region: &JournalRegion, progress: &mut dyn FnMut(u64)) -> Result<Sca
         }
     }
     out.next_sequence = next;
-    Ok(out)
+    Ok((out, survey))
+}
+
+/// Where transaction `sequence` begins: the verified header block of that
+/// sequence nearest after the log's tail (`sb.start`), in log order.
+fn first_block_of(
+    region: &JournalRegion,
+    sb: &JournalSuperblock,
+    sequence: u32,
+) -> Result<Option<u32>> {
+    let bs = sb.block_size as usize;
+    let seed = sb.csum_seed();
+    let usable = sb.max_len - sb.first;
+    let mut window = LogWindow::new(bs);
+    let mut block = AlignedBuf::zeroed(bs);
+    let mut best: Option<(u32, u32)> = None;
+    for pos in sb.first..sb.max_len {
+        if window.read(region, pos, sb.max_len, &mut block).is_err() {
+            continue;
+        }
+        let Some(view) = format::decode_log_block(&block, seed) else {
+            continue;
+        };
+        if view.header.sequence != sequence || view.record.is_err() {
+            continue;
+        }
+        let distance = (pos + usable - sb.start) % usable;
+        if best.is_none_or(|(d, _)| distance < d) {
+            best = Some((distance, pos));
+        }
+    }
+    Ok(best.map(|(_, pos)| pos))
 }
 
 /// `a` was written after `b` (sequence numbers wrap; half the space ahead
@@ -478,6 +602,7 @@ fn walk_log(
 }
 
 /// What a pass over the whole log area found.
+#[derive(Default)]
 struct Survey {
     /// Position of a verified block of a transaction after the failed one.
     later_at: Option<(u32, u32)>,
@@ -794,6 +919,102 @@ mod tests {
             .write_blocks(commit_pos, &[IoSlice::new(&c)], IoPriority::Urgent)
             .unwrap();
         pos
+    }
+
+    /// Four transactions, 40 to 43, one data block each (`i + 1` repeated),
+    /// three log blocks apiece from the tail; returns the data blocks'
+    /// positions.
+    fn four_txns() -> (JournalRegion, JournalSuperblock, Vec<u32>) {
+        let (region, sb) = journal();
+        let mut t = sb.clone();
+        let mut data = Vec::new();
+        for i in 0..4u8 {
+            data.push(write_txn(&region, &t, &vec![i + 1; BS]));
+            t.start += 3;
+            t.sequence += 1;
+        }
+        (region, sb, data)
+    }
+
+    fn damage(region: &JournalRegion, pos: u32) {
+        region
+            .write_blocks(pos, &[IoSlice::new(&vec![0x5Au8; BS])], IoPriority::Urgent)
+            .unwrap();
+    }
+
+    fn sequences(s: &Scan) -> Vec<u32> {
+        s.txns.iter().map(|t| t.sequence).collect()
+    }
+
+    /// Damage in a transaction the home already holds (at or before the
+    /// checkpoint mark) hides nothing: the scan goes on from the first
+    /// transaction after the mark, and none at or before it is replayed
+    /// (one before the damage would roll back what later ones wrote home).
+    /// Session 28's pass: such a log was called a stale copy, and the
+    /// `journal reset` that advised dropped the committed transactions
+    /// after the mark.
+    #[test]
+    fn damage_at_or_before_the_mark_is_skipped_past() {
+        let (region, sb, data) = four_txns();
+        damage(&region, data[1]);
+        let plain = scan(&region, &mut |_| {}).unwrap();
+        assert_eq!(sequences(&plain), vec![40]);
+        assert!(
+            matches!(plain.end, ScanEnd::CorruptMiddle { sequence: 41, .. }),
+            "{:?}",
+            plain.end
+        );
+        assert!(plain.home_damage.is_none());
+
+        let past = scan_past_mark(&region, sb.uuid, 42, &mut |_| {}).unwrap();
+        assert_eq!(sequences(&past), vec![43], "{:?}", past.end);
+        assert_eq!(past.end, ScanEnd::End);
+        assert!(matches!(
+            past.home_damage,
+            Some(ScanEnd::CorruptMiddle { sequence: 41, .. })
+        ));
+        assert_eq!(past.superblock, plain.superblock);
+        assert!(past.next_sequence >= 44, "{}", past.next_sequence);
+        assert_eq!(replay_plan(&past.txns).0.len(), 1);
+
+        // Everything home: nothing to replay, and no damage to refuse.
+        let all = scan_past_mark(&region, sb.uuid, 43, &mut |_| {}).unwrap();
+        assert!(all.txns.is_empty());
+        assert_eq!(all.end, ScanEnd::End);
+        assert!(all.home_damage.is_some());
+        assert!(all.next_sequence >= 44);
+
+        // The damage after the mark, or another journal's mark: as `scan`.
+        for (uuid, mark) in [(sb.uuid, 40), (sb.uuid, 0), ([9; 16], 42)] {
+            let s = scan_past_mark(&region, uuid, mark, &mut |_| {}).unwrap();
+            assert_eq!(
+                (sequences(&s), &s.end),
+                (vec![40], &plain.end),
+                "mark {mark}"
+            );
+            assert!(s.home_damage.is_none());
+        }
+    }
+
+    /// Damage that reaches past the mark (the first transaction after it
+    /// has no first block, and later ones exist) is mid-log damage of a
+    /// transaction the home does not hold: reported there, nothing replayed.
+    #[test]
+    fn damage_reaching_past_the_mark_is_mid_log_damage_after_it() {
+        let (region, sb, data) = four_txns();
+        damage(&region, data[0]);
+        damage(&region, data[1] - 1); // transaction 41's descriptor
+        let s = scan_past_mark(&region, sb.uuid, 40, &mut |_| {}).unwrap();
+        assert!(s.txns.is_empty());
+        assert!(
+            matches!(s.end, ScanEnd::CorruptMiddle { sequence: 41, .. }),
+            "{:?}",
+            s.end
+        );
+        assert!(matches!(
+            s.home_damage,
+            Some(ScanEnd::CorruptMiddle { sequence: 40, .. })
+        ));
     }
 
     /// A transaction whose commit block carries no data digest (jbd2's, or

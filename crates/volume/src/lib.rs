@@ -40,9 +40,9 @@ pub use reset::{
     reset_journal, reset_journal_device, reset_journal_with, JournalReset, ResetOptions,
 };
 pub use volume::{
-    check_replay_plan, default_journal_bytes, file_format_would_create, format_layout,
-    home_behind_journal, journal_behind_home, journal_target, refusal_by_superblocks,
-    session_mismatch, stale_journal, CreateTarget, Extent, ExtentState, FormatLayout, JournalProbe,
-    RecoveryReport, SessionMismatch, Stats, TargetRole, TouchedBlocks, Transaction, Volume,
-    WriteFlags, MIN_JOURNAL_BLOCKS,
+    check_replay_plan, default_journal_bytes, describe_scan_end, file_format_would_create,
+    format_layout, home_behind_journal, journal_behind_home, journal_target,
+    refusal_by_superblocks, scan_journal, session_mismatch, stale_journal, CreateTarget, Extent,
+    ExtentState, FormatLayout, JournalProbe, RecoveryReport, SessionMismatch, Stats, TargetRole,
+    TouchedBlocks, Transaction, Volume, WriteFlags, MIN_JOURNAL_BLOCKS,
 };

@@ -13,7 +13,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use jbdev_device::{open_device, BlockDevice, FlushCoalescer};
-use jbdev_journal::recovery::{self, ScanEnd};
+use jbdev_journal::recovery::ScanEnd;
 use jbdev_journal::JournalRegion;
 
 use crate::superblock::{JournalLocation, VolumeSuperblock};
@@ -298,7 +298,7 @@ fn describe_old_journal(
         bs,
         (jlen / u64::from(bs)) as u32,
     )?;
-    let scan = match recovery::scan(&region, &mut |_| {}) {
+    let scan = match crate::volume::scan_journal(&region, sb, &mut |_| {}) {
         Ok(scan) => scan,
         Err(jbdev_journal::JournalError::Device(e)) => {
             return Ok(Old::Replaceable(format!("unreadable ({e})")))

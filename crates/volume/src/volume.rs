@@ -28,8 +28,8 @@ pub(crate) use external::*;
 pub use external::{file_format_would_create, journal_target};
 pub(crate) use session::*;
 pub use session::{
-    home_behind_journal, journal_behind_home, refusal_by_superblocks, session_mismatch,
-    stale_journal, SessionMismatch,
+    home_behind_journal, journal_behind_home, refusal_by_superblocks, scan_journal,
+    session_mismatch, stale_journal, SessionMismatch,
 };
 pub(crate) use watch::*;
 
@@ -978,7 +978,7 @@ impl Volume {
         // A large journal takes seconds to scan (13 s for 4 GiB in session
         // 26's pass, in silence): say how far it got every few seconds.
         let tick = ProgressTicker::new();
-        let scan = recovery::scan(&region, &mut |blocks| {
+        let scan = scan_journal(&region, &sb, &mut |blocks| {
             if let Some(secs) = tick.due() {
                 tracing::info!(
                     "journal scan: {} of {} MiB read in {secs} s",
@@ -1005,11 +1005,19 @@ impl Volume {
         {
             return Err(VolumeError::CorruptJournal(why));
         }
+        if let Some(damage) = &scan.home_damage {
+            tracing::warn!(
+                "{}: the home already holds that transaction and every one before it up to \
+                 the checkpoint mark (transaction {}); recovery goes on after the mark",
+                describe_scan_end(damage),
+                sb.checkpoint_sequence
+            );
+        }
         if !opts.read_only {
             allocate_journal(&region, joff, jlen);
         }
         let was_clean = scan.end == ScanEnd::CleanJournal;
-        let end = describe_end(&scan.end);
+        let end = describe_scan_end(&scan.end);
         if let ScanEnd::CorruptMiddle { sequence, .. } = scan.end {
             if !opts.read_only && !opts.discard_after_damage {
                 return Err(VolumeError::CorruptJournal(format!(
@@ -1947,7 +1955,8 @@ impl Drop for Volume {
     }
 }
 
-fn describe_end(end: &ScanEnd) -> String {
+/// One line for where a journal scan stopped, for messages and logs.
+pub fn describe_scan_end(end: &ScanEnd) -> String {
     match end {
         ScanEnd::CleanJournal => "journal clean".into(),
         ScanEnd::End => "log ends at a transaction boundary".into(),

@@ -205,7 +205,9 @@ pub fn journal_behind_home(sb: &VolumeSuperblock, scan: &recovery::Scan) -> Opti
     if let Some(why) = clean_journal_behind_home(sb, jsb) {
         return Some(why);
     }
-    if mark == 0 || jsb.is_clean() {
+    // A log cut short by damage in a transaction the home holds is not an
+    // old copy: [`scan_journal`] went on past the mark.
+    if mark == 0 || jsb.is_clean() || scan.home_damage.is_some() {
         return None;
     }
     // The newest transaction the log holds (or, for an empty log, the one
@@ -223,6 +225,19 @@ pub fn journal_behind_home(sb: &VolumeSuperblock, scan: &recovery::Scan) -> Opti
              journal, or discard this one with `jbdev journal reset`"
         )
     })
+}
+
+/// The recovery scan of a volume's journal that every open, `check`,
+/// `journal dump`, `journal rescue` and `journal reset` make:
+/// [`recovery::scan_past_mark`] with the volume's checkpoint mark, so that
+/// damage in a transaction the home already holds neither hides the
+/// committed transactions after the mark nor passes for an old copy.
+pub fn scan_journal(
+    region: &jbdev_journal::JournalRegion,
+    sb: &VolumeSuperblock,
+    progress: &mut dyn FnMut(u64),
+) -> jbdev_journal::Result<recovery::Scan> {
+    recovery::scan_past_mark(region, sb.journal_uuid(), sb.checkpoint_sequence, progress)
 }
 
 /// Every refusal of a journal that its superblock and the volume's tell
