@@ -170,6 +170,28 @@ fn open_file_once(
         o.open(path)
     };
     let busy = |e: &io::Error| e.raw_os_error() == Some(libc::EBUSY);
+    // A block device another open holds exclusively: refused at once when
+    // a live holder is found, waited for when none is (the claim of a
+    // killed process whose io_uring teardown is still running).
+    let busy_since = std::cell::Cell::new(None);
+    let open = |direct: bool, create: bool| loop {
+        match open(direct, create) {
+            Err(e) if busy(&e) && is_block_device && opts.exclusive => {
+                match crate::lock::block_device_busy(path, &what, &busy_since) {
+                    Some(refusal) => {
+                        return Err(io::Error::new(io::ErrorKind::ResourceBusy, refusal))
+                    }
+                    None => std::thread::sleep(std::time::Duration::from_millis(50)),
+                }
+            }
+            other => return other,
+        }
+    };
+    let busy_message = |e: &io::Error| match e.get_ref() {
+        Some(refusal) => refusal.to_string(),
+        None => held_exclusively(&what),
+    };
+    let busy = |e: &io::Error| busy(e) || e.kind() == io::ErrorKind::ResourceBusy;
     let (file, direct) = match open(opts.direct, creating) {
         Ok(f) => (f, opts.direct),
         Err(e) if creating && e.kind() == io::ErrorKind::AlreadyExists => {
@@ -197,11 +219,11 @@ fn open_file_once(
                 Err(e) if creating && e.kind() == io::ErrorKind::AlreadyExists => {
                     return Err(OpenRace::Appeared)
                 }
-                Err(e) if busy(&e) => return Err(DeviceError::Busy(held_exclusively(&what)).into()),
+                Err(e) if busy(&e) => return Err(DeviceError::Busy(busy_message(&e)).into()),
                 Err(e) => return Err(DeviceError::io("open", what, e).into()),
             }
         }
-        Err(e) if busy(&e) => return Err(DeviceError::Busy(held_exclusively(&what)).into()),
+        Err(e) if busy(&e) => return Err(DeviceError::Busy(busy_message(&e)).into()),
         Err(e) => return Err(DeviceError::io("open", what, e).into()),
     };
     let alias_lock = if opts.exclusive && is_block_device {
@@ -497,7 +519,7 @@ fn zero(f: &DeviceFile, offset: u64, len: u64, mode: libc::c_int) -> Result<()> 
 
 /// A block device's `O_EXCL` open failed with EBUSY: the kernel does not
 /// say who holds it, and it is seldom jbdev.
-fn held_exclusively(what: &str) -> String {
+pub(crate) fn held_exclusively(what: &str) -> String {
     format!(
         "{what} (a block device held exclusively elsewhere: a mounted file system, LVM, md \
          or device-mapper, swap, or another jbdev)"
