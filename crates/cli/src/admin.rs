@@ -823,10 +823,12 @@ pub fn info(a: InfoArgs) -> anyhow::Result<()> {
     }
     if let Some(j) = foreign {
         outln!(
-            "warning         this journal belongs to another volume (uuid {}, expected {}): \
-             the wrong --journal? Opening the volume with it is refused",
-            uuid_str(&j.uuid),
-            uuid_str(&expect_uuid)
+            "warning         {}; opening the volume with it is refused",
+            jbdev_volume::foreign_journal(
+                journal_at(journal_path.as_deref(), a.journal.is_some()),
+                j.uuid,
+                expect_uuid
+            )
         )?;
     }
     Ok(())
@@ -1189,14 +1191,12 @@ pub fn check(a: CheckArgs) -> anyhow::Result<()> {
     let jsb = journal_superblock_or_exit(&ins, a.journal.as_deref())?;
     if jsb.uuid != ins.superblock.journal_uuid() {
         anyhow::bail!(
-            "the journal {} belongs to another volume (its uuid is {}, this volume's journal \
-             has {}): the wrong --journal?",
-            ins.journal_path
-                .as_ref()
-                .map(|j| j.display().to_string())
-                .unwrap_or_else(|| "in the volume".into()),
-            uuid_str(&jsb.uuid),
-            uuid_str(&ins.superblock.journal_uuid())
+            "{}",
+            jbdev_volume::foreign_journal(
+                journal_at(ins.journal_path.as_deref(), a.journal.is_some()),
+                jsb.uuid,
+                ins.superblock.journal_uuid()
+            )
         );
     }
     if let Some(why) = jbdev_volume::stale_journal(&ins.superblock, &jsb) {
@@ -1393,10 +1393,12 @@ pub fn journal(c: JournalCommand) -> anyhow::Result<()> {
     let foreign = jsb.uuid != ins.superblock.journal_uuid();
     if foreign {
         outln!(
-            "warning: this journal belongs to another volume (uuid {}, expected {}): the wrong \
-             --journal? Opening the volume with it is refused",
-            uuid_str(&jsb.uuid),
-            uuid_str(&ins.superblock.journal_uuid())
+            "warning: {}; opening the volume with it is refused",
+            jbdev_volume::foreign_journal(
+                journal_at(ins.journal_path.as_deref(), journal.is_some()),
+                jsb.uuid,
+                ins.superblock.journal_uuid()
+            )
         )?;
     }
     let refused = jbdev_volume::refusal_by_superblocks(&ins.superblock, &jsb);
@@ -1478,10 +1480,12 @@ fn journal_rescue(
     let (ins, jsb) = inspect_journal(path, journal.as_deref())?;
     if jsb.uuid != ins.superblock.journal_uuid() {
         anyhow::bail!(
-            "the journal belongs to another volume (uuid {}, expected {}): the wrong --journal? \
-             Nothing was changed",
-            uuid_str(&jsb.uuid),
-            uuid_str(&ins.superblock.journal_uuid())
+            "{}; nothing was changed",
+            jbdev_volume::foreign_journal(
+                journal_at(ins.journal_path.as_deref(), journal.is_some()),
+                jsb.uuid,
+                ins.superblock.journal_uuid()
+            )
         );
     }
     let scan = if jsb.is_clean() {
@@ -1703,4 +1707,15 @@ pub(crate) fn space_warning(
             path.display()
         )
     })
+}
+
+/// Where a command found the journal it inspects: the volume's own area,
+/// the `--journal` given, or the path the volume recorded at format time.
+fn journal_at(journal_path: Option<&std::path::Path>, given: bool) -> jbdev_volume::JournalAt<'_> {
+    use jbdev_volume::JournalAt;
+    match journal_path {
+        None => JournalAt::Internal,
+        Some(p) if given => JournalAt::Given(p),
+        Some(p) => JournalAt::Recorded(p),
+    }
 }

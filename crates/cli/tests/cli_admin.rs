@@ -2221,3 +2221,59 @@ fn info_and_dump_warn_of_a_clean_journal_every_open_refuses() {
     assert_eq!(o.status.code(), Some(1), "{}", text(&o));
     assert!(text(&o).contains("every open refuses"), "{}", text(&o));
 }
+
+/// Session 28's compatibility pass: two volumes' external journals swap
+/// places (devices renumbered after a reboot; here files), so the path
+/// volume A recorded at format time names B's journal. Every command says
+/// so, names the path and `--journal`, and none calls it corrupt or blames
+/// a `--journal` nobody gave; `journal reset` refuses without `--force`
+/// and says what `--force` would destroy. Before: "corrupt journal: the
+/// journal belongs to another volume" (no path), "the wrong --journal?",
+/// and a reset offering "--force overwrites it".
+#[test]
+fn a_recorded_journal_path_that_names_another_volume_s_journal_is_said_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = |n: &str| dir.path().join(n).to_str().unwrap().to_string();
+    let (a, aj, b, bj) = (path("a.img"), path("a.jnl"), path("b.img"), path("b.jnl"));
+    format_16m(&a, &["--journal", &aj]);
+    format_16m(&b, &["--journal", &bj]);
+    let tmp = path("swap");
+    std::fs::rename(&aj, &tmp).unwrap();
+    std::fs::rename(&bj, &aj).unwrap();
+    std::fs::rename(&tmp, &bj).unwrap();
+    let b_journal = std::fs::read(&aj).unwrap();
+    for args in [
+        &["check", &a][..],
+        &["info", &a][..],
+        &["journal", "dump", &a][..],
+        &["journal", "rescue", &a][..],
+        &["journal", "reset", &a][..],
+    ] {
+        let o = jbdev(args);
+        let t = text(&o);
+        // `info` reports it as a warning and succeeds (it only shows).
+        assert_eq!(o.status.success(), args[0] == "info", "{args:?}: {t}");
+        assert!(
+            t.contains(&aj) && t.contains("recorded at format time") && t.contains("--journal"),
+            "{args:?}: {t}"
+        );
+        assert!(
+            !t.contains("corrupt") && !t.contains("the wrong --journal"),
+            "{args:?}: {t}"
+        );
+    }
+    let o = jbdev(&["journal", "reset", &a]);
+    assert!(
+        text(&o).contains("--force overwrites it, and with it"),
+        "{}",
+        text(&o)
+    );
+    assert_eq!(
+        std::fs::read(&aj).unwrap(),
+        b_journal,
+        "B's journal was changed"
+    );
+    // Opened with the right journal, both are fine.
+    let o = jbdev(&["check", &a, "--journal", &bj]);
+    assert!(o.status.success(), "{}", text(&o));
+}

@@ -35,6 +35,11 @@ pub enum VolumeError {
     /// The journal is damaged in a way recovery cannot repair.
     #[error("corrupt journal: {0}")]
     CorruptJournal(String),
+    /// The journal found belongs to another volume (its uuid differs):
+    /// the wrong `--journal`, or a recorded path that now names another
+    /// volume's journal ([`crate::foreign_journal`] says which).
+    #[error("{0}")]
+    WrongJournal(String),
     /// A write or a transaction touches more blocks than one journal
     /// transaction can hold.
     #[error(
@@ -122,6 +127,7 @@ impl VolumeError {
             | Self::BadSuperblock(_)
             | Self::Truncated(_)
             | Self::CorruptJournal(_) => libc::EUCLEAN,
+            Self::WrongJournal(_) => libc::EINVAL,
             Self::NewerFormat(_) => libc::EOPNOTSUPP,
             Self::TooLarge { .. } => libc::EFBIG,
             Self::ReadOnly => libc::EROFS,

@@ -84,6 +84,7 @@ pub fn inspect_volume(
                 journal_path,
                 *len_bytes,
                 &dopts,
+                false,
             ) {
                 Ok((jp, jdev)) => (jdev, 0, *len_bytes, Some(jp)),
                 Err(error) => {

@@ -110,7 +110,7 @@ fn reset(
     } = &sb.journal
     else {
         refuse_unused_journal_path(path, journal)?;
-        return reset_device(dev, None, force, pass);
+        return reset_device(dev, None, force, pass, None);
     };
     let (jp, _) = external_journal_path(path, path_hint, journal)?;
     // Only a missing journal is created, and an existing one is extended
@@ -164,22 +164,28 @@ fn reset(
             drop(opened);
             opened = open(true)?;
         }
-        let mut r = reset_device(dev, Some(opened.device), force, pass).map_err(|e| match e {
-            // Name the journal the refusal is about: found by the path the
-            // volume recorded, it may be another volume's (a copy's
-            // original), and --force would discard what that one holds.
-            VolumeError::InvalidArgument(why) => VolumeError::InvalidArgument(format!(
-                "journal {}{}: {why}",
-                jp.display(),
-                if journal.is_none() {
-                    " (the path this volume recorded at format time; a copy of a volume \
+        let at = if journal.is_some() {
+            crate::JournalAt::Given(&jp)
+        } else {
+            crate::JournalAt::Recorded(&jp)
+        };
+        let mut r =
+            reset_device(dev, Some(opened.device), force, pass, Some(at)).map_err(|e| match e {
+                // Name the journal the refusal is about: found by the path the
+                // volume recorded, it may be another volume's (a copy's
+                // original), and --force would discard what that one holds.
+                VolumeError::InvalidArgument(why) => VolumeError::InvalidArgument(format!(
+                    "journal {}{}: {why}",
+                    jp.display(),
+                    if journal.is_none() {
+                        " (the path this volume recorded at format time; a copy of a volume \
                      records its original's)"
-                } else {
-                    ""
-                }
-            )),
-            e => e,
-        })?;
+                    } else {
+                        ""
+                    }
+                )),
+                e => e,
+            })?;
         r.location = jp.display().to_string();
         r.created = created.is_some();
         if r.created {
@@ -207,7 +213,7 @@ pub fn reset_journal_device(
     journal: Option<Arc<dyn BlockDevice>>,
     force: bool,
 ) -> Result<JournalReset> {
-    reset_device(dev, journal, force, Pass::Write)
+    reset_device(dev, journal, force, Pass::Write, None)
 }
 
 fn reset_device(
@@ -215,6 +221,7 @@ fn reset_device(
     journal: Option<Arc<dyn BlockDevice>>,
     force: bool,
     pass: Pass,
+    at: Option<crate::JournalAt<'_>>,
 ) -> Result<JournalReset> {
     let sb = read_volume_superblock(dev.as_ref(), "the volume device")?;
     let bs = sb.block_size;
@@ -247,7 +254,11 @@ fn reset_device(
         }
     };
     let uuid = sb.journal_uuid();
-    let previous = describe_old_journal(&jdev, joff, jlen, &sb)?;
+    let at = at.unwrap_or(match sb.journal {
+        JournalLocation::Internal { .. } => crate::JournalAt::Internal,
+        JournalLocation::External { .. } => crate::JournalAt::Device,
+    });
+    let previous = describe_old_journal(&jdev, joff, jlen, &sb, at)?;
     if let Old::Refused { why, .. } = &previous {
         if !force {
             return Err(VolumeError::InvalidArgument(why.clone()));
@@ -289,6 +300,7 @@ fn describe_old_journal(
     joff: u64,
     jlen: u64,
     sb: &VolumeSuperblock,
+    at: crate::JournalAt<'_>,
 ) -> Result<Old> {
     let (bs, uuid) = (sb.block_size, sb.journal_uuid());
     let region = JournalRegion::new(
@@ -328,9 +340,11 @@ fn describe_old_journal(
                 "another volume's journal (uuid {})",
                 uuid::Uuid::from_bytes(scan.superblock.uuid).hyphenated()
             ),
-            why: "this journal belongs to another volume (its uuid differs): the wrong \
-                  --journal? --force overwrites it"
-                .into(),
+            why: format!(
+                "{} (--force overwrites it, and with it whatever that volume still needs \
+                 replayed)",
+                crate::volume::foreign_journal(at, scan.superblock.uuid, uuid)
+            ),
         });
     }
     match crate::volume::session_mismatch(sb, &scan.superblock) {

@@ -28,8 +28,8 @@ pub(crate) use external::*;
 pub use external::{file_format_would_create, journal_target};
 pub(crate) use session::*;
 pub use session::{
-    home_behind_journal, journal_behind_home, refusal_by_superblocks, scan_journal,
-    session_mismatch, stale_journal, SessionMismatch,
+    foreign_journal, home_behind_journal, journal_behind_home, refusal_by_superblocks,
+    scan_journal, session_mismatch, stale_journal, JournalAt, SessionMismatch,
 };
 pub(crate) use watch::*;
 
@@ -715,7 +715,8 @@ impl Volume {
                 uuid,
             } => {
                 let given = opts.journal_path.as_deref();
-                open_external_journal(path, (path_hint, *uuid), given, *len_bytes, &ro).map(drop)
+                open_external_journal(path, (path_hint, *uuid), given, *len_bytes, &ro, true)
+                    .map(drop)
             }
         }
     }
@@ -759,6 +760,7 @@ impl Volume {
                     given,
                     *len_bytes,
                     &dopts,
+                    true,
                 )?;
                 origin.journal = given.is_none().then(|| jp.clone());
                 (
@@ -988,9 +990,16 @@ impl Volume {
             }
         })?;
         if scan.superblock.uuid != sb.journal_uuid() {
-            return Err(VolumeError::CorruptJournal(
-                "the journal belongs to another volume (its uuid differs from the volume's)".into(),
-            ));
+            let at = match (&sb.journal, origin.and_then(|o| o.journal.as_deref())) {
+                (JournalLocation::Internal { .. }, _) => JournalAt::Internal,
+                (_, Some(recorded)) => JournalAt::Recorded(recorded),
+                (_, None) => JournalAt::Device,
+            };
+            return Err(VolumeError::WrongJournal(foreign_journal(
+                at,
+                scan.superblock.uuid,
+                sb.journal_uuid(),
+            )));
         }
         // Another home's journal first: the session stamps of a volume and
         // its copy diverge once both wrote, and "the journal is ahead"

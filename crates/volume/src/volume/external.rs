@@ -7,16 +7,27 @@ use super::*;
 /// Opens a volume's external journal, of `len_bytes`: `given` (`--journal`)
 /// or else the path recorded at format time (`path_hint`). Returns the path
 /// used. A journal file shorter than the journal (truncated) is refused
-/// with what is lost and what to do ([`VolumeError::Truncated`]).
+/// with what is lost and what to do ([`VolumeError::Truncated`]). With
+/// `refuse_foreign`, so is another volume's journal
+/// ([`VolumeError::WrongJournal`], before anything is scanned); an
+/// inspection leaves that to its own report.
 pub(crate) fn open_external_journal(
     home: &Path,
     (path_hint, uuid): (&Path, [u8; 16]),
     given: Option<&Path>,
     len_bytes: u64,
     dopts: &jbdev_device::OpenOptions,
+    refuse_foreign: bool,
 ) -> Result<(PathBuf, Arc<dyn BlockDevice>)> {
-    open_external_journal_watched(home, (path_hint, uuid), given, len_bytes, dopts)
-        .map(|(p, d, _)| (p, d))
+    open_external_journal_watched(
+        home,
+        (path_hint, uuid),
+        given,
+        len_bytes,
+        dopts,
+        refuse_foreign,
+    )
+    .map(|(p, d, _)| (p, d))
 }
 
 /// [`open_external_journal`], also returning the descriptor to watch for a
@@ -48,9 +59,23 @@ pub(crate) fn open_external_journal_watched(
     given: Option<&Path>,
     len_bytes: u64,
     dopts: &jbdev_device::OpenOptions,
+    refuse_foreign: bool,
 ) -> Result<(PathBuf, Arc<dyn BlockDevice>, Option<std::fs::File>)> {
     let (jp, recorded) = external_journal_path(home, path_hint, given)?;
+    let at = if recorded {
+        JournalAt::Recorded(&jp)
+    } else {
+        JournalAt::Given(&jp)
+    };
     match open_device(&jp, dopts) {
+        // Another volume's journal: said before anything is scanned.
+        Ok(o)
+            if refuse_foreign
+                && journal_uuid_of(o.device.as_ref()).is_some_and(|found| found != uuid) =>
+        {
+            let found = journal_uuid_of(o.device.as_ref()).unwrap_or_default();
+            Err(VolumeError::WrongJournal(foreign_journal(at, found, uuid)))
+        }
         // Shorter than the journal, and not this volume's journal at all:
         // the wrong --journal, not a truncated one (whose advice, a reset
         // of the journal at the recorded path, destroyed the real journal
@@ -59,10 +84,16 @@ pub(crate) fn open_external_journal_watched(
             Err(VolumeError::InvalidArgument(format!(
                 "{} is not this volume's journal (it holds {} bytes, less than the journal's \
                  {len_bytes}, and no jbdev journal superblock with this volume's journal uuid \
-                 {}): the wrong --journal?",
+                 {}): {}",
                 jp.display(),
                 o.device.size_bytes(),
-                uuid::Uuid::from_bytes(uuid).hyphenated()
+                uuid::Uuid::from_bytes(uuid).hyphenated(),
+                if recorded {
+                    "the path recorded at format time now names something else (a device \
+                     renumbered after a reboot?): give --journal the path of this volume's own"
+                } else {
+                    "the wrong --journal?"
+                }
             )))
         }
         // `watch`: a regular file, which can have been truncated.
@@ -93,13 +124,19 @@ pub(crate) fn open_external_journal_watched(
 /// Whether `dev` starts with a jbdev journal superblock whose uuid is
 /// `uuid` (an unreadable or too short device is not).
 pub(crate) fn is_journal_of(dev: &dyn BlockDevice, uuid: [u8; 16]) -> bool {
+    journal_uuid_of(dev) == Some(uuid)
+}
+
+/// The uuid of the jbdev journal superblock `dev` starts with, if it does
+/// (an unreadable or too short device does not).
+pub(crate) fn journal_uuid_of(dev: &dyn BlockDevice) -> Option<[u8; 16]> {
     let n = (JournalSuperblock::ENCODED_LEN as u64).max(u64::from(dev.logical_block_size()));
     if dev.size_bytes() < n {
-        return false;
+        return None;
     }
     let mut buf = AlignedBuf::zeroed(n as usize);
-    dev.read_at(&mut buf, 0).is_ok()
-        && JournalSuperblock::decode(&buf).is_ok_and(|j| j.uuid == uuid)
+    dev.read_at(&mut buf, 0).ok()?;
+    JournalSuperblock::decode(&buf).ok().map(|j| j.uuid)
 }
 
 /// An external journal device (not a file: see [`truncated_journal_file`])

@@ -227,6 +227,57 @@ pub fn journal_behind_home(sb: &VolumeSuperblock, scan: &recovery::Scan) -> Opti
     })
 }
 
+/// Where a journal was found, for [`foreign_journal`].
+#[derive(Clone, Copy, Debug)]
+pub enum JournalAt<'a> {
+    /// The volume's own journal area.
+    Internal,
+    /// A path the operator gave (`--journal`).
+    Given(&'a Path),
+    /// The path the volume recorded at format time.
+    Recorded(&'a Path),
+    /// A device handed to [`Volume::open_device`].
+    Device,
+}
+
+/// Why the journal found at `at`, whose uuid is `found`, is not the journal
+/// of a volume expecting `expected`. Said by every open, `check`, `info`,
+/// `journal dump`, `rescue` and `reset` (session 28's pass: a recorded path
+/// renumbered to another volume's journal device was "corrupt", or "the
+/// wrong --journal?" with no `--journal` given, and a reset offered
+/// `--force` to overwrite it).
+pub fn foreign_journal(at: JournalAt<'_>, found: [u8; 16], expected: [u8; 16]) -> String {
+    let uuid = |u: [u8; 16]| uuid::Uuid::from_bytes(u).hyphenated().to_string();
+    let (what, hint) = match at {
+        JournalAt::Internal => (
+            "the journal in the volume".to_string(),
+            "the volume's journal area holds another volume's journal (another image copied \
+             over this one's start?)",
+        ),
+        JournalAt::Given(j) => (
+            format!("the journal {}", j.display()),
+            "the wrong --journal? Give the path of this volume's own",
+        ),
+        JournalAt::Recorded(j) => (
+            format!("the journal {}", j.display()),
+            "that is the path the volume recorded at format time, and it now names another \
+             volume's journal (a device renumbered after a reboot, or a file replaced?): give \
+             --journal the path of this volume's own",
+        ),
+        JournalAt::Device => (
+            "the journal device given".to_string(),
+            "the wrong device? Give this volume's own journal",
+        ),
+    };
+    format!(
+        "{what} is not this volume's journal: it belongs to another volume (its uuid is {}, \
+         this volume's journal has {}): {hint}. \
+         Do not reset or overwrite it: the other volume may need what it holds",
+        uuid(found),
+        uuid(expected)
+    )
+}
+
 /// The recovery scan of a volume's journal that every open, `check`,
 /// `journal dump`, `journal rescue` and `journal reset` make:
 /// [`recovery::scan_past_mark`] with the volume's checkpoint mark, so that
