@@ -42,7 +42,9 @@ pub struct FormatArgs {
     #[arg(long)]
     pub break_lock: bool,
     /// Format even if PATH (or --journal) already holds a jbdev volume,
-    /// journal or other data, destroying it. Without this flag, format only
+    /// journal or other data, destroying it (an image file's or RBD image's
+    /// data area is zeroed; a block device's is not: its unwritten blocks
+    /// read as whatever it held, as after mkfs). Without this flag, format only
     /// writes over a new, empty or all-zero target: it reads every byte it
     /// would overwrite (block 0 and the journal area), signatures in the
     /// first MiB, and up to 64 MiB more (an image file's allocated extents,
@@ -311,6 +313,12 @@ pub fn format(a: FormatArgs) -> anyhow::Result<()> {
         .collect();
     let preallocated = preallocate(&a);
     outln!("{formatted}")?;
+    if a.force && is_block_device(&a.path) {
+        outln!(
+            "note: the data area of a block device is not zeroed: blocks the volume has not \
+             written read as what the device held (image files and RBD images are zeroed)"
+        )?;
+    }
     for g in grown {
         outln!("{g}")?;
     }
@@ -1209,9 +1217,11 @@ pub fn check(a: CheckArgs) -> anyhow::Result<()> {
         jsb.max_len,
         jsb.sequence
     )?;
-    let pb = ProgressBar::new(u64::from(jsb.max_len));
+    // The walk of the log, then one pass over the whole area: a count, not
+    // a bar (how much of the log there is is known only at its end).
+    let pb = ProgressBar::new_spinner();
     pb.set_style(
-        ProgressStyle::with_template("scanning journal {bar:40} {pos}/{len} blocks")
+        ProgressStyle::with_template("scanning journal: {pos} blocks read")
             .expect("static template"),
     );
     let scan =
@@ -1491,9 +1501,23 @@ fn journal_rescue(
     let scan = if jsb.is_clean() {
         None
     } else {
+        // A large journal on a slow store takes a while to read: say so
+        // every few seconds (it was silent, session 28's pass).
+        let started = std::time::Instant::now();
+        let mut said = started;
+        let bs = u64::from(jsb.block_size);
         Some(
-            jbdev_volume::scan_journal(&ins.region, &ins.superblock, &mut |_| {})
-                .context("reading the journal")?,
+            jbdev_volume::scan_journal(&ins.region, &ins.superblock, &mut |n| {
+                if said.elapsed().as_secs() >= 2 {
+                    said = std::time::Instant::now();
+                    eprintln!(
+                        "journal rescue: reading the journal: {} MiB read in {} s",
+                        (n * bs) >> 20,
+                        started.elapsed().as_secs()
+                    );
+                }
+            })
+            .context("reading the journal")?,
         )
     };
     if let Some(damage) = scan.as_ref().and_then(|s| s.home_damage.as_ref()) {
@@ -1718,4 +1742,10 @@ fn journal_at(journal_path: Option<&std::path::Path>, given: bool) -> jbdev_volu
         Some(p) if given => JournalAt::Given(p),
         Some(p) => JournalAt::Recorded(p),
     }
+}
+
+/// Whether `path` names a block device (following symlinks).
+fn is_block_device(path: &std::path::Path) -> bool {
+    use std::os::unix::fs::FileTypeExt;
+    std::fs::metadata(path).is_ok_and(|m| m.file_type().is_block_device())
 }

@@ -983,7 +983,8 @@ impl Volume {
         let scan = scan_journal(&region, &sb, &mut |blocks| {
             if let Some(secs) = tick.due() {
                 tracing::info!(
-                    "journal scan: {} of {} MiB read in {secs} s",
+                    "journal scan: {} MiB read in {secs} s (the log from its tail, then the \
+                     whole {} MiB journal area once)",
                     (blocks * u64::from(bs)) >> 20,
                     jlen >> 20,
                 );
