@@ -28,11 +28,6 @@ pub struct DeviceFile {
     /// [`OpenOptions::read_cache`]): reads go through it, and so do
     /// `write_cached` writes when the device is writable.
     pub cached: Option<File>,
-    /// True if a write through `cached` can wait for the storage without
-    /// bound: the file lives on a file system that is not a local disk's
-    /// (FUSE, NFS, SMB, ...), whose buffered writes may go straight to a
-    /// daemon or a server that hangs (see `cached_writes_can_stall`).
-    pub cache_can_stall: bool,
     /// For a loop block device: a descriptor of its backing file (or block
     /// device) holding the lock a direct open of that file would take, so
     /// the same storage cannot be opened twice under two names (see
@@ -249,7 +244,6 @@ fn open_file_once(
         direct,
         read_only: opts.read_only,
         cached: None,
-        cache_can_stall: true,
         alias_lock,
         created: creating,
     };
@@ -305,39 +299,8 @@ fn finish_open(f: &mut DeviceFile, opts: &OpenOptions, what: &str) -> Result<()>
                 .open(&f.path)
                 .map_err(|e| DeviceError::io("open (read cache)", what.to_string(), e))?,
         );
-        f.cache_can_stall = cached_writes_can_stall(f);
     }
     Ok(())
-}
-
-/// Whether a buffered write to `f` can wait on its storage without bound.
-/// On a local disk file system (or a block device) a buffered write
-/// returns once the page cache holds it, waiting at most for dirty
-/// throttling; elsewhere it can wait for a daemon or a server (FUSE
-/// without a writeback cache sends each write to its daemon). Unknown
-/// file systems count as ones that can stall.
-fn cached_writes_can_stall(f: &DeviceFile) -> bool {
-    use std::os::fd::AsRawFd;
-    if f.is_block_device {
-        return false;
-    }
-    // The magic numbers of <linux/magic.h>.
-    const LOCAL: [i64; 7] = [
-        0xEF53,      // ext2/3/4
-        0x5846_5342, // xfs
-        0x9123_683E, // btrfs
-        0x0102_1994, // tmpfs
-        0xF2F5_2010, // f2fs
-        0xCA45_1A4E, // bcachefs
-        0x8584_58F6, // ramfs
-    ];
-    // SAFETY: `statfs` is plain integers, for which all zeroes is valid.
-    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
-    // SAFETY: fstatfs fills `st` for a valid descriptor.
-    if unsafe { libc::fstatfs(f.file.as_raw_fd(), &mut st) } != 0 {
-        return true;
-    }
-    !LOCAL.contains(&(st.f_type as i64))
 }
 
 /// `_IOC_NONE` and `_IOC_READ` in place: 1 and 2 at bit 29 on the

@@ -171,15 +171,6 @@ pub trait BlockDevice: Send + Sync {
         false
     }
 
-    /// Whether a [`BlockDevice::write_cached`] write can wait on the
-    /// storage without bound (a file on FUSE, NFS, ...: see
-    /// `file::cached_writes_can_stall`), so a caller that must not block
-    /// (an NBD network thread) leaves it to a worker. The default says it
-    /// can.
-    fn write_cache_can_stall(&self) -> bool {
-        true
-    }
-
     /// Writes `bufs` at `offset` through the kernel's page cache (the
     /// buffered descriptor next to O_DIRECT), so later reads through the
     /// read cache find the bytes without device I/O. Returns when the

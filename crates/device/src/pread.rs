@@ -50,10 +50,6 @@ impl BlockDevice for PreadDevice {
         self.f.cached.is_some() && !self.f.read_only
     }
 
-    fn write_cache_can_stall(&self) -> bool {
-        self.f.cache_can_stall
-    }
-
     fn write_cached(&self, bufs: &[IoSlice<'_>], offset: u64) -> Result<()> {
         pwrite_cached(&self.f, bufs, offset)
     }

@@ -661,10 +661,6 @@ impl BlockDevice for UringDevice {
         self.f.cached.is_some() && !self.f.read_only
     }
 
-    fn write_cache_can_stall(&self) -> bool {
-        self.f.cache_can_stall
-    }
-
     fn write_cached(&self, bufs: &[IoSlice<'_>], offset: u64) -> Result<()> {
         crate::file::pwrite_cached(&self.f, bufs, offset)
     }

@@ -82,20 +82,6 @@ pub trait Backend: Send + Sync + 'static {
     fn write_owned_then(&self, buf: OwnedPayload, offset: u64, fua: bool, done: Done) {
         self.write_at_then((*buf).as_ref(), offset, fua, done)
     }
-    /// [`Backend::write_owned_then`] only if it can run on the calling
-    /// thread without waiting for anything but the page cache (see
-    /// `Volume::try_write_owned`); otherwise `buf` and `done` come back
-    /// unused and nothing changed. The default never runs in place.
-    fn try_write_owned_then(
-        &self,
-        buf: OwnedPayload,
-        offset: u64,
-        fua: bool,
-        done: Done,
-    ) -> Result<(), (OwnedPayload, Done)> {
-        let _ = (offset, fua);
-        Err((buf, done))
-    }
     /// [`Backend::flush`] reporting to `done` (see [`Backend::write_at_then`]):
     /// covers every write that had returned before this call.
     fn flush_then(&self, done: Done) {
@@ -180,15 +166,6 @@ impl<B: Backend + ?Sized> Backend for Arc<B> {
     }
     fn write_owned_then(&self, buf: OwnedPayload, offset: u64, fua: bool, done: Done) {
         (**self).write_owned_then(buf, offset, fua, done)
-    }
-    fn try_write_owned_then(
-        &self,
-        buf: OwnedPayload,
-        offset: u64,
-        fua: bool,
-        done: Done,
-    ) -> Result<(), (OwnedPayload, Done)> {
-        (**self).try_write_owned_then(buf, offset, fua, done)
     }
     fn flush_then(&self, done: Done) {
         (**self).flush_then(done)
@@ -377,22 +354,6 @@ impl Backend for VolumeBackend {
         let flags = jbdev_volume::WriteFlags { fua };
         self.volume
             .write_owned_then(buf, offset, flags, volume_done(done))
-    }
-    fn try_write_owned_then(
-        &self,
-        buf: OwnedPayload,
-        offset: u64,
-        fua: bool,
-        done: Done,
-    ) -> Result<(), (OwnedPayload, Done)> {
-        let flags = jbdev_volume::WriteFlags { fua };
-        match self.volume.try_write_owned(buf, offset, flags) {
-            Ok(res) => {
-                done(res.map_err(map_volume_error));
-                Ok(())
-            }
-            Err(buf) => Err((buf, done)),
-        }
     }
     fn flush_then(&self, done: Done) {
         self.volume.flush_then(volume_done(done))

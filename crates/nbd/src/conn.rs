@@ -1155,26 +1155,21 @@ impl Reader<'_> {
             } => {
                 let data = payload.map(|b| Box::new(b) as OwnedPayload);
                 let done = answer_when_done(pending, req);
-                // A large write that goes home through the page cache runs
-                // here too, as `nbdkit file` writes where it reads: for
-                // nbdcopy in, 20% less server CPU and a third of the context
-                // switches of a hand-off to a worker (docs/BENCHMARKS.md,
-                // session 10). What is journaled is tried in memory next.
-                let tried = match data {
-                    Some(buf) if u64::from(length) >= DIRECT_PAYLOAD_MIN_BYTES => backend
-                        .try_write_owned_then(buf, offset, fua, done)
-                        .map_err(|(buf, done)| (Some(buf), done)),
-                    data => Err((data, done)),
-                };
-                let tried = tried.or_else(|(data, done)| {
-                    if length > INLINE_MAX_BYTES {
-                        return Err((data, done));
-                    }
+                // What is journaled is tried in memory here. A large write
+                // that goes home never runs here, even through the page
+                // cache: a buffered write waits for the storage under
+                // writeback pressure, and on a slow disk one held this
+                // thread, and every connection on it, for 27 s (session 28;
+                // session 10 had run them here for 20% less server CPU in
+                // nbdcopy in).
+                let tried = if length > INLINE_MAX_BYTES {
+                    Err((data, done))
+                } else {
                     let bytes: &[u8] = data.as_deref().map_or(&[][..], |b| b.as_ref());
                     backend
                         .try_write_at_then(bytes, offset, fua, done)
                         .map_err(|done| (data, done))
-                });
+                };
                 if let Err((payload, done)) = tried {
                     // The worker hands the payload buffer itself over: a
                     // large write goes home from it without a copy.

@@ -1382,43 +1382,6 @@ impl Volume {
         }
     }
 
-    /// [`Volume::write_owned`] only if it need not wait: a non-FUA write
-    /// that goes straight home whole (aligned, no partial edge blocks to
-    /// journal) through the page cache (`write_cache`), with the home lock
-    /// free and the journal credits for its revokes available now, on a home
-    /// whose buffered writes do not wait on the storage (a local disk file
-    /// system: on FUSE or NFS they can hang with it, and would stall every
-    /// connection of a server's network thread). Then the
-    /// write runs on the caller's thread, which blocks only as long as any
-    /// buffered write may (the page cache's own dirty throttling), and its
-    /// outcome is returned as `Ok`. Otherwise `buf` comes back untouched as
-    /// `Err`. For a server's network threads: a large write done where its
-    /// payload arrived skips a hand-off to a worker and back.
-    pub fn try_write_owned(
-        &self,
-        buf: CallerBuf,
-        offset: u64,
-        flags: WriteFlags,
-    ) -> std::result::Result<Result<()>, CallerBuf> {
-        let len = (*buf).as_ref().len() as u64;
-        if flags.fua || !self.engine.home_writes_cached_promptly() {
-            return Err(buf);
-        }
-        let mid = match self.route(offset, len) {
-            Ok(Some(mid)) if mid == (offset, offset + len) => mid,
-            _ => return Err(buf),
-        };
-        let bs = self.engine.bs as u64;
-        match self
-            .engine
-            .try_direct(mid.0 / bs, mid.1 / bs, buf, 0..len as usize)
-        {
-            Ok(Ok(())) => Ok(Ok(())),
-            Ok(Err(buf)) => Err(buf),
-            Err(e) => Ok(Err(e)),
-        }
-    }
-
     /// A routed [`Volume::write_owned`] whose aligned middle `mid` goes
     /// straight home: from `buf` itself if the device can take it there.
     fn write_owned_direct(

@@ -1,7 +1,6 @@
 //! Direct home writes, with revoke records for journaled copies.
 
 use super::*;
-use crate::CallerBuf;
 
 /// Least time between two log lines about direct writes that found the
 /// backing store full.
@@ -59,44 +58,6 @@ impl Engine {
             return Ok(());
         }
         self.direct_under(self.home.lock.read(), start, end, data, zeroing, sync)
-    }
-
-    /// [`Engine::direct`] of data, not FUA, only if it need not wait: the
-    /// home lock is free to share (no checkpoint chunk holds it) and the
-    /// journal credits for its revokes are in the caller's stripe or free
-    /// right now. Otherwise `buf` comes back untouched (`Ok(Err(buf))`).
-    /// The home write itself still runs on the caller's thread, so this is
-    /// for devices that write to the page cache (`home_writes_cached`).
-    pub fn try_direct(
-        &self,
-        start: Lba,
-        end: Lba,
-        buf: CallerBuf,
-        range: std::ops::Range<usize>,
-    ) -> Result<std::result::Result<(), CallerBuf>> {
-        self.check_writable()?;
-        if start >= end {
-            return Ok(Ok(()));
-        }
-        let stripe_idx = my_stripe();
-        let charge = self.direct_charge(start, end);
-        let have = self.stripe(stripe_idx).credits;
-        if have < charge && !self.try_reserve(stripe_idx, charge - have)? {
-            return Ok(Err(buf));
-        }
-        let Some(home_guard) = self.home.lock.try_read() else {
-            return Ok(Err(buf));
-        };
-        let data = DirectData::Caller(buf, range);
-        self.direct_under(
-            home_guard,
-            start,
-            end,
-            Some(data),
-            Zeroing::Deallocate,
-            DirectSync::None,
-        )
-        .map(Ok)
     }
 
     /// Journal credits a direct write of `[start, end)` reserves for its
@@ -318,13 +279,6 @@ impl Engine {
     /// device with a buffered descriptor: ARCHITECTURE 22c).
     pub(crate) fn home_writes_cached(&self) -> bool {
         self.opts.write_cache && self.home.dev.has_write_cache()
-    }
-
-    /// Whether a direct write through the page cache may run on a thread
-    /// that must not block (see [`Engine::try_direct`]): its home's
-    /// buffered writes return without waiting on the storage.
-    pub(crate) fn home_writes_cached_promptly(&self) -> bool {
-        self.home_writes_cached() && !self.home.dev.write_cache_can_stall()
     }
 
     /// An aligned buffer of `len` bytes for the aligned middle of a large
