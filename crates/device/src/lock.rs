@@ -32,6 +32,19 @@ pub(crate) fn flock_holders_of(major: u64, minor: u64, ino: u64) -> Option<Vec<i
 /// by it, not left over from a killed one.
 pub(crate) fn live_openers_of(major: u64, minor: u64, ino: u64, max: usize) -> Vec<i64> {
     use std::os::unix::fs::MetadataExt;
+    live_processes_with_open(max, false, |m| {
+        m.ino() == ino && dev_major(m.dev()) == major && dev_minor(m.dev()) == minor
+    })
+}
+
+/// Live processes with a descriptor (`/proc/PID/fd`, stat through the
+/// magic link: the file itself, not the link) whose file `matches`, at
+/// most `max` of them; this one only if `with_self`.
+fn live_processes_with_open(
+    max: usize,
+    with_self: bool,
+    matches: impl Fn(&std::fs::Metadata) -> bool,
+) -> Vec<i64> {
     let me = i64::from(std::process::id());
     let mut out = Vec::new();
     let Ok(procs) = std::fs::read_dir("/proc") else {
@@ -41,19 +54,16 @@ pub(crate) fn live_openers_of(major: u64, minor: u64, ino: u64, max: usize) -> V
         let Some(pid) = p.file_name().to_str().and_then(|s| s.parse::<i64>().ok()) else {
             continue;
         };
-        if pid == me || !pid_alive(pid) {
+        if (pid == me && !with_self) || !pid_alive(pid) {
             continue;
         }
         let Ok(fds) = std::fs::read_dir(p.path().join("fd")) else {
             continue;
         };
-        let holds = fds.flatten().any(|fd| {
-            // stat through the magic link: the file itself, not the link.
-            std::fs::metadata(fd.path()).is_ok_and(|m| {
-                m.ino() == ino && dev_major(m.dev()) == major && dev_minor(m.dev()) == minor
-            })
-        });
-        if holds {
+        if fds
+            .flatten()
+            .any(|fd| std::fs::metadata(fd.path()).is_ok_and(|m| matches(&m)))
+        {
             out.push(pid);
             if out.len() >= max {
                 break;
@@ -206,32 +216,9 @@ pub(crate) fn block_device_busy(
 /// device `rdev` open (`/proc/PID/fd`), at most `max`.
 fn live_block_device_openers(rdev: u64, max: usize) -> Vec<i64> {
     use std::os::unix::fs::{FileTypeExt, MetadataExt};
-    let mut out = Vec::new();
-    let Ok(procs) = std::fs::read_dir("/proc") else {
-        return out;
-    };
-    for p in procs.flatten() {
-        let Some(pid) = p.file_name().to_str().and_then(|s| s.parse::<i64>().ok()) else {
-            continue;
-        };
-        if !pid_alive(pid) {
-            continue;
-        }
-        let Ok(fds) = std::fs::read_dir(p.path().join("fd")) else {
-            continue;
-        };
-        let holds = fds.flatten().any(|fd| {
-            std::fs::metadata(fd.path())
-                .is_ok_and(|m| m.file_type().is_block_device() && m.rdev() == rdev)
-        });
-        if holds {
-            out.push(pid);
-            if out.len() >= max {
-                break;
-            }
-        }
-    }
-    out
+    live_processes_with_open(max, true, |m| {
+        m.file_type().is_block_device() && m.rdev() == rdev
+    })
 }
 
 /// What in the kernel uses block device `major:minor`, if anything: a

@@ -86,7 +86,7 @@ pub fn inspect_volume(
                 &dopts,
                 false,
             ) {
-                Ok((jp, jdev)) => (jdev, 0, *len_bytes, Some(jp)),
+                Ok((jp, jdev, _)) => (jdev, 0, *len_bytes, Some(jp)),
                 Err(error) => {
                     let tried = journal_path
                         .map(Path::to_path_buf)

@@ -754,7 +754,7 @@ impl Volume {
                 uuid,
             } => {
                 let given = opts.journal_path.as_deref();
-                let (jp, jdev, file) = open_external_journal_watched(
+                let (jp, jdev, file) = open_external_journal(
                     path,
                     (path_hint, *uuid),
                     given,

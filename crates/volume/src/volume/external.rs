@@ -4,34 +4,6 @@
 
 use super::*;
 
-/// Opens a volume's external journal, of `len_bytes`: `given` (`--journal`)
-/// or else the path recorded at format time (`path_hint`). Returns the path
-/// used. A journal file shorter than the journal (truncated) is refused
-/// with what is lost and what to do ([`VolumeError::Truncated`]). With
-/// `refuse_foreign`, so is another volume's journal
-/// ([`VolumeError::WrongJournal`], before anything is scanned); an
-/// inspection leaves that to its own report.
-pub(crate) fn open_external_journal(
-    home: &Path,
-    (path_hint, uuid): (&Path, [u8; 16]),
-    given: Option<&Path>,
-    len_bytes: u64,
-    dopts: &jbdev_device::OpenOptions,
-    refuse_foreign: bool,
-) -> Result<(PathBuf, Arc<dyn BlockDevice>)> {
-    open_external_journal_watched(
-        home,
-        (path_hint, uuid),
-        given,
-        len_bytes,
-        dopts,
-        refuse_foreign,
-    )
-    .map(|(p, d, _)| (p, d))
-}
-
-/// [`open_external_journal`], also returning the descriptor to watch for a
-/// regular file (see [`WatchedJournal`]).
 /// Where a volume's external journal is: `given` (`--journal`), else the
 /// path recorded at format time (`path_hint`; the bool says it was that
 /// one). Never the volume's own file or device.
@@ -53,7 +25,16 @@ pub(crate) fn external_journal_path(
     Ok((jp, recorded))
 }
 
-pub(crate) fn open_external_journal_watched(
+/// Opens a volume's external journal, of `len_bytes`: `given` (`--journal`)
+/// or else the path recorded at format time (`path_hint`). Returns the path
+/// used, and for a regular file the descriptor to watch (see
+/// [`WatchedJournal`]). A journal file shorter than the journal
+/// (truncated) is refused with what is lost and what to do
+/// ([`VolumeError::Truncated`]). With
+/// `refuse_foreign`, so is another volume's journal
+/// ([`VolumeError::WrongJournal`], before anything is scanned); an
+/// inspection leaves that to its own report.
+pub(crate) fn open_external_journal(
     home: &Path,
     (path_hint, uuid): (&Path, [u8; 16]),
     given: Option<&Path>,
