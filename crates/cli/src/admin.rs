@@ -1503,17 +1503,14 @@ fn journal_rescue(
     } else {
         // A large journal on a slow store takes a while to read: say so
         // every few seconds (it was silent, session 28's pass).
-        let started = std::time::Instant::now();
-        let mut said = started;
+        let tick = jbdev_volume::ProgressTicker::new();
         let bs = u64::from(jsb.block_size);
         Some(
             jbdev_volume::scan_journal(&ins.region, &ins.superblock, &mut |n| {
-                if said.elapsed().as_secs() >= 2 {
-                    said = std::time::Instant::now();
+                if let Some(secs) = tick.due() {
                     eprintln!(
-                        "journal rescue: reading the journal: {} MiB read in {} s",
-                        (n * bs) >> 20,
-                        started.elapsed().as_secs()
+                        "journal rescue: reading the journal: {} MiB read in {secs} s",
+                        (n * bs) >> 20
                     );
                 }
             })

@@ -164,7 +164,8 @@ fn open_file_once(
         o.custom_flags(flags);
         o.open(path)
     };
-    let busy = |e: &io::Error| e.raw_os_error() == Some(libc::EBUSY);
+    // EBUSY, or the refusal below (`ResourceBusy` both).
+    let busy = |e: &io::Error| e.kind() == io::ErrorKind::ResourceBusy;
     // A block device another open holds exclusively: refused at once when
     // a live holder is found, waited for when none is (the claim of a
     // killed process whose io_uring teardown is still running).
@@ -186,7 +187,6 @@ fn open_file_once(
         Some(refusal) => refusal.to_string(),
         None => held_exclusively(&what),
     };
-    let busy = |e: &io::Error| busy(e) || e.kind() == io::ErrorKind::ResourceBusy;
     let (file, direct) = match open(opts.direct, creating) {
         Ok(f) => (f, opts.direct),
         Err(e) if creating && e.kind() == io::ErrorKind::AlreadyExists => {

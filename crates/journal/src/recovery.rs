@@ -210,7 +210,7 @@ pub fn check_geometry(sb: &JournalSuperblock, region: &JournalRegion) -> Result<
 pub fn scan(region: &JournalRegion, progress: &mut dyn FnMut(u64)) -> Result<Scan> {
     let sb = region.read_superblock()?;
     check_geometry(&sb, region)?;
-    scan_from(region, &sb, progress).map(|(scan, _)| scan)
+    scan_from(region, &sb, None, progress).map(|(scan, _)| scan)
 }
 
 /// [`scan`] of a journal whose home already holds every transaction up to
@@ -239,7 +239,8 @@ pub fn scan_past_mark(
 ) -> Result<Scan> {
     let sb = region.read_superblock()?;
     check_geometry(&sb, region)?;
-    let (first, survey) = scan_from(region, &sb, progress)?;
+    let resume = mark.wrapping_add(1);
+    let (first, survey) = scan_from(region, &sb, Some(resume), progress)?;
     let failed = match &first.end {
         ScanEnd::CorruptMiddle { sequence, .. } | ScanEnd::TornTail { sequence, .. } => *sequence,
         _ => return Ok(first),
@@ -247,19 +248,14 @@ pub fn scan_past_mark(
     if sb.uuid != uuid || mark == 0 || !not_before(mark, failed) {
         return Ok(first);
     }
-    let resume = mark.wrapping_add(1);
     let later = survey.max_sequence.is_some_and(|m| not_before(m, resume));
-    let at = if later {
-        first_block_of(region, &sb, resume)?
-    } else {
-        None
-    };
+    let at = survey.found.map(|(_, pos)| pos).filter(|_| later);
     let mut out = match at {
         Some(pos) => {
             let mut from = sb.clone();
             from.start = pos;
             from.sequence = resume;
-            let (mut rest, _) = scan_from(region, &from, progress)?;
+            let (mut rest, _) = scan_from(region, &from, None, progress)?;
             rest.superblock = sb.clone();
             rest.blocks_read += first.blocks_read;
             if is_after(first.next_sequence, rest.next_sequence) {
@@ -275,7 +271,8 @@ pub fn scan_past_mark(
                     sequence: resume,
                     pos: sb.start,
                     reason: format!(
-                        "no first block of transaction {resume} is found, and later ones are                          (the damage in transaction {failed} reaches past the checkpoint mark)"
+                        "no first block of transaction {resume} is found, and later ones are \
+                         (the damage in transaction {failed} reaches past the checkpoint mark)"
                     ),
                 }
             } else {
@@ -291,10 +288,12 @@ pub fn scan_past_mark(
 }
 
 /// The scan of the log that `sb` describes (its `start` and `sequence`),
-/// and the survey of the whole log area that decided how it ended.
+/// and the survey of the whole log area that decided how it ended (which
+/// also looks for where transaction `find` begins).
 fn scan_from(
     region: &JournalRegion,
     sb: &JournalSuperblock,
+    find: Option<u32>,
     progress: &mut dyn FnMut(u64),
 ) -> Result<(Scan, Survey)> {
     let mut out = Scan {
@@ -313,7 +312,7 @@ fn scan_from(
     // The whole log area, once: later transactions, the highest sequence
     // present, unreadable blocks.
     let walked = out.blocks_read;
-    let survey = survey_log(region, sb, sequence, &mut |n| progress(walked + n))?;
+    let survey = survey_log(region, sb, sequence, find, &mut |n| progress(walked + n))?;
     out.blocks_read += u64::from(sb.max_len - sb.first);
     out.end = decide(failure, &survey, sequence);
     // IMPORTANT: the next transaction written must carry a sequence that
@@ -327,37 +326,6 @@ fn scan_from(
     }
     out.next_sequence = next;
     Ok((out, survey))
-}
-
-/// Where transaction `sequence` begins: the verified header block of that
-/// sequence nearest after the log's tail (`sb.start`), in log order.
-fn first_block_of(
-    region: &JournalRegion,
-    sb: &JournalSuperblock,
-    sequence: u32,
-) -> Result<Option<u32>> {
-    let bs = sb.block_size as usize;
-    let seed = sb.csum_seed();
-    let usable = sb.max_len - sb.first;
-    let mut window = LogWindow::new(bs);
-    let mut block = AlignedBuf::zeroed(bs);
-    let mut best: Option<(u32, u32)> = None;
-    for pos in sb.first..sb.max_len {
-        if window.read(region, pos, sb.max_len, &mut block).is_err() {
-            continue;
-        }
-        let Some(view) = format::decode_log_block(&block, seed) else {
-            continue;
-        };
-        if view.header.sequence != sequence || view.record.is_err() {
-            continue;
-        }
-        let distance = (pos + usable - sb.start) % usable;
-        if best.is_none_or(|(d, _)| distance < d) {
-            best = Some((distance, pos));
-        }
-    }
-    Ok(best.map(|(_, pos)| pos))
 }
 
 /// `a` was written after `b` (sequence numbers wrap; half the space ahead
@@ -616,6 +584,10 @@ struct Survey {
     /// itself: it was written, so a missing header is a torn (or damaged)
     /// transaction, not the end of the log.
     own_commit_at: Option<u32>,
+    /// Where the transaction the caller asked for begins (`find`): its
+    /// verified header block nearest after the log's tail, in log order,
+    /// as `(distance from the tail, position)`.
+    found: Option<(u32, u32)>,
 }
 
 /// Reads every log block once. `failed_sequence` is the first transaction
@@ -626,16 +598,13 @@ fn survey_log(
     region: &JournalRegion,
     sb: &JournalSuperblock,
     failed_sequence: u32,
+    find: Option<u32>,
     progress: &mut dyn FnMut(u64),
 ) -> Result<Survey> {
     let bs = sb.block_size as usize;
     let seed = sb.csum_seed();
-    let mut out = Survey {
-        later_at: None,
-        max_sequence: None,
-        unreadable: None,
-        own_commit_at: None,
-    };
+    let usable = sb.max_len - sb.first;
+    let mut out = Survey::default();
     // Sequences before the superblock's lap are stale; only those in the
     // half of the sequence space from `s_sequence - 1` onwards count.
     let floor = sb.sequence.wrapping_sub(1);
@@ -681,6 +650,12 @@ fn survey_log(
         }
         if out.later_at.is_none() && is_after(h.sequence, failed_sequence) && proves {
             out.later_at = Some((pos, h.sequence));
+        }
+        if find == Some(h.sequence) {
+            let distance = (pos + usable - sb.start) % usable;
+            if out.found.is_none_or(|(d, _)| distance < d) {
+                out.found = Some((distance, pos));
+            }
         }
     }
     Ok(out)

@@ -195,15 +195,22 @@ pub struct RecoveryReport {
 /// How often an open's journal scan and replay report how far they got.
 const SCAN_REPORT_EVERY: std::time::Duration = std::time::Duration::from_secs(2);
 
-/// When a long step of an open (the journal scan, the replay) is due to say
-/// how far it got: every [`SCAN_REPORT_EVERY`], asked from any thread.
-struct ProgressTicker {
+/// When a long step (an open's journal scan and replay, `journal rescue`'s
+/// read-only pass) is due to say how far it got: every
+/// 2 s (`SCAN_REPORT_EVERY`), asked from any thread.
+pub struct ProgressTicker {
     started: Instant,
     next: parking_lot::Mutex<Instant>,
 }
 
+impl Default for ProgressTicker {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 impl ProgressTicker {
-    fn new() -> Self {
+    pub fn new() -> Self {
         let started = Instant::now();
         Self {
             started,
@@ -213,7 +220,7 @@ impl ProgressTicker {
 
     /// The whole seconds since the start when a report is due now (to one
     /// caller per period), else `None`.
-    fn due(&self) -> Option<u64> {
+    pub fn due(&self) -> Option<u64> {
         let mut next = self.next.try_lock()?;
         let now = Instant::now();
         if now < *next {
