@@ -463,20 +463,30 @@ fn zero(f: &DeviceFile, offset: u64, len: u64, mode: libc::c_int) -> Result<()> 
         return Ok(());
     }
     let mode = mode | libc::FALLOC_FL_KEEP_SIZE;
-    // SAFETY: fallocate on a valid descriptor with plain integer arguments.
-    let r = unsafe { libc::fallocate(fd, mode, offset as libc::off_t, len as libc::off_t) };
-    if r == 0 {
-        return Ok(());
-    }
+    let refused = loop {
+        // SAFETY: fallocate on a valid descriptor with plain integer arguments.
+        let r = unsafe { libc::fallocate(fd, mode, offset as libc::off_t, len as libc::off_t) };
+        if r == 0 {
+            return Ok(());
+        }
+        let e = io::Error::last_os_error();
+        match when_fallocate_fails(e.raw_os_error()) {
+            ZeroFallback::Retry => continue,
+            ZeroFallback::WriteZeroes => break e,
+            // An I/O error, a read-only or append-only file, a file too
+            // big: writing would fail the same way or hide a failing store
+            // behind slow writes of zeroes (session 28's pass, F5).
+            ZeroFallback::Fail => return Err(DeviceError::io("fallocate", f.what(), e)),
+        }
+    };
     // The filesystem cannot do it (no hole punching, or no ZERO_RANGE as
     // on tmpfs): write zeroes. A large range is said first: formatting
     // 1.9 GiB over a file on such a file system wrote for 20 s in silence
     // (session 28's pass), a terabyte would take hours.
     if len >= 64 << 20 {
         tracing::warn!(
-            "{}: the file system cannot zero by punching holes ({}); writing {} MiB of zeroes",
+            "{}: the file system cannot zero by punching holes ({refused}); writing {} MiB of zeroes",
             f.what(),
-            io::Error::last_os_error(),
             len >> 20
         );
     }
@@ -488,6 +498,29 @@ fn zero(f: &DeviceFile, offset: u64, len: u64, mode: libc::c_int) -> Result<()> 
         pos += n as u64;
     }
     Ok(())
+}
+
+/// What [`zero`] does when `fallocate` fails with `errno`.
+#[derive(Debug, PartialEq, Eq)]
+enum ZeroFallback {
+    /// Interrupted: ask again.
+    Retry,
+    /// The file system does not do this mode (or has no room to allocate
+    /// the zeroed range's extents, which rewriting allocated blocks does
+    /// not need): write zero blocks instead.
+    WriteZeroes,
+    /// Anything else is the store's answer: return it.
+    Fail,
+}
+
+fn when_fallocate_fails(errno: Option<i32>) -> ZeroFallback {
+    match errno {
+        Some(libc::EINTR) => ZeroFallback::Retry,
+        Some(libc::EOPNOTSUPP | libc::ENOSYS | libc::EINVAL | libc::ENOSPC) => {
+            ZeroFallback::WriteZeroes
+        }
+        _ => ZeroFallback::Fail,
+    }
 }
 
 /// A block device's `O_EXCL` open failed with EBUSY: the kernel does not

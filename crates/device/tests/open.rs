@@ -641,3 +641,60 @@ fn a_dead_holder_s_lock_that_outlives_the_wait_is_said_as_it_is() {
     // Once it is released, the file opens.
     open_device(&path, &OpenOptions::default()).unwrap();
 }
+
+/// Takes a file's immutable flag off when the test ends, however it ends
+/// (an immutable file cannot be removed).
+struct Immutable(std::path::PathBuf);
+
+impl Immutable {
+    fn set(path: &std::path::Path) -> Self {
+        let st = std::process::Command::new("chattr")
+            .arg("+i")
+            .arg(path)
+            .status()
+            .expect("run chattr (e2fsprogs)");
+        assert!(st.success(), "chattr +i {} failed: {st}", path.display());
+        Self(path.to_owned())
+    }
+}
+
+impl Drop for Immutable {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("chattr")
+            .arg("-i")
+            .arg(&self.0)
+            .status();
+    }
+}
+
+/// Zeroing falls back to writing zero blocks only where the file system
+/// cannot punch holes; any other `fallocate` failure is the store's answer
+/// and comes back as it is. Here the file turns immutable after the open
+/// (EPERM): the error must name `fallocate`, not the write the old code
+/// fell back to (session 28's pass, F5: a failing store was hidden behind
+/// gigabytes of zero writes).
+#[test]
+fn zeroing_reports_fallocate_failures_it_cannot_write_around() {
+    // On a disk file system: tmpfs may not take the immutable flag.
+    let dir = tempfile::tempdir_in("/var/tmp").unwrap();
+    let path = image_path(dir.path());
+    std::fs::write(&path, vec![5u8; 256 << 10]).unwrap();
+    for b in backends() {
+        let d = open_device(&path, &opts(b)).unwrap().device;
+        let flag = Immutable::set(&path);
+        for (what, r) in [
+            ("punch", d.write_zeroes(0, 64 << 10)),
+            ("zero range", d.write_zeroes_allocated(64 << 10, 64 << 10)),
+        ] {
+            match r {
+                Err(DeviceError::Io { op, error, .. }) => {
+                    assert_eq!(op, "fallocate", "{b:?} {what}: {error}");
+                    assert_eq!(error.raw_os_error(), Some(libc::EPERM), "{b:?} {what}");
+                }
+                other => panic!("{b:?} {what}: zeroing an immutable file gave {other:?}"),
+            }
+        }
+        drop(flag);
+    }
+    assert!(std::fs::read(&path).unwrap().iter().all(|&x| x == 5));
+}
