@@ -645,7 +645,13 @@ fn close_volumes(volumes: Vec<(PathBuf, Arc<Volume>)>) -> anyhow::Result<()> {
         }
         let shown = path.display().to_string();
         let probe = vol.journal_probe();
-        let left = move || Some((probe.used_bytes(), probe.home_written_bytes()));
+        let left = move || {
+            Some(CloseProgress {
+                journal_left: probe.used_bytes(),
+                home_written: probe.home_written_bytes(),
+                cache_unwritten: probe.home_unwritten_bytes(),
+            })
+        };
         let done = match Arc::try_unwrap(vol) {
             Ok(v) => within(&format!("closing {shown}"), CLOSE_LIMIT, left, move || {
                 // With the salvage's outcome: the abort's message was
@@ -689,18 +695,55 @@ fn close_volumes(volumes: Vec<(PathBuf, Arc<Volume>)>) -> anyhow::Result<()> {
     result
 }
 
+/// What a close has left to do, as [`within`] reads it.
+#[derive(Clone, Copy, Debug)]
+struct CloseProgress {
+    /// Bytes of the journal still to write home.
+    journal_left: u64,
+    /// Bytes the checkpoint wrote home so far.
+    home_written: u64,
+    /// Bytes of the home's page cache still to write back (None: not
+    /// known).
+    cache_unwritten: Option<u64>,
+}
+
+impl CloseProgress {
+    /// What moved since `was`, said in words; None if nothing did.
+    fn since(&self, was: &CloseProgress, secs: u64) -> Option<String> {
+        if self.journal_left < was.journal_left || self.home_written > was.home_written {
+            return Some(format!(
+                "{} MiB of the journal still to write home ({} MiB written home in the last {secs} s)",
+                self.journal_left >> 20,
+                self.home_written.saturating_sub(was.home_written) >> 20,
+            ));
+        }
+        match (self.cache_unwritten, was.cache_unwritten) {
+            (Some(now), Some(then)) if now < then => Some(format!(
+                "{} MiB of the home's page cache still to write back ({} MiB written back in \
+                 the last {secs} s)",
+                now >> 20,
+                (then - now) >> 20,
+            )),
+            _ => None,
+        }
+    }
+}
+
 /// Runs `f` on its own thread and waits for it at most `limit` without
 /// progress, saying every 10 s that it still waits. Progress (`left`): the
 /// bytes of the journal still to write home went down, or the bytes the
 /// checkpoint wrote home went up (a round frees log space only when it
 /// ends, and one round on a slow store can take minutes: session 27's pass
-/// had a close writing 2.5 MiB every 10 s given up as hung). None if `f`
-/// did not finish in time: its thread is left behind (blocked on the
-/// store; the process exits without it).
+/// had a close writing 2.5 MiB every 10 s given up as hung), or the home's
+/// dirty page cache went down (the final flush of a `--buffered` home
+/// writes all of it back: session 28's pass had one on a 128 KiB/s store
+/// given up as hung after 60 s). None if `f` did not finish in time: its
+/// thread is left behind (blocked on the store; the process exits without
+/// it).
 fn within<T: Send + 'static>(
     what: &str,
     limit: Duration,
-    left: impl Fn() -> Option<(u64, u64)>,
+    left: impl Fn() -> Option<CloseProgress>,
     f: impl FnOnce() -> T + Send + 'static,
 ) -> Option<T> {
     let rx = match jbdev_device::bounded::spawn_with_result("jbdev-close", f) {
@@ -725,15 +768,9 @@ fn within<T: Send + 'static>(
             }
             Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
                 let now_left = left();
-                if let (Some((was, was_home)), Some((now, now_home))) = (last_left, now_left) {
-                    if now < was || now_home > was_home {
-                        tracing::info!(
-                            "{what}: {} MiB of the journal still to write home ({} MiB \
-                             written home in the last {} s)",
-                            now >> 20,
-                            now_home.saturating_sub(was_home) >> 20,
-                            progress_at.elapsed().as_secs()
-                        );
+                if let (Some(was), Some(now)) = (last_left, now_left) {
+                    if let Some(said) = now.since(&was, progress_at.elapsed().as_secs()) {
+                        tracing::info!("{what}: {said}");
                         progress_at = std::time::Instant::now();
                         last_left = now_left;
                         continue;
@@ -841,7 +878,7 @@ mod tests {
         let got = within(
             "closing hung.img",
             limit,
-            || Some((1, 0)),
+            || Some(progress(1, 0, Some(1))),
             move || hung.recv().is_ok(),
         );
         assert_eq!(got, None, "a hung close was waited for");
@@ -867,7 +904,7 @@ mod tests {
         let got = within(
             "closing big.img",
             limit,
-            move || Some((l2.load(Ordering::Acquire), 0)),
+            move || Some(progress(l2.load(Ordering::Acquire), 0, None)),
             move || {
                 while left.load(Ordering::Acquire) > 0 {
                     std::thread::sleep(Duration::from_millis(50));
@@ -892,7 +929,7 @@ mod tests {
         let got = within(
             "closing slow.img",
             limit,
-            move || Some((64 << 20, h2.load(Ordering::Acquire))),
+            move || Some(progress(64 << 20, h2.load(Ordering::Acquire), None)),
             move || {
                 for _ in 0..20 {
                     std::thread::sleep(Duration::from_millis(50));
@@ -902,6 +939,53 @@ mod tests {
             },
         );
         assert_eq!(got, Some(7), "a close writing home was given up");
+    }
+
+    fn progress(
+        journal_left: u64,
+        home_written: u64,
+        cache_unwritten: Option<u64>,
+    ) -> CloseProgress {
+        CloseProgress {
+            journal_left,
+            home_written,
+            cache_unwritten,
+        }
+    }
+
+    /// The final flush of a `--buffered` home writes its dirty page cache
+    /// back after every checkpoint write has returned: neither the journal
+    /// nor the bytes written home move then, the cache going down is the
+    /// progress (session 28's pass: such a close on a 128 KiB/s store was
+    /// given up as hung after 60 s). The cache staying put is no progress.
+    #[test]
+    fn a_close_writing_the_page_cache_back_is_waited_for_past_the_limit() {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        let dirty = Arc::new(AtomicU64::new(20 << 20));
+        let d2 = dirty.clone();
+        let limit = Duration::from_millis(500);
+        let got = within(
+            "closing buffered.img",
+            limit,
+            move || Some(progress(64 << 20, 0, Some(d2.load(Ordering::Acquire)))),
+            move || {
+                while dirty.load(Ordering::Acquire) > 0 {
+                    std::thread::sleep(Duration::from_millis(50));
+                    dirty.fetch_sub(1 << 20, Ordering::AcqRel);
+                }
+                7
+            },
+        );
+        assert_eq!(got, Some(7), "a close writing its cache back was given up");
+        let was = progress(64 << 20, 0, Some(8 << 20));
+        assert!(progress(64 << 20, 0, Some(8 << 20))
+            .since(&was, 10)
+            .is_none());
+        assert!(progress(64 << 20, 0, None).since(&was, 10).is_none());
+        let said = progress(64 << 20, 0, Some(5 << 20))
+            .since(&was, 10)
+            .unwrap();
+        assert!(said.contains("5 MiB of the home's page cache"), "{said}");
     }
 
     #[test]

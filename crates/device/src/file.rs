@@ -500,6 +500,53 @@ fn zero(f: &DeviceFile, offset: u64, len: u64, mode: libc::c_int) -> Result<()> 
     Ok(())
 }
 
+/// `cachestat(2)`'s system call number (451 on every architecture: it
+/// came after the numbers were unified).
+const SYS_CACHESTAT: libc::c_long = 451;
+
+/// `struct cachestat_range`: the whole file when `len` is 0.
+#[repr(C)]
+struct CachestatRange {
+    off: u64,
+    len: u64,
+}
+
+/// `struct cachestat`, in pages.
+#[repr(C)]
+#[derive(Default)]
+struct Cachestat {
+    nr_cache: u64,
+    nr_dirty: u64,
+    nr_writeback: u64,
+    nr_evicted: u64,
+    nr_recently_evicted: u64,
+}
+
+/// Bytes of the file's (or block device's) page cache that are dirty or
+/// under writeback, from `cachestat(2)`; None where the kernel has no
+/// such call (before 6.5) or refuses it.
+pub(crate) fn cached_unwritten_bytes(f: &DeviceFile) -> Option<u64> {
+    let range = CachestatRange { off: 0, len: 0 };
+    let mut st = Cachestat::default();
+    // SAFETY: cachestat reads `range` and fills `st`, both valid for the
+    // call; flags must be 0.
+    let r = unsafe {
+        libc::syscall(
+            SYS_CACHESTAT,
+            f.file.as_raw_fd(),
+            &range as *const CachestatRange,
+            &mut st as *mut Cachestat,
+            0u32,
+        )
+    };
+    if r != 0 {
+        return None;
+    }
+    // SAFETY: sysconf has no memory effects.
+    let page = u64::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096);
+    Some((st.nr_dirty + st.nr_writeback).saturating_mul(page))
+}
+
 /// What [`zero`] does when `fallocate` fails with `errno`.
 #[derive(Debug, PartialEq, Eq)]
 enum ZeroFallback {

@@ -171,6 +171,15 @@ pub trait BlockDevice: Send + Sync {
         false
     }
 
+    /// Bytes of this device's pages in the kernel's page cache that are
+    /// dirty or being written back: what a flush still has to write. None
+    /// where no page cache is in play (the default) or the kernel cannot
+    /// say (`cachestat(2)`, Linux 6.5). How a close that waits for a flush
+    /// on a slow store tells it from a hung one.
+    fn cached_unwritten_bytes(&self) -> Option<u64> {
+        None
+    }
+
     /// Writes `bufs` at `offset` through the kernel's page cache (the
     /// buffered descriptor next to O_DIRECT), so later reads through the
     /// read cache find the bytes without device I/O. Returns when the

@@ -657,6 +657,10 @@ impl BlockDevice for UringDevice {
         crate::file::try_read_cached(&self.f, bufs, offset)
     }
 
+    fn cached_unwritten_bytes(&self) -> Option<u64> {
+        crate::file::cached_unwritten_bytes(&self.f)
+    }
+
     fn has_write_cache(&self) -> bool {
         self.f.cached.is_some() && !self.f.read_only
     }

@@ -698,3 +698,31 @@ fn zeroing_reports_fallocate_failures_it_cannot_write_around() {
     }
     assert!(std::fs::read(&path).unwrap().iter().all(|&x| x == 5));
 }
+
+/// A file opened without O_DIRECT keeps written bytes in the page cache
+/// until a flush; `cached_unwritten_bytes` says how many are left (what a
+/// close waiting for that flush on a slow store shows as its progress).
+#[test]
+fn the_page_cache_left_to_write_back_is_counted() {
+    let dir = tempfile::tempdir_in("/var/tmp").unwrap();
+    let path = image_path(dir.path());
+    std::fs::write(&path, vec![0u8; 4 << 20]).unwrap();
+    std::fs::File::open(&path).unwrap().sync_all().unwrap();
+    for b in backends() {
+        let mut o = opts(b);
+        o.direct = false;
+        let d = open_device(&path, &o).unwrap().device;
+        let buf = jbdev_device::AlignedBuf::zeroed(1 << 20);
+        d.write_at(&buf, 1 << 20, IoPriority::Urgent).unwrap();
+        let before = d.cached_unwritten_bytes();
+        d.flush().unwrap();
+        let after = d.cached_unwritten_bytes();
+        // Counted by folio: ext4's large folios make a 1 MiB write into
+        // cached pages dirty up to the whole folio around it (2 MiB here).
+        assert!(
+            matches!(before, Some(n) if (1 << 20..=4 << 20).contains(&n)),
+            "{b:?}: {before:?} bytes to write back after a 1 MiB buffered write"
+        );
+        assert_eq!(after, Some(0), "{b:?}: left to write back after the flush");
+    }
+}

@@ -252,6 +252,14 @@ impl JournalProbe {
             .checkpoint_written_bytes
             .load(Ordering::Relaxed)
     }
+
+    /// Bytes of the home's page cache still dirty or being written back
+    /// (`cachestat(2)`; None without a page cache or a kernel that says):
+    /// progress of a final flush, which on a slow store can take minutes
+    /// after the checkpoint's writes have all returned.
+    pub fn home_unwritten_bytes(&self) -> Option<u64> {
+        self.engine.home.dev.cached_unwritten_bytes()
+    }
 }
 
 /// A journaled volume. `Send + Sync`: share it (e.g. in an `Arc`) between
@@ -1752,7 +1760,6 @@ impl Volume {
             .collect())
     }
 
-    /// Current metrics.
     /// A handle that reports, from any thread, how many bytes of the
     /// journal are in use: what a close still has to write home. It keeps
     /// the volume's engine (not its devices' lock) alive while it exists.
@@ -1762,6 +1769,7 @@ impl Volume {
         }
     }
 
+    /// Current metrics.
     pub fn stats(&self) -> Stats {
         let e = &self.engine;
         // IMPORTANT: everything that takes another lock comes before the
