@@ -10,7 +10,8 @@ cd "$(dirname "$0")/.."
 
 # libssl-dev and pkg-config build the server's TLS-PSK support (the openssl
 # crate); openssl makes the TLS tests' certificates, gnutls-bin has psktool.
-PACKAGES=(fio qemu-utils libnbd-bin python3-libnbd nbdkit e2fsprogs gcc g++ pkg-config libssl-dev openssl gnutls-bin valgrind util-linux curl)
+# nbdfuse mounts an nbdkit store as a file on FUSE (crates/device/tests/fuse_dsync.rs).
+PACKAGES=(fio qemu-utils libnbd-bin python3-libnbd nbdkit nbdfuse e2fsprogs gcc g++ pkg-config libssl-dev openssl gnutls-bin valgrind util-linux curl)
 # The RBD backend's tests run a throwaway single-node Ceph cluster
 # (scripts/ceph-test-cluster.sh; Debian 12: Ceph 16.2, ~30 s to install).
 RBD=${JBDEV_RBD_TESTS:-1}

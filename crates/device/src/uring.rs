@@ -611,6 +611,12 @@ impl UringDevice {
         if iov_len(bufs) == 0 {
             return Ok(());
         }
+        if dir == Dir::WriteDsync && !self.f.ring_dsync_honoured {
+            // The file system may complete the write without the flush
+            // RWF_DSYNC asks for (FUSE): write, then flush.
+            self.write_checked(bufs, offset, prio, Dir::Write)?;
+            return self.flush();
+        }
         match with_ring(|ring| self.write_on_ring(ring, bufs, offset, ioprio_of(prio), dir)) {
             Some(res) => res,
             None => {
@@ -692,6 +698,19 @@ impl BlockDevice for UringDevice {
             )?;
         }
         check_writable(&self.f)?;
+        if !self.f.ring_dsync_honoured && reqs.iter().any(|r| r.durable) {
+            // No RWF_DSYNC here (see `write_checked`): every write, then one
+            // flush.
+            let plain: Vec<WriteReq<'_>> = reqs
+                .iter()
+                .map(|r| WriteReq {
+                    durable: false,
+                    ..*r
+                })
+                .collect();
+            self.write_batch(&plain, prio)?;
+            return self.flush();
+        }
         if reqs.len() <= 1 {
             return reqs.iter().try_for_each(|r| {
                 let dir = if r.durable {
@@ -747,6 +766,16 @@ impl BlockDevice for UringDevice {
     /// Where the kernel refuses one more ring, requests run synchronously at
     /// submit (the default queue), after one warning.
     fn queue(&self, depth: u32) -> Result<Box<dyn crate::IoQueue + '_>> {
+        if !self.f.ring_dsync_honoured {
+            // A ring queue's durable write is one RWF_DSYNC write, which
+            // this file system may not make durable: the thread-pool queue
+            // writes, then flushes (`write_checked`).
+            return Ok(Box::new(crate::queue::SyncQueue::new(
+                crate::queue::Synchronous(self),
+                depth,
+                None,
+            )?));
+        }
         match queue::UringQueue::new(self, depth) {
             Ok(q) => Ok(Box::new(q)),
             Err(DeviceError::Io { error, .. }) => {

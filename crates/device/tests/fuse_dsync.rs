@@ -1,0 +1,131 @@
+//! A durable (FUA) write to a file on FUSE reaches the store with a flush,
+//! on every backend and through a queue. FUSE completes an io_uring
+//! O_DIRECT write with `RWF_DSYNC` without the flush the flag asks for
+//! (session 29's C ABI pass: acknowledged FUA writes and commits lost on an
+//! nbdfuse store after a power cut), so jbdev writes, then flushes, on file
+//! systems it does not know to honour the flag. The store here is nbdkit's
+//! memory plugin behind its log filter, mounted as a file by nbdfuse: the
+//! log shows every flush the kernel sent.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use jbdev_device::{open_device, Backend, IoPriority, IoRequest, OpenOptions};
+
+/// nbdkit and nbdfuse, stopped and unmounted when dropped.
+struct FuseStore {
+    nbdkit: Child,
+    nbdfuse: Option<Child>,
+    mount: PathBuf,
+    log: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl FuseStore {
+    fn start() -> Self {
+        let dir = tempfile::tempdir_in("/dev/shm").unwrap();
+        let sock = dir.path().join("nbdkit.sock");
+        let log = dir.path().join("nbdkit.log");
+        let mount = dir.path().join("mnt");
+        std::fs::create_dir(&mount).unwrap();
+        let nbdkit = Command::new("nbdkit")
+            .args(["-f", "-U"])
+            .arg(&sock)
+            .args(["--filter=log", "memory", "64M"])
+            .arg(format!("logfile={}", log.display()))
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("run nbdkit (package nbdkit)");
+        let mut store = Self {
+            nbdkit,
+            nbdfuse: None,
+            mount,
+            log,
+            _dir: dir,
+        };
+        wait_for(&sock, "nbdkit's socket");
+        store.nbdfuse = Some(
+            Command::new("nbdfuse")
+                .arg(store.mount.join("disk"))
+                .arg("--unix")
+                .arg(&sock)
+                .stdout(Stdio::null())
+                .spawn()
+                .expect("run nbdfuse (package nbdfuse)"),
+        );
+        wait_for(&store.disk(), "the nbdfuse file");
+        store
+    }
+
+    fn disk(&self) -> PathBuf {
+        self.mount.join("disk")
+    }
+
+    /// Flush requests the store has received so far.
+    fn flushes(&self) -> usize {
+        std::fs::read_to_string(&self.log)
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| l.contains(" Flush ") && !l.contains("return="))
+            .count()
+    }
+}
+
+impl Drop for FuseStore {
+    fn drop(&mut self) {
+        let _ = Command::new("fusermount3")
+            .arg("-u")
+            .arg(&self.mount)
+            .status();
+        if let Some(mut c) = self.nbdfuse.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        let _ = self.nbdkit.kill();
+        let _ = self.nbdkit.wait();
+    }
+}
+
+fn wait_for(path: &Path, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !path.exists() {
+        assert!(Instant::now() < deadline, "{what} did not appear in 20 s");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn a_durable_write_on_fuse_is_flushed_to_the_store() {
+    let store = FuseStore::start();
+    for backend in [Backend::Uring, Backend::Pread] {
+        let opts = OpenOptions {
+            backend,
+            ..OpenOptions::default()
+        };
+        let dev = open_device(&store.disk(), &opts)
+            .unwrap_or_else(|e| panic!("open the nbdfuse file with {backend:?}: {e}"))
+            .device;
+        let buf = jbdev_device::AlignedBuf::zeroed(64 << 10);
+        let before = store.flushes();
+        dev.write_vectored_durable_at(&[std::io::IoSlice::new(&buf)], 0, IoPriority::Urgent)
+            .unwrap();
+        let after_write = store.flushes();
+        assert!(
+            after_write > before,
+            "{backend:?}: a durable write returned with no flush at the store ({before} flushes before, {after_write} after)"
+        );
+        let mut q = dev.queue(4).unwrap();
+        q.push(IoRequest::write_durable(64 << 10, buf), 0).unwrap();
+        let mut out = Vec::new();
+        while q.in_flight() > 0 {
+            q.reap(1, &mut out).unwrap();
+        }
+        out.pop().unwrap().result.unwrap();
+        let after_queue = store.flushes();
+        assert!(
+            after_queue > after_write,
+            "{backend:?}: a queued durable write completed with no flush at the store"
+        );
+    }
+}
