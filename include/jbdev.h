@@ -483,7 +483,10 @@ int jbdev_txn_begin(const struct jbdev_volume *vol, struct jbdev_txn **out);
 // commit. Returns 0 or a negative errno (-ENOSPC past the end, -EFBIG when
 // the transaction would then touch more blocks than one atomic transaction
 // holds: extents of `jbdev_max_transaction_bytes` in all, at any
-// alignment, always fit, and blocks written twice count once); the
+// alignment, always fit, and blocks written twice count once; -EFBIG too
+// when it would then keep more than four times that in memory until the
+// commit: a write that covers earlier extents replaces them, but writes
+// that overlap earlier ones only in part are each kept whole); the
 // transaction stays usable after an error, without the refused extent.
 //
 // # Safety

@@ -8,7 +8,7 @@
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::path::PathBuf;
 
-use ::jbdev_volume::{TouchedBlocks, Volume, VolumeError, WriteFlags};
+use ::jbdev_volume::{TxnExtents, Volume, VolumeError, WriteFlags};
 
 use crate::error::{close_error, ffi_call, with_last_error, Error, Result};
 use crate::handle::{Kind, Table};
@@ -25,23 +25,16 @@ struct VolumeEntry {
     read_only: bool,
 }
 
-enum TxnOp {
-    Write { offset: u64, data: Vec<u8> },
-    Zeroes { offset: u64, len: u64 },
-}
-
 /// A transaction being built. The Rust `Transaction` borrows its `Volume`,
 /// which a C handle cannot express, so the extents are buffered here and
 /// replayed into a Rust transaction by `jbdev_txn_commit` (all within one
 /// call, so atomicity is the engine's).
 struct TxnState {
     volume: usize,
-    ops: Vec<TxnOp>,
-    /// The distinct blocks of the extents so far, checked against the
-    /// atomic maximum as extents are added (writes and zeroings alike, as
-    /// the commit counts them), so the extent that does not fit is refused
-    /// and the rest still commits.
-    touched: TouchedBlocks,
+    /// The extents so far, checked as they are added (writes and zeroings
+    /// alike, as the commit counts them), so the extent that does not fit
+    /// is refused and the rest still commits.
+    extents: TxnExtents,
 }
 
 static VOLUMES: Table<VolumeEntry> = Table::new(Kind::Volume);
@@ -706,8 +699,7 @@ pub unsafe extern "C" fn jbdev_txn_begin(
         VOLUMES.with(volume, check_writable)?;
         let handle = TXNS.insert(TxnState {
             volume,
-            ops: Vec::new(),
-            touched: TouchedBlocks::default(),
+            extents: TxnExtents::default(),
         })?;
         // SAFETY: forwarded contract (checked non-NULL above).
         unsafe { write_out(out, txn_ptr(handle), "out") }?;
@@ -715,18 +707,15 @@ pub unsafe extern "C" fn jbdev_txn_begin(
     })
 }
 
-/// Validates an extent against the transaction's volume and counts its
-/// blocks in; on an error the transaction is unchanged.
-fn add_extent(t: &mut TxnState, offset: u64, len: u64) -> Result<()> {
-    VOLUMES.with(t.volume, |e| Ok(t.touched.add(&e.volume, offset, len)?))
-}
-
 /// Adds a write of `len` bytes from `buf` at `offset` to the transaction.
 /// The data is copied; `buf` may be reused at once. Nothing is visible until
 /// commit. Returns 0 or a negative errno (-ENOSPC past the end, -EFBIG when
 /// the transaction would then touch more blocks than one atomic transaction
 /// holds: extents of `jbdev_max_transaction_bytes` in all, at any
-/// alignment, always fit, and blocks written twice count once); the
+/// alignment, always fit, and blocks written twice count once; -EFBIG too
+/// when it would then keep more than four times that in memory until the
+/// commit: a write that covers earlier extents replaces them, but writes
+/// that overlap earlier ones only in part are each kept whole); the
 /// transaction stays usable after an error, without the refused extent.
 ///
 /// # Safety
@@ -743,11 +732,9 @@ pub unsafe extern "C" fn jbdev_txn_write(
             VOLUMES.with(t.volume, |e| check_range(&e.volume, offset, len))?;
             // SAFETY: forwarded contract.
             let data = unsafe { in_slice(buf, len) }?;
-            add_extent(t, offset, len as u64)?;
-            t.ops.push(TxnOp::Write {
-                offset,
-                data: data.to_vec(),
-            });
+            VOLUMES.with(t.volume, |e| {
+                Ok(t.extents.write(&e.volume, data, offset)?)
+            })?;
             Ok(0)
         })
     })
@@ -762,8 +749,9 @@ pub unsafe extern "C" fn jbdev_txn_write(
 pub extern "C" fn jbdev_txn_write_zeroes(txn: *mut jbdev_txn, offset: u64, len: u64) -> c_int {
     ffi_call(|| {
         TXNS.with_mut(txn.addr(), |t| {
-            add_extent(t, offset, len)?;
-            t.ops.push(TxnOp::Zeroes { offset, len });
+            VOLUMES.with(t.volume, |e| {
+                Ok(t.extents.write_zeroes(&e.volume, offset, len)?)
+            })?;
             Ok(0)
         })
     })
@@ -786,14 +774,7 @@ pub extern "C" fn jbdev_txn_commit(txn: *mut jbdev_txn, flags: u32) -> c_int {
         let state = TXNS.remove(txn.addr())?;
         VOLUMES.with(state.volume, |e| {
             check_writable(e)?;
-            let mut t = e.volume.transaction();
-            for op in &state.ops {
-                match op {
-                    TxnOp::Write { offset, data } => t.write(data, *offset)?,
-                    TxnOp::Zeroes { offset, len } => t.write_zeroes(*offset, *len)?,
-                };
-            }
-            t.commit(flags)?;
+            e.volume.commit_extents(&state.extents, flags)?;
             Ok(0)
         })
     })

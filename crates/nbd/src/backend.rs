@@ -298,7 +298,7 @@ fn volume_done(done: Done) -> jbdev_volume::Completion {
 pub fn map_volume_error(e: jbdev_volume::VolumeError) -> BackendError {
     use jbdev_volume::VolumeError as V;
     let errno = match &e {
-        V::OutOfRange { .. } | V::TooLarge { .. } => proto::ENOSPC,
+        V::OutOfRange { .. } | V::TooLarge { .. } | V::TransactionTooBig { .. } => proto::ENOSPC,
         V::ReadOnly => proto::EPERM,
         // The store refuses writes (a file system remounted read-only, a
         // write-protected device, permissions): NBD_EPERM, the protocol's

@@ -56,6 +56,23 @@ pub enum VolumeError {
         /// [`crate::Volume::max_transaction_bytes`].
         max_bytes: u64,
     },
+    /// A transaction's writes kept in memory until its commit would pass
+    /// their limit: writes that partly overlap earlier ones of the same
+    /// transaction are each kept whole (one that covers an earlier extent
+    /// replaces it, and costs nothing more).
+    #[error(
+        "the transaction would hold {held} bytes of writes until its commit, more than the \
+         {max} it may ({max_extents} extents at most): its writes overlap each other in part, \
+         and each is kept whole; commit it, or write each range once"
+    )]
+    TransactionTooBig {
+        /// Bytes of write data (and extents, 64 bytes each) it would hold.
+        held: u64,
+        /// The most it may hold: four times [`crate::Volume::max_transaction_bytes`].
+        max: u64,
+        /// The most extents one transaction keeps.
+        max_extents: u64,
+    },
     /// The volume was opened read-only.
     #[error("the volume is open read-only")]
     ReadOnly,
@@ -129,7 +146,7 @@ impl VolumeError {
             | Self::CorruptJournal(_) => libc::EUCLEAN,
             Self::WrongJournal(_) => libc::EINVAL,
             Self::NewerFormat(_) => libc::EOPNOTSUPP,
-            Self::TooLarge { .. } => libc::EFBIG,
+            Self::TooLarge { .. } | Self::TransactionTooBig { .. } => libc::EFBIG,
             Self::ReadOnly => libc::EROFS,
             Self::Aborted { cause_errno, .. } if is_no_space(*cause_errno) => libc::ENOSPC,
             Self::StoreFull { .. } => libc::ENOSPC,

@@ -44,6 +44,6 @@ pub use volume::{
     foreign_journal, format_layout, home_behind_journal, journal_behind_home, journal_target,
     refusal_by_superblocks, scan_journal, session_mismatch, stale_journal, CreateTarget, Extent,
     ExtentState, FormatLayout, JournalAt, JournalProbe, ProgressTicker, RecoveryReport,
-    SessionMismatch, Stats, TargetRole, TouchedBlocks, Transaction, Volume, WriteFlags,
-    MIN_JOURNAL_BLOCKS,
+    SessionMismatch, Stats, TargetRole, TouchedBlocks, Transaction, TxnExtents, Volume, WriteFlags,
+    MIN_JOURNAL_BLOCKS, TXN_HELD_FACTOR,
 };

@@ -1650,10 +1650,30 @@ impl Volume {
     pub fn transaction(&self) -> Transaction<'_> {
         Transaction {
             vol: self,
-            ops: Vec::new(),
-            bytes: 0,
-            touched: TouchedBlocks::default(),
+            extents: TxnExtents::default(),
         }
+    }
+
+    /// Applies `extents` (built against this volume) atomically, as
+    /// [`Transaction::commit`] does; with `flags.fua`, durably.
+    pub fn commit_extents(&self, extents: &TxnExtents, flags: WriteFlags) -> Result<()> {
+        self.check(0, 0)?;
+        let ops: Vec<Op<'_>> = extents
+            .ops
+            .iter()
+            .map(|o| match o {
+                TxOp::Write(off, d) => Op::Write {
+                    offset: *off,
+                    data: d,
+                },
+                TxOp::Zero(off, len) => Op::Zero {
+                    offset: *off,
+                    len: *len,
+                    zeroing: Zeroing::Deallocate,
+                },
+            })
+            .collect();
+        self.engine.journaled(&ops, flags.fua)
     }
 
     /// The most bytes one [`Volume::block_status`] reports on.
@@ -2062,39 +2082,67 @@ impl TouchedBlocks {
 /// [`Transaction::commit`]. Extents may overlap; later ones win.
 pub struct Transaction<'v> {
     vol: &'v Volume,
+    extents: TxnExtents,
+}
+
+/// The extents of a transaction until its commit: what [`Transaction`]
+/// holds, and what the C ABI's transaction handles hold (they outlive any
+/// borrow of the volume). Validated as they are added: past the volume's
+/// end, more distinct blocks than one atomic transaction holds
+/// ([`VolumeError::TooLarge`]), or more kept in memory than
+/// [`TXN_HELD_FACTOR`] times that ([`VolumeError::TransactionTooBig`]) is
+/// refused and changes nothing. An extent that covers earlier ones replaces
+/// them (it wins over them at commit anyway), so rewriting one range costs
+/// its size once, not once per write (session 29's C ABI pass: 8,192
+/// rewrites of one 64 KiB range held 1 GiB).
+#[derive(Default)]
+pub struct TxnExtents {
     ops: Vec<TxOp>,
+    /// Bytes added so far (every extent, as [`Transaction::len`] says).
     bytes: u64,
+    /// Bytes kept: write data, plus [`TXN_EXTENT_COST`] per extent.
+    held: u64,
     touched: TouchedBlocks,
 }
+
+/// How many times [`Volume::max_transaction_bytes`] a transaction may keep
+/// in memory until its commit.
+pub const TXN_HELD_FACTOR: u64 = 4;
+/// What one extent of a transaction counts as kept, besides its data.
+const TXN_EXTENT_COST: u64 = 64;
 
 enum TxOp {
     Write(u64, Vec<u8>),
     Zero(u64, u64),
 }
 
-impl Transaction<'_> {
-    fn add(&mut self, offset: u64, len: u64) -> Result<()> {
-        self.touched.add(self.vol, offset, len)?;
-        self.bytes += len;
-        Ok(())
+impl TxOp {
+    fn range(&self) -> (u64, u64) {
+        match self {
+            TxOp::Write(off, d) => (*off, off + d.len() as u64),
+            TxOp::Zero(off, len) => (*off, off + len),
+        }
     }
 
-    /// Adds a write of `data` at `offset`. Fails with
-    /// [`VolumeError::TooLarge`], adding nothing, if the transaction would
-    /// then touch more blocks than one atomic transaction holds; the
-    /// transaction stays usable.
-    pub fn write(&mut self, data: &[u8], offset: u64) -> Result<&mut Self> {
-        self.add(offset, data.len() as u64)?;
-        self.ops.push(TxOp::Write(offset, data.to_vec()));
-        Ok(self)
+    fn held(&self) -> u64 {
+        TXN_EXTENT_COST
+            + match self {
+                TxOp::Write(_, d) => d.len() as u64,
+                TxOp::Zero(..) => 0,
+            }
+    }
+}
+
+impl TxnExtents {
+    /// Adds a write of `data` at `offset` (copied).
+    pub fn write(&mut self, vol: &Volume, data: &[u8], offset: u64) -> Result<()> {
+        let len = data.len() as u64;
+        self.push(vol, offset, len, len, || TxOp::Write(offset, data.to_vec()))
     }
 
-    /// Adds a zeroing of `[offset, offset+len)` (journaled like a write, so
-    /// it counts against the same limit as [`Transaction::write`]).
-    pub fn write_zeroes(&mut self, offset: u64, len: u64) -> Result<&mut Self> {
-        self.add(offset, len)?;
-        self.ops.push(TxOp::Zero(offset, len));
-        Ok(self)
+    /// Adds a zeroing of `[offset, offset + len)`.
+    pub fn write_zeroes(&mut self, vol: &Volume, offset: u64, len: u64) -> Result<()> {
+        self.push(vol, offset, len, 0, || TxOp::Zero(offset, len))
     }
 
     /// Bytes added so far.
@@ -2106,27 +2154,78 @@ impl Transaction<'_> {
         self.ops.is_empty()
     }
 
+    /// Adds the extent `[offset, offset + len)` that `op` makes, which
+    /// keeps `data_len` bytes of data.
+    fn push(
+        &mut self,
+        vol: &Volume,
+        offset: u64,
+        len: u64,
+        data_len: u64,
+        op: impl FnOnce() -> TxOp,
+    ) -> Result<()> {
+        vol.check(offset, len)?;
+        let end = offset + len;
+        let covered = |o: &TxOp| {
+            let (a, z) = o.range();
+            offset <= a && z <= end
+        };
+        // What it keeps once this extent replaces the ones it covers.
+        let freed: u64 = self.ops.iter().filter(|o| covered(o)).map(TxOp::held).sum();
+        let cost = TXN_EXTENT_COST + data_len;
+        let max = TXN_HELD_FACTOR * vol.max_transaction_bytes() + TXN_EXTENT_COST;
+        let held = self.held - freed + cost;
+        if held > max {
+            return Err(VolumeError::TransactionTooBig {
+                held,
+                max,
+                max_extents: max / TXN_EXTENT_COST,
+            });
+        }
+        // Checked last: on any error nothing has changed.
+        self.touched.add(vol, offset, len)?;
+        if freed > 0 {
+            self.ops.retain(|o| !covered(o));
+        }
+        self.ops.push(op());
+        self.held = held;
+        self.bytes += len;
+        Ok(())
+    }
+}
+
+impl Transaction<'_> {
+    /// Adds a write of `data` at `offset`. Fails with
+    /// [`VolumeError::TooLarge`], adding nothing, if the transaction would
+    /// then touch more blocks than one atomic transaction holds (or with
+    /// [`VolumeError::TransactionTooBig`]: see [`TxnExtents`]); the
+    /// transaction stays usable.
+    pub fn write(&mut self, data: &[u8], offset: u64) -> Result<&mut Self> {
+        self.extents.write(self.vol, data, offset)?;
+        Ok(self)
+    }
+
+    /// Adds a zeroing of `[offset, offset+len)` (journaled like a write, so
+    /// it counts against the same limit as [`Transaction::write`]).
+    pub fn write_zeroes(&mut self, offset: u64, len: u64) -> Result<&mut Self> {
+        self.extents.write_zeroes(self.vol, offset, len)?;
+        Ok(self)
+    }
+
+    /// Bytes added so far.
+    pub fn len(&self) -> u64 {
+        self.extents.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.extents.is_empty()
+    }
+
     /// Applies every extent atomically; with `flags.fua`, durably. (An
     /// extent that would have made the transaction too large was refused
     /// when it was added.)
     pub fn commit(self, flags: WriteFlags) -> Result<()> {
-        self.vol.check(0, 0)?;
-        let ops: Vec<Op<'_>> = self
-            .ops
-            .iter()
-            .map(|o| match o {
-                TxOp::Write(off, d) => Op::Write {
-                    offset: *off,
-                    data: d,
-                },
-                TxOp::Zero(off, len) => Op::Zero {
-                    offset: *off,
-                    len: *len,
-                    zeroing: Zeroing::Deallocate,
-                },
-            })
-            .collect();
-        self.vol.engine.journaled(&ops, flags.fua)
+        self.vol.commit_extents(&self.extents, flags)
     }
 }
 

@@ -1175,3 +1175,57 @@ fn the_journal_probe_counts_what_the_checkpoint_writes_home() {
         probe.home_written_bytes()
     );
 }
+
+/// A transaction keeps what its commit needs, not every write it was
+/// given: rewriting one range replaces the earlier extents (later ones win
+/// anyway), and writes that overlap only in part are bounded by
+/// `TXN_HELD_FACTOR` times the atomic maximum, refused past it with the
+/// transaction still usable (session 29's C ABI pass: 8,192 rewrites of one
+/// 64 KiB range in one C transaction held 1 GiB).
+#[test]
+fn a_transaction_keeps_one_copy_of_a_range_rewritten_and_a_bounded_rest() {
+    let dev = fault_volume();
+    let vol = Volume::open_device(dev.clone(), None, &quiet()).unwrap();
+    let max = vol.max_transaction_bytes();
+    let mut t = vol.transaction();
+    // Far more rewrites of one 16 KiB range than the bound would hold.
+    let rounds = (jbdev_volume::TXN_HELD_FACTOR * max / (16 << 10)) as u32 * 4;
+    for i in 0..rounds {
+        t.write(&[(i % 251) as u8; 16 << 10], 0).unwrap();
+    }
+    t.write_zeroes(4096, 4096).unwrap();
+    // Partial overlaps: 8 KiB writes each one byte further on, so none
+    // covers another, all in the same three blocks; they are refused once
+    // their data passes the bound.
+    let mut refused = None;
+    let tries = jbdev_volume::TXN_HELD_FACTOR * max / 8192 + 2;
+    assert!(tries < 4096);
+    for i in 0..tries {
+        match t.write(&[0xAB; 8192], (64 << 10) + i) {
+            Ok(_) => {}
+            Err(e) => {
+                refused = Some(e);
+                break;
+            }
+        }
+    }
+    match refused {
+        Some(VolumeError::TransactionTooBig { held, max: m, .. }) => {
+            assert!(held > m && m <= 4 * max + 64, "held {held}, max {m}")
+        }
+        other => panic!("partly overlapping writes were not bounded: {other:?}"),
+    }
+    t.commit(WriteFlags { fua: true }).unwrap();
+    let last = ((rounds - 1) % 251) as u8;
+    let got = read(&vol, 0, 16 << 10);
+    assert!(
+        got[..4096].iter().all(|&b| b == last),
+        "the last rewrite won"
+    );
+    assert!(
+        got[4096..8192].iter().all(|&b| b == 0),
+        "the later zeroing won"
+    );
+    assert!(got[8192..].iter().all(|&b| b == last));
+    assert!(read(&vol, 64 << 10, 8 << 10).iter().all(|&b| b == 0xAB));
+}
