@@ -2264,7 +2264,7 @@ fn a_recorded_journal_path_that_names_another_volume_s_journal_is_said_so() {
     }
     let o = jbdev(&["journal", "reset", &a]);
     assert!(
-        text(&o).contains("--force overwrites it, and with it"),
+        text(&o).contains("it is clean: --force overwrites it"),
         "{}",
         text(&o)
     );

@@ -259,10 +259,12 @@ fn reset_device(
         JournalLocation::External { .. } => crate::JournalAt::Device,
     });
     let previous = describe_old_journal(&jdev, joff, jlen, &sb, at)?;
-    if let Old::Refused { why, .. } = &previous {
-        if !force {
+    match &previous {
+        Old::Refused { why, .. } if !force => {
             return Err(VolumeError::InvalidArgument(why.clone()));
         }
+        Old::Forbidden(why) => return Err(VolumeError::InvalidArgument(why.clone())),
+        _ => {}
     }
     if pass == Pass::Write {
         // The checkpoint mark names a transaction of the old journal: gone
@@ -281,6 +283,7 @@ fn reset_device(
         created: false,
         previous: match previous {
             Old::Refused { held, .. } | Old::Replaceable(held) => held,
+            Old::Forbidden(_) => unreachable!("refused above"),
         },
     })
 }
@@ -293,6 +296,11 @@ enum Old {
     /// (for [`JournalReset::previous`]), and why a reset without `force`
     /// is refused.
     Refused { held: String, why: String },
+    /// Another volume's journal that still holds writes that volume needs
+    /// replayed: never, not even with `force` (session 29's pass: `reset
+    /// --force` with the wrong `--journal` discarded 50 acknowledged writes
+    /// of the other volume). Why.
+    Forbidden(String),
 }
 
 fn describe_old_journal(
@@ -335,15 +343,22 @@ fn describe_old_journal(
     // a reset without --force replaced another volume's dirty journal,
     // and its acknowledged writes with it, as "stale").
     if scan.superblock.uuid != uuid {
+        let foreign = crate::volume::foreign_journal(at, scan.superblock.uuid, uuid);
+        if scan.superblock.start != 0 || !scan.txns.is_empty() {
+            return Ok(Old::Forbidden(format!(
+                "{foreign}. It holds writes that volume has not replayed yet, so it is not \
+                 reset, not even with --force: open that volume first (its next open replays \
+                 them), then reset this volume's journal with the right --journal"
+            )));
+        }
         return Ok(Old::Refused {
             held: format!(
                 "another volume's journal (uuid {})",
                 uuid::Uuid::from_bytes(scan.superblock.uuid).hyphenated()
             ),
             why: format!(
-                "{} (--force overwrites it, and with it whatever that volume still needs \
-                 replayed)",
-                crate::volume::foreign_journal(at, scan.superblock.uuid, uuid)
+                "{foreign} (it is clean: --force overwrites it, and that volume then needs \
+                 a journal reset of its own)"
             ),
         });
     }

@@ -297,6 +297,21 @@ fn a_journal_reset_refuses_a_usable_journal_without_force() {
     let (_, other_jnl) = devices();
     let e = reset(&home, &other_jnl, false).unwrap_err().to_string();
     assert!(e.contains("another volume"), "{e}");
+    // Another volume's journal that holds writes it has not replayed (jnl2:
+    // this volume's own after the power cut, seen from a second volume):
+    // not even with force (session 29's pass: `reset --force` with the
+    // wrong --journal discarded 50 acknowledged writes of the other one).
+    let (other_home, _) = devices();
+    let before = jnl2.durable_image();
+    let e = reset(&other_home, &jnl2, true).unwrap_err().to_string();
+    assert!(
+        e.contains("another volume") && e.contains("not even with --force"),
+        "{e}"
+    );
+    assert!(
+        jnl2.durable_image() == before,
+        "the refused reset wrote to it"
+    );
     // Forced: the journal's writes are gone, the volume opens clean.
     let r = reset(&home2, &jnl2, true).unwrap();
     assert!(r.previous.contains("committed transaction(s)"), "{r:?}");
