@@ -188,7 +188,7 @@ pub(crate) fn block_device_busy(
         return Some(with_note(held(), &who));
     }
     if let Some(user) = kernel_user_of(major, minor) {
-        return Some(format!("{what} ({user}) is already in use"));
+        return Some(format!("{what} ({user})"));
     }
     let start = since.get().unwrap_or_else(|| {
         tracing::warn!(
@@ -224,14 +224,9 @@ fn live_block_device_openers(rdev: u64, max: usize) -> Vec<i64> {
 /// What in the kernel uses block device `major:minor`, if anything: a
 /// mounted file system, swap, or a device stacked on it (sysfs `holders`).
 fn kernel_user_of(major: u64, minor: u64) -> Option<String> {
-    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
     let id = format!("{major}:{minor}");
-    // mountinfo: ID PARENT MAJ:MIN ROOT MOUNTPOINT ...
-    if let Some(at) = mounts.lines().find_map(|l| {
-        let f: Vec<&str> = l.split_whitespace().collect();
-        (f.get(2) == Some(&id.as_str())).then(|| f.get(4).unwrap_or(&"?").to_string())
-    }) {
-        return Some(format!("mounted at {at}"));
+    if let Some(at) = mount_point_of(&id) {
+        return Some(at);
     }
     let sys = PathBuf::from(format!("/sys/dev/block/{id}"));
     let holders: Vec<String> = std::fs::read_dir(sys.join("holders"))
@@ -255,6 +250,45 @@ fn kernel_user_of(major: u64, minor: u64) -> Option<String> {
             .any(|l| l.split_whitespace().next() == Some(&format!("/dev/{n}")))
         {
             return Some("used as swap".into());
+        }
+    }
+    None
+}
+
+/// Where the block device `id` ("MAJ:MIN") is mounted: in this process's
+/// mount namespace, or else in any other a live process is in (one mount
+/// table read per namespace; session 29's pass: a device mounted only
+/// inside `unshare -m` was waited for 10 s as a dead process's claim).
+fn mount_point_of(id: &str) -> Option<String> {
+    // mountinfo: ID PARENT MAJ:MIN ROOT MOUNTPOINT ...
+    let find = |mounts: &str| {
+        mounts.lines().find_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            (f.get(2) == Some(&id)).then(|| f.get(4).unwrap_or(&"?").to_string())
+        })
+    };
+    let own_ns = std::fs::read_link("/proc/self/ns/mnt").ok();
+    if let Some(at) = find(&std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default()) {
+        return Some(format!("mounted at {at}"));
+    }
+    let mut seen: std::collections::HashSet<PathBuf> = own_ns.into_iter().collect();
+    for e in std::fs::read_dir("/proc").ok()?.flatten() {
+        let pid = e.file_name();
+        if !pid.to_string_lossy().bytes().all(|b| b.is_ascii_digit()) {
+            continue;
+        }
+        let Ok(ns) = std::fs::read_link(e.path().join("ns/mnt")) else {
+            continue;
+        };
+        if !seen.insert(ns) {
+            continue;
+        }
+        let mounts = std::fs::read_to_string(e.path().join("mountinfo")).unwrap_or_default();
+        if let Some(at) = find(&mounts) {
+            return Some(format!(
+                "mounted at {at} in the mount namespace of process {}",
+                pid.to_string_lossy()
+            ));
         }
     }
     None

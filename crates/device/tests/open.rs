@@ -726,3 +726,52 @@ fn the_page_cache_left_to_write_back_is_counted() {
         assert_eq!(after, Some(0), "{b:?}: left to write back after the flush");
     }
 }
+
+/// A block device mounted only in another mount namespace (a container's)
+/// is refused at once and the mount named, not waited for as the claim of
+/// a process that exited (session 29's pass: 10 s, then "a process that
+/// exited").
+#[test]
+fn a_block_device_mounted_in_another_mount_namespace_is_named_at_once() {
+    let _serial = one_loop_test_at_a_time();
+    let Some(lo) = LoopDevice::new(32 << 20, 512) else {
+        return;
+    };
+    let st = std::process::Command::new("mkfs.ext4")
+        .args(["-q", "-F"])
+        .arg(&lo.path)
+        .status()
+        .expect("run mkfs.ext4 (e2fsprogs)");
+    assert!(st.success());
+    let mnt = tempfile::tempdir_in("/dev/shm").unwrap();
+    // The mount lives as long as the `sleep` that holds its namespace.
+    let mut holder = std::process::Command::new("unshare")
+        .args(["-m", "--propagation", "private", "sh", "-c"])
+        .arg(format!(
+            "mount {} {} && echo mounted && exec sleep 30",
+            lo.path.display(),
+            mnt.path().display()
+        ))
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("run unshare (util-linux)");
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(holder.stdout.take().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    assert_eq!(line.trim(), "mounted");
+    let r = open_device(&lo.path, &opts(Backend::Pread));
+    let _ = holder.kill();
+    let _ = holder.wait();
+    match r {
+        Err(DeviceError::Busy(m)) => {
+            assert!(m.contains("mount namespace of process"), "{m}");
+            // Named as a mount, so refused without the dead holder's wait.
+            assert!(!m.contains("already in use is already open"), "{m}");
+        }
+        Err(e) => panic!("unexpected error {e}"),
+        Ok(_) => panic!("a device mounted in another namespace was opened"),
+    }
+}
