@@ -420,11 +420,19 @@ fn refuse_to_overwrite_dev(
     }
     let head = read(0, head_len)?;
     let p = path.display();
-    let refuse = |what_is_there: String| {
-        anyhow::anyhow!(
+    let mounted = local
+        .then(|| jbdev_device::lock::block_device_mount(path))
+        .flatten();
+    let refuse = |what_is_there: String| match &mounted {
+        // --force cannot help: the exclusive open refuses a mounted device.
+        Some(at) => anyhow::anyhow!(
+            "{label}{p} {what_is_there} and is {at}: unmount it first (a mounted device is \
+             never formatted, not even with --force)"
+        ),
+        None => anyhow::anyhow!(
             "{label}{p} {what_is_there}: formatting would destroy it; \
              give --force to format it anyway"
-        )
+        ),
     };
     if let Ok(sb) = VolumeSuperblock::decode(&head) {
         return Err(refuse(format!(
@@ -1116,6 +1124,9 @@ fn not_a_volume_hint(path: &std::path::Path, e: jbdev_volume::VolumeError) -> an
             uuid_str(&j.uuid),
             journal_state(&j)
         ),
+        // It names the journal and says what to do; "reading" the volume
+        // is not what failed.
+        None if matches!(e, jbdev_volume::VolumeError::WrongJournal(_)) => anyhow::Error::new(e),
         None => anyhow::Error::new(e).context(format!("reading {p}")),
     }
 }

@@ -2268,6 +2268,12 @@ fn a_recorded_journal_path_that_names_another_volume_s_journal_is_said_so() {
         "{}",
         text(&o)
     );
+    // Said once: not wrapped in "reading a: invalid argument: journal X: ...".
+    assert!(
+        !text(&o).contains("invalid argument") && !text(&o).contains("reading "),
+        "{}",
+        text(&o)
+    );
     assert_eq!(
         std::fs::read(&aj).unwrap(),
         b_journal,
@@ -2276,4 +2282,36 @@ fn a_recorded_journal_path_that_names_another_volume_s_journal_is_said_so() {
     // Opened with the right journal, both are fine.
     let o = jbdev(&["check", &a, "--journal", &bj]);
     assert!(o.status.success(), "{}", text(&o));
+}
+
+/// `format` of a mounted device says it is mounted and to unmount it, not
+/// "give --force" (which the exclusive open then refuses anyway); `journal
+/// reset` of another volume's journal says so once, without "reading X:
+/// invalid argument:" and the path twice (session 29's pass).
+#[test]
+fn format_of_a_mounted_device_says_to_unmount_it() {
+    let dir = tempfile::tempdir_in("/dev/shm").unwrap();
+    let backing = dir.path().join("loop.img");
+    sparse_file(&backing, 32 << 20);
+    let Some(lo) = loop_device(&backing, false) else {
+        println!("SKIP: no loop device (losetup needs root)");
+        return;
+    };
+    let st = Command::new("mkfs.ext4")
+        .args(["-q", "-F", &lo.0])
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let mnt = dir.path().join("mnt");
+    std::fs::create_dir(&mnt).unwrap();
+    let st = Command::new("mount").arg(&lo.0).arg(&mnt).status().unwrap();
+    assert!(st.success());
+    let o = jbdev(&["format", &lo.0]);
+    let _ = Command::new("umount").arg(&mnt).status();
+    assert_clean_error(&o, "format of a mounted device");
+    let t = text(&o);
+    assert!(
+        t.contains("mounted at") && t.contains("unmount it first") && !t.contains("give --force"),
+        "{t}"
+    );
 }

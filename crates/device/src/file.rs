@@ -40,7 +40,7 @@ pub struct DeviceFile {
     pub created: bool,
     /// True if a write with `RWF_DSYNC` submitted through io_uring is known
     /// to be durable when it completes: a block device, or a file on a file
-    /// system checked to honour it ([`dsync_honoured`]). Elsewhere the
+    /// system checked to honour it (`dsync_honoured`). Elsewhere the
     /// io_uring backend writes, then flushes.
     pub ring_dsync_honoured: bool,
 }

@@ -255,6 +255,18 @@ fn kernel_user_of(major: u64, minor: u64) -> Option<String> {
     None
 }
 
+/// Where the block device at `path` is mounted ("mounted at X", and in
+/// which mount namespace when not this process's); None for a path that is
+/// no block device or is not mounted anywhere a live process sees.
+pub fn block_device_mount(path: &Path) -> Option<String> {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let m = std::fs::metadata(path).ok()?;
+    if !m.file_type().is_block_device() {
+        return None;
+    }
+    mount_point_of(&format!("{}:{}", dev_major(m.rdev()), dev_minor(m.rdev())))
+}
+
 /// Where the block device `id` ("MAJ:MIN") is mounted: in this process's
 /// mount namespace, or else in any other a live process is in (one mount
 /// table read per namespace; session 29's pass: a device mounted only

@@ -74,10 +74,25 @@ impl FuseStore {
 
 impl Drop for FuseStore {
     fn drop(&mut self) {
-        let _ = Command::new("fusermount3")
-            .arg("-u")
-            .arg(&self.mount)
-            .status();
+        // fusermount3 or fusermount, whichever fuse this machine has; as
+        // root, umount does it too (a mount left behind outlives the test).
+        let unmounted = [
+            ("fusermount3", "-u"),
+            ("fusermount", "-u"),
+            ("umount", "-l"),
+        ]
+        .iter()
+        .any(|(cmd, flag)| {
+            Command::new(cmd)
+                .arg(flag)
+                .arg(&self.mount)
+                .stderr(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success())
+        });
+        if !unmounted {
+            eprintln!("could not unmount {}", self.mount.display());
+        }
         if let Some(mut c) = self.nbdfuse.take() {
             let _ = c.kill();
             let _ = c.wait();

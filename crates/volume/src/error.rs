@@ -73,6 +73,21 @@ pub enum VolumeError {
         /// The most extents one transaction keeps.
         max_extents: u64,
     },
+    /// Reading the home content of a partial first or last block of an
+    /// unaligned write (or transaction extent) failed. Nothing of the
+    /// request was applied, and the volume is not aborted: a later write
+    /// may succeed.
+    #[error(
+        "reading the home block at byte {offset} to fill in the partial first or last block \
+         of an unaligned write failed: {error}; nothing of the write was applied, and the \
+         volume is still usable"
+    )]
+    EdgeRead {
+        /// The block's byte offset in the volume.
+        offset: u64,
+        /// The device's error.
+        error: DeviceError,
+    },
     /// The volume was opened read-only.
     #[error("the volume is open read-only")]
     ReadOnly,
@@ -137,7 +152,7 @@ impl VolumeError {
     /// The closest POSIX errno (positive), for the C ABI and the NBD server.
     pub fn errno(&self) -> i32 {
         match self {
-            Self::Device(e) => e.errno(),
+            Self::Device(e) | Self::EdgeRead { error: e, .. } => e.errno(),
             Self::OutOfRange { .. } => libc::ENOSPC,
             Self::InvalidArgument(_) => libc::EINVAL,
             Self::NotAVolume(_)

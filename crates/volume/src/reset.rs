@@ -263,7 +263,8 @@ fn reset_device(
         Old::Refused { why, .. } if !force => {
             return Err(VolumeError::InvalidArgument(why.clone()));
         }
-        Old::Forbidden(why) => return Err(VolumeError::InvalidArgument(why.clone())),
+        Old::Foreign { why, .. } if !force => return Err(VolumeError::WrongJournal(why.clone())),
+        Old::Forbidden(why) => return Err(VolumeError::WrongJournal(why.clone())),
         _ => {}
     }
     if pass == Pass::Write {
@@ -282,7 +283,7 @@ fn reset_device(
         location,
         created: false,
         previous: match previous {
-            Old::Refused { held, .. } | Old::Replaceable(held) => held,
+            Old::Refused { held, .. } | Old::Foreign { held, .. } | Old::Replaceable(held) => held,
             Old::Forbidden(_) => unreachable!("refused above"),
         },
     })
@@ -296,6 +297,9 @@ enum Old {
     /// (for [`JournalReset::previous`]), and why a reset without `force`
     /// is refused.
     Refused { held: String, why: String },
+    /// Another volume's journal, clean: only with `force`
+    /// ([`VolumeError::WrongJournal`], which names the journal itself).
+    Foreign { held: String, why: String },
     /// Another volume's journal that still holds writes that volume needs
     /// replayed: never, not even with `force` (session 29's pass: `reset
     /// --force` with the wrong `--journal` discarded 50 acknowledged writes
@@ -351,7 +355,7 @@ fn describe_old_journal(
                  them), then reset this volume's journal with the right --journal"
             )));
         }
-        return Ok(Old::Refused {
+        return Ok(Old::Foreign {
             held: format!(
                 "another volume's journal (uuid {})",
                 uuid::Uuid::from_bytes(scan.superblock.uuid).hyphenated()

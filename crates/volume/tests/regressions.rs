@@ -1229,3 +1229,34 @@ fn a_transaction_keeps_one_copy_of_a_range_rewritten_and_a_bounded_rest() {
     assert!(got[8192..].iter().all(|&b| b == last));
     assert!(read(&vol, 64 << 10, 8 << 10).iter().all(|&b| b == 0xAB));
 }
+
+/// An unaligned write whose partial block cannot be read from home fails
+/// saying what failed, that nothing was applied and that the volume is
+/// still usable; it is not aborted, and the next write goes through
+/// (session 29's C ABI pass: a bare "io_uring readv failed on PATH").
+#[test]
+fn an_unaligned_write_whose_edge_cannot_be_read_says_nothing_was_applied() {
+    let dev = fault_volume();
+    let vol = Volume::open_device(dev.clone(), None, &quiet()).unwrap();
+    // Home block 3 unreadable; a write of its middle needs its base.
+    dev.set_unreadable(DATA_OFF + 3 * BS, BS);
+    let e = vol
+        .write_at(&[7u8; 100], 3 * BS + 10, WriteFlags { fua: true })
+        .unwrap_err();
+    match &e {
+        VolumeError::EdgeRead { offset, .. } => assert_eq!(*offset, 3 * BS),
+        other => panic!("unexpected error {other}"),
+    }
+    let said = e.to_string();
+    assert!(
+        said.contains("nothing of the write was applied") && said.contains("still usable"),
+        "{said}"
+    );
+    assert_eq!(e.errno(), libc::EIO, "{said}");
+    dev.clear_unreadable();
+    vol.write_at(&[8u8; 100], 3 * BS + 10, WriteFlags { fua: true })
+        .unwrap();
+    let got = read(&vol, 3 * BS, BS as usize);
+    assert!(got[10..110].iter().all(|&b| b == 8));
+    assert!(got[..10].iter().chain(&got[110..]).all(|&b| b == 0));
+}

@@ -135,9 +135,7 @@ impl Engine {
                     (matches!(sh.source(b, self.bs), Source::Home), sh.version)
                 };
                 if is_home {
-                    self.home
-                        .dev
-                        .read_at(buf.block_mut(i), self.home_offset(b))?;
+                    self.read_edge(buf.block_mut(i), b)?;
                     pre_read.push((i, version));
                 }
             }
@@ -194,7 +192,7 @@ impl Engine {
                             // its version: read home under the lock, where
                             // nothing can change it (progress guaranteed).
                             _ if conflicts >= READ_OPTIMISTIC_TRIES => {
-                                self.home.dev.read_at(dst, self.home_offset(b))?;
+                                self.read_edge(dst, b)?;
                             }
                             _ => {
                                 conflict = true;
@@ -341,6 +339,22 @@ thread_local! {
     /// nanoseconds: sleeps are coarse, so small pauses add up until one is
     /// worth taking.
     static PACE_DEBT_NS: Cell<u64> = const { Cell::new(0) };
+}
+
+impl Engine {
+    /// Reads home block `b` into `dst`: the base of a partial block of an
+    /// unaligned write. Its failure says so (session 29's C ABI pass: it
+    /// was a bare "io_uring readv failed", with no word that nothing was
+    /// applied or that the volume stays usable).
+    fn read_edge(&self, dst: &mut [u8], b: Lba) -> Result<()> {
+        self.home
+            .dev
+            .read_at(dst, self.home_offset(b))
+            .map_err(|error| VolumeError::EdgeRead {
+                offset: b * self.bs as u64,
+                error,
+            })
+    }
 }
 
 impl Engine {
