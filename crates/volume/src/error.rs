@@ -79,7 +79,7 @@ pub enum VolumeError {
     /// may succeed.
     #[error(
         "reading the home block at byte {offset} to fill in the partial first or last block \
-         of an unaligned write failed: {error}; nothing of the write was applied, and the \
+         of an unaligned write or zeroing failed: {error}; nothing of it was applied, and the \
          volume is still usable"
     )]
     EdgeRead {

@@ -365,7 +365,9 @@ fn thread_workload(
         match res {
             Ok(()) => {}
             // Power cut or injected failure: the thread stops here.
-            Err(VolumeError::Device(_) | VolumeError::Aborted { .. }) => break,
+            Err(
+                VolumeError::Device(_) | VolumeError::EdgeRead { .. } | VolumeError::Aborted { .. },
+            ) => break,
             Err(e) => panic!(
                 "case seed {:#x} thread {t}: {} failed with an error no fault explains: {e}",
                 p.seed,

@@ -1249,7 +1249,7 @@ fn an_unaligned_write_whose_edge_cannot_be_read_says_nothing_was_applied() {
     }
     let said = e.to_string();
     assert!(
-        said.contains("nothing of the write was applied") && said.contains("still usable"),
+        said.contains("nothing of it was applied") && said.contains("still usable"),
         "{said}"
     );
     assert_eq!(e.errno(), libc::EIO, "{said}");
