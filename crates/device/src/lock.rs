@@ -242,6 +242,20 @@ fn kernel_user_of(major: u64, minor: u64) -> Option<String> {
     let name = std::fs::read_link(&sys)
         .ok()
         .and_then(|l| l.file_name().map(|n| n.to_string_lossy().into_owned()));
+    // A file system unmounted lazily (`umount -l`) while a file on it is
+    // still open is in no mount table, but still holds the device, and
+    // these file systems list it in sysfs (session 29's pass: waited 10 s
+    // as a dead process's claim).
+    if let Some(n) = &name {
+        for fs in ["ext4", "xfs", "f2fs"] {
+            if Path::new("/sys/fs").join(fs).join(n).exists() {
+                return Some(format!(
+                    "an {fs} file system is still active on it, mounted nowhere: unmounted \
+                     lazily (umount -l) while files on it are open?"
+                ));
+            }
+        }
+    }
     let swaps = std::fs::read_to_string("/proc/swaps").unwrap_or_default();
     if let Some(n) = name {
         if swaps

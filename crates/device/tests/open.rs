@@ -775,3 +775,42 @@ fn a_block_device_mounted_in_another_mount_namespace_is_named_at_once() {
         Ok(_) => panic!("a device mounted in another namespace was opened"),
     }
 }
+
+/// A file system unmounted lazily while a file on it is open still holds
+/// its device and is in no mount table: refused at once, said so (session
+/// 29's pass: waited 10 s as a dead process's claim).
+#[test]
+fn a_block_device_whose_file_system_was_unmounted_lazily_is_named() {
+    let _serial = one_loop_test_at_a_time();
+    let Some(lo) = LoopDevice::new(32 << 20, 512) else {
+        return;
+    };
+    let st = std::process::Command::new("mkfs.ext4")
+        .args(["-q", "-F"])
+        .arg(&lo.path)
+        .status()
+        .expect("run mkfs.ext4 (e2fsprogs)");
+    assert!(st.success());
+    let mnt = tempfile::tempdir_in("/dev/shm").unwrap();
+    let st = std::process::Command::new("mount")
+        .arg(&lo.path)
+        .arg(mnt.path())
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let open_file = std::fs::File::create(mnt.path().join("held")).unwrap();
+    let st = std::process::Command::new("umount")
+        .arg("-l")
+        .arg(mnt.path())
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let r = open_device(&lo.path, &opts(Backend::Pread));
+    // Closing the last file lets the kernel finish the unmount.
+    drop(open_file);
+    match r {
+        Err(DeviceError::Busy(m)) => assert!(m.contains("unmounted lazily"), "{m}"),
+        Err(e) => panic!("unexpected error {e}"),
+        Ok(_) => panic!("a device its file system still holds was opened"),
+    }
+}

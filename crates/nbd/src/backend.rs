@@ -263,7 +263,7 @@ impl VolumeBackend {
         fua: bool,
         mut op: impl FnMut(u64, u64, jbdev_volume::WriteFlags) -> jbdev_volume::Result<()>,
     ) -> BackendResult<()> {
-        op(offset, length, jbdev_volume::WriteFlags { fua }).map_err(map_volume_error)
+        op(offset, length, jbdev_volume::WriteFlags { fua }).map_err(write_error)
     }
 }
 
@@ -278,7 +278,7 @@ impl VolumeBackend {
         match attempt {
             None => Err(done),
             Some(Err(e)) => {
-                done(Err(map_volume_error(e)));
+                done(Err(write_error(e)));
                 Ok(())
             }
             Some(Ok(d)) => {
@@ -291,7 +291,38 @@ impl VolumeBackend {
 
 /// The volume's completion that reports to the server's `done`.
 fn volume_done(done: Done) -> jbdev_volume::Completion {
-    Box::new(move |res| done(res.map_err(map_volume_error)))
+    Box::new(move |res| done(res.map_err(write_error)))
+}
+
+/// Failed writes, zeroings, trims and flushes logged, for every export
+/// together (rate-limited as reads are).
+static WRITE_ERRORS: jbdev_volume::ratelimit::RateLimit =
+    jbdev_volume::ratelimit::RateLimit::new(READ_ERROR_LOG_INTERVAL);
+
+/// The NBD error for a failed write (or zeroing, trim, flush); a failure of
+/// the store is logged too, as a failed read is: the client sees only an
+/// errno, and the operator had nothing (session 29's pass: an unaligned
+/// write whose edge block could not be read left the server's log empty).
+/// A client's own mistake (out of range, too large, read-only) is not
+/// logged: its reply says it.
+fn write_error(e: jbdev_volume::VolumeError) -> BackendError {
+    use jbdev_volume::VolumeError as V;
+    let clients_mistake = matches!(
+        e,
+        V::OutOfRange { .. }
+            | V::TooLarge { .. }
+            | V::TransactionTooBig { .. }
+            | V::ReadOnly
+            | V::InvalidArgument(_)
+            | V::Closed
+    );
+    if !clients_mistake {
+        if let Some(held) = WRITE_ERRORS.pass(std::time::Instant::now()) {
+            let more = WRITE_ERRORS.held_note(held, "write error(s)");
+            tracing::warn!("a write failed (errno {}): {e}{more}", e.errno());
+        }
+    }
+    map_volume_error(e)
 }
 
 /// Maps a volume error to the NBD error value the spec asks for.
@@ -343,7 +374,7 @@ impl Backend for VolumeBackend {
         })
     }
     fn flush(&self) -> BackendResult<()> {
-        self.volume.flush().map_err(map_volume_error)
+        self.volume.flush().map_err(write_error)
     }
     fn write_at_then(&self, buf: &[u8], offset: u64, fua: bool, done: Done) {
         let flags = jbdev_volume::WriteFlags { fua };

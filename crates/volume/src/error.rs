@@ -79,12 +79,14 @@ pub enum VolumeError {
     /// may succeed.
     #[error(
         "reading the home block at byte {offset} to fill in the partial first or last block \
-         of an unaligned write or zeroing failed: {error}; nothing of it was applied, and the \
-         volume is still usable"
+         of {request} failed: {error}; nothing of it was applied, and the volume is still usable"
     )]
     EdgeRead {
         /// The block's byte offset in the volume.
         offset: u64,
+        /// What needed it: "an unaligned write or zeroing", "a transaction's
+        /// unaligned extent".
+        request: &'static str,
         /// The device's error.
         error: DeviceError,
     },

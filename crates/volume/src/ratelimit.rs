@@ -13,7 +13,7 @@ pub struct RateLimit {
 }
 
 impl RateLimit {
-    pub fn new(interval: Duration) -> Self {
+    pub const fn new(interval: Duration) -> Self {
         Self {
             interval,
             state: Mutex::new((None, 0)),

@@ -328,6 +328,9 @@ fn describe_old_journal(
             return Ok(Old::Replaceable(format!("unreadable ({e})")))
         }
         Err(e) => {
+            if let Some(why) = not_a_journal_to_reset(jdev, joff, uuid, at)? {
+                return Ok(Old::Forbidden(why));
+            }
             return Ok(if region_is_zero(jdev, joff, jlen)? {
                 Old::Replaceable("empty (all zero)".into())
             } else {
@@ -338,7 +341,7 @@ fn describe_old_journal(
                          either: check it is the right one; --force overwrites it"
                     ),
                 }
-            })
+            });
         }
     };
     let sequence = scan.superblock.sequence;
@@ -349,10 +352,16 @@ fn describe_old_journal(
     if scan.superblock.uuid != uuid {
         let foreign = crate::volume::foreign_journal(at, scan.superblock.uuid, uuid);
         if scan.superblock.start != 0 || !scan.txns.is_empty() {
+            let holds = if scan.txns.is_empty() {
+                "Its log is marked in use (that volume was not closed cleanly), so it may hold \
+                 writes that volume needs"
+            } else {
+                "It holds writes that volume has not replayed yet"
+            };
             return Ok(Old::Forbidden(format!(
-                "{foreign}. It holds writes that volume has not replayed yet, so it is not \
-                 reset, not even with --force: open that volume first (its next open replays \
-                 them), then reset this volume's journal with the right --journal"
+                "{foreign}. {holds}, so it is not reset, not even with --force: open that \
+                 volume first (its next open replays them), then reset this volume's journal \
+                 with the right --journal"
             )));
         }
         return Ok(Old::Foreign {
@@ -431,6 +440,52 @@ fn describe_old_journal(
             ),
         },
     })
+}
+
+/// Why the journal area, which holds no usable journal, must not be reset
+/// even with `force`: it holds a jbdev volume (an image given as
+/// `--journal`), or a jbd2 journal superblock that fails its checks but
+/// names another volume's journal uuid (that volume's damaged journal,
+/// which `journal rescue` on it may still read). Session 29's pass: `reset
+/// --force --journal c.img` overwrote volume c.img, and a foreign journal
+/// with one flipped byte lost its 50 unreplayed writes.
+fn not_a_journal_to_reset(
+    jdev: &Arc<dyn BlockDevice>,
+    joff: u64,
+    uuid: [u8; 16],
+    at: crate::JournalAt<'_>,
+) -> Result<Option<String>> {
+    let mut head = jbdev_device::AlignedBuf::zeroed(4096.max(jdev.logical_block_size() as usize));
+    if joff + head.len() as u64 > jdev.size_bytes() {
+        return Ok(None);
+    }
+    jdev.read_at(&mut head, joff)?;
+    let what = match at {
+        crate::JournalAt::Given(j) | crate::JournalAt::Recorded(j) => j.display().to_string(),
+        crate::JournalAt::Internal => "the volume's journal area".into(),
+        crate::JournalAt::Device => "the journal device".into(),
+    };
+    if let Ok(sb) = crate::superblock::VolumeSuperblock::decode(&head[..512]) {
+        return Ok(Some(format!(
+            "{what} holds a jbdev volume (uuid {}, {} bytes), not a journal: it is never \
+             reset, not even with --force. Give this volume's own journal with --journal",
+            uuid::Uuid::from_bytes(sb.uuid).hyphenated(),
+            sb.size_bytes
+        )));
+    }
+    const JBD2_MAGIC: [u8; 4] = [0xC0, 0x3B, 0x39, 0x98];
+    let named: [u8; 16] = head[0x30..0x40].try_into().expect("16 bytes");
+    if head[..4] == JBD2_MAGIC && named != uuid && named != [0; 16] {
+        return Ok(Some(format!(
+            "{what} holds a jbd2 journal superblock that fails its checks but names another \
+             volume's journal (uuid {}; this volume's journal has {}): most likely that \
+             volume's damaged journal, with writes it may still need. It is not reset, not even \
+             with --force: `jbdev journal rescue` that volume, or give this volume's own journal",
+            uuid::Uuid::from_bytes(named).hyphenated(),
+            uuid::Uuid::from_bytes(uuid).hyphenated()
+        )));
+    }
+    Ok(None)
 }
 
 /// Whether the journal area reads as all zeroes (a journal file created but

@@ -1673,7 +1673,14 @@ impl Volume {
                 },
             })
             .collect();
-        self.engine.journaled(&ops, flags.fua)
+        self.engine.journaled(&ops, flags.fua).map_err(|e| match e {
+            VolumeError::EdgeRead { offset, error, .. } => VolumeError::EdgeRead {
+                offset,
+                request: "a transaction's unaligned extent",
+                error,
+            },
+            e => e,
+        })
     }
 
     /// The most bytes one [`Volume::block_status`] reports on.
@@ -2091,10 +2098,11 @@ pub struct Transaction<'v> {
 /// end, more distinct blocks than one atomic transaction holds
 /// ([`VolumeError::TooLarge`]), or more kept in memory than
 /// [`TXN_HELD_FACTOR`] times that ([`VolumeError::TransactionTooBig`]) is
-/// refused and changes nothing. An extent that covers earlier ones replaces
-/// them (it wins over them at commit anyway), so rewriting one range costs
-/// its size once, not once per write (session 29's C ABI pass: 8,192
-/// rewrites of one 64 KiB range held 1 GiB).
+/// refused and changes nothing. When the bound is reached, extents that
+/// later ones overwrite whole are dropped first (they change nothing the
+/// commit writes), so rewriting one range costs its size once, not once
+/// per write (session 29's C ABI pass: 8,192 rewrites of one 64 KiB range
+/// held 1 GiB), and adding an extent stays cheap.
 #[derive(Default)]
 pub struct TxnExtents {
     ops: Vec<TxOp>,
@@ -2165,33 +2173,86 @@ impl TxnExtents {
         op: impl FnOnce() -> TxOp,
     ) -> Result<()> {
         vol.check(offset, len)?;
-        let end = offset + len;
-        let covered = |o: &TxOp| {
-            let (a, z) = o.range();
-            offset <= a && z <= end
-        };
-        // What it keeps once this extent replaces the ones it covers.
-        let freed: u64 = self.ops.iter().filter(|o| covered(o)).map(TxOp::held).sum();
         let cost = TXN_EXTENT_COST + data_len;
         let max = TXN_HELD_FACTOR * vol.max_transaction_bytes() + TXN_EXTENT_COST;
-        let held = self.held - freed + cost;
-        if held > max {
-            return Err(VolumeError::TransactionTooBig {
-                held,
-                max,
-                max_extents: max / TXN_EXTENT_COST,
-            });
+        // Extents that later ones overwrite whole are dropped only when
+        // the bound is reached (one pass, O(n log n)), so adding stays
+        // cheap: a scan per add made 100k tiny extents take 6 s (session
+        // 29's second pass).
+        let mut plan = None;
+        if self.held + cost > max {
+            let (keep, held) = overwritten(&self.ops, Some((offset, offset + len)));
+            if held + cost > max {
+                // Refused; what the transaction keeps is trimmed anyway
+                // (dropping what later extents overwrite changes nothing
+                // the commit writes).
+                let (keep, held) = overwritten(&self.ops, None);
+                self.drop_unkept(&keep, held);
+                return Err(VolumeError::TransactionTooBig {
+                    held: held + cost,
+                    max,
+                    max_extents: max / TXN_EXTENT_COST,
+                });
+            }
+            plan = Some((keep, held));
         }
         // Checked last: on any error nothing has changed.
         self.touched.add(vol, offset, len)?;
-        if freed > 0 {
-            self.ops.retain(|o| !covered(o));
+        if let Some((keep, held)) = plan {
+            self.drop_unkept(&keep, held);
         }
         self.ops.push(op());
-        self.held = held;
+        self.held += cost;
         self.bytes += len;
         Ok(())
     }
+
+    /// Keeps the extents `keep` marks, which hold `held` bytes.
+    fn drop_unkept(&mut self, keep: &[bool], held: u64) {
+        let mut i = 0;
+        self.ops.retain(|_| {
+            i += 1;
+            keep[i - 1]
+        });
+        self.held = held;
+    }
+}
+
+/// Which of `ops` (applied in order, later ones winning) any later extent,
+/// or `then` (an extent to come), leaves a byte of; and what those keep.
+/// Empty extents are not kept. One pass from the newest, with the union of
+/// the ranges seen so far in a map of disjoint runs.
+fn overwritten(ops: &[TxOp], then: Option<(u64, u64)>) -> (Vec<bool>, u64) {
+    let mut cover: std::collections::BTreeMap<u64, u64> = std::collections::BTreeMap::new();
+    let add = |cover: &mut std::collections::BTreeMap<u64, u64>, mut a: u64, mut z: u64| {
+        if let Some((&s, &e)) = cover.range(..=a).next_back() {
+            if e >= a {
+                a = s;
+                z = z.max(e);
+                cover.remove(&s);
+            }
+        }
+        while let Some((&s, &e)) = cover.range(a..=z).next() {
+            z = z.max(e);
+            cover.remove(&s);
+        }
+        cover.insert(a, z);
+    };
+    if let Some((a, z)) = then.filter(|(a, z)| a < z) {
+        add(&mut cover, a, z);
+    }
+    let mut keep = vec![false; ops.len()];
+    let mut held = 0;
+    for (i, o) in ops.iter().enumerate().rev() {
+        let (a, z) = o.range();
+        let covered = a >= z || cover.range(..=a).next_back().is_some_and(|(_, &e)| e >= z);
+        if !covered {
+            keep[i] = true;
+            held += o.held();
+            add(&mut cover, a, z);
+        }
+    }
+    (keep, held)
 }
 
 impl Transaction<'_> {

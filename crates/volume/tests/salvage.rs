@@ -312,6 +312,34 @@ fn a_journal_reset_refuses_a_usable_journal_without_force() {
         jnl2.durable_image() == before,
         "the refused reset wrote to it"
     );
+    // The same journal with a damaged superblock (one byte of it flipped):
+    // it still names the other volume, and is not reset either.
+    let mut damaged = before.clone();
+    damaged[0x100] ^= 0x40;
+    let jnl3 = dev(&damaged);
+    let e = reset(&other_home, &jnl3, true).unwrap_err().to_string();
+    assert!(
+        e.contains("names another volume's journal") && e.contains("not even with --force"),
+        "{e}"
+    );
+    assert!(
+        jnl3.durable_image() == damaged,
+        "the refused reset wrote to it"
+    );
+    // A volume given as the journal (its image as --journal): never reset.
+    let volume_as_journal = Arc::new(FaultDevice::new(BS + (256 << 10) + JOURNAL, SECTOR as u32));
+    let mut f = jbdev_volume::FormatOptions::new(JOURNAL);
+    f.journal_bytes = Some(256 << 10);
+    Volume::format_device(volume_as_journal.clone(), None, &f).unwrap();
+    let image = volume_as_journal.durable_image();
+    let e = reset(&other_home, &volume_as_journal, true)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("holds a jbdev volume"), "{e}");
+    assert!(
+        volume_as_journal.durable_image() == image,
+        "the refused reset wrote to the volume"
+    );
     // Forced: the journal's writes are gone, the volume opens clean.
     let r = reset(&home2, &jnl2, true).unwrap();
     assert!(r.previous.contains("committed transaction(s)"), "{r:?}");

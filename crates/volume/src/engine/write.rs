@@ -352,6 +352,7 @@ impl Engine {
             .read_at(dst, self.home_offset(b))
             .map_err(|error| VolumeError::EdgeRead {
                 offset: b * self.bs as u64,
+                request: "an unaligned write or zeroing",
                 error,
             })
     }
