@@ -421,8 +421,15 @@ impl<B: Backend> Backend for Instrumented<B> {
     fn zeroes_are_fast(&self, offset: u64, length: u64) -> bool {
         self.inner.zeroes_are_fast(offset, length)
     }
-    fn block_status(&self, offset: u64, length: u64) -> BackendResult<Vec<Extent>> {
-        self.measure(BLOCK_STATUS, false, |b| b.block_status(offset, length))
+    fn block_status(
+        &self,
+        offset: u64,
+        length: u64,
+        max_extents: usize,
+    ) -> BackendResult<Vec<Extent>> {
+        self.measure(BLOCK_STATUS, false, |b| {
+            b.block_status(offset, length, max_extents)
+        })
     }
     fn cache(&self, offset: u64, length: u64) -> BackendResult<()> {
         self.measure(CACHE, false, |b| b.cache(offset, length))

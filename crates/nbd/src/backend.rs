@@ -126,7 +126,12 @@ pub trait Backend: Send + Sync + 'static {
     fn zeroes_are_fast(&self, offset: u64, length: u64) -> bool;
     /// Allocation map of `[offset, offset+length)`: consecutive extents
     /// starting at `offset`, covering at least one byte.
-    fn block_status(&self, offset: u64, length: u64) -> BackendResult<Vec<Extent>>;
+    fn block_status(
+        &self,
+        offset: u64,
+        length: u64,
+        max_extents: usize,
+    ) -> BackendResult<Vec<Extent>>;
     /// `NBD_CMD_CACHE`: a hint to prefetch. The default does nothing.
     fn cache(&self, offset: u64, length: u64) -> BackendResult<()> {
         let _ = (offset, length);
@@ -200,8 +205,13 @@ impl<B: Backend + ?Sized> Backend for Arc<B> {
     fn zeroes_are_fast(&self, offset: u64, length: u64) -> bool {
         (**self).zeroes_are_fast(offset, length)
     }
-    fn block_status(&self, offset: u64, length: u64) -> BackendResult<Vec<Extent>> {
-        (**self).block_status(offset, length)
+    fn block_status(
+        &self,
+        offset: u64,
+        length: u64,
+        max_extents: usize,
+    ) -> BackendResult<Vec<Extent>> {
+        (**self).block_status(offset, length, max_extents)
     }
     fn cache(&self, offset: u64, length: u64) -> BackendResult<()> {
         (**self).cache(offset, length)
@@ -435,10 +445,15 @@ impl Backend for VolumeBackend {
     fn zeroes_are_fast(&self, offset: u64, length: u64) -> bool {
         self.volume.zeroes_in_place(offset, length)
     }
-    fn block_status(&self, offset: u64, length: u64) -> BackendResult<Vec<Extent>> {
+    fn block_status(
+        &self,
+        offset: u64,
+        length: u64,
+        max_extents: usize,
+    ) -> BackendResult<Vec<Extent>> {
         let extents = self
             .volume
-            .block_status(offset, length)
+            .block_status_at_most(offset, length, max_extents)
             .map_err(map_volume_error)?;
         Ok(extents
             .into_iter()
@@ -576,7 +591,12 @@ impl Backend for MemBackend {
     fn zeroes_are_fast(&self, _offset: u64, _length: u64) -> bool {
         true
     }
-    fn block_status(&self, offset: u64, length: u64) -> BackendResult<Vec<Extent>> {
+    fn block_status(
+        &self,
+        offset: u64,
+        length: u64,
+        _max_extents: usize,
+    ) -> BackendResult<Vec<Extent>> {
         self.check(offset, length)?;
         let st = self.state.read();
         let end = offset + length;
@@ -632,7 +652,7 @@ mod tests {
     fn mem_backend_tracks_allocation() {
         let m = MemBackend::new(64 << 10, false);
         assert_eq!(
-            m.block_status(0, 64 << 10).unwrap(),
+            m.block_status(0, 64 << 10, usize::MAX).unwrap(),
             vec![Extent {
                 offset: 0,
                 length: 64 << 10,
@@ -640,7 +660,7 @@ mod tests {
             }]
         );
         m.write_at(&[7; 10], 8192 + 5, false).unwrap();
-        let ext = m.block_status(0, 64 << 10).unwrap();
+        let ext = m.block_status(0, 64 << 10, usize::MAX).unwrap();
         assert_eq!(ext.len(), 3);
         assert_eq!(
             ext[1],
@@ -651,7 +671,7 @@ mod tests {
             }
         );
         m.trim(8192, 4096, false).unwrap();
-        assert_eq!(m.block_status(0, 64 << 10).unwrap().len(), 1);
+        assert_eq!(m.block_status(0, 64 << 10, usize::MAX).unwrap().len(), 1);
         let mut b = [1u8; 16];
         m.read_at(&mut b, 8192).unwrap();
         assert_eq!(b, [0; 16]);

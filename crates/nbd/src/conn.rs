@@ -720,7 +720,9 @@ fn block_status_reply(
     length: u64,
     req_one: bool,
 ) -> Result<Vec<u8>, BackendError> {
-    let extents = b.block_status(offset, length)?;
+    // The work of a request follows what its reply can hold.
+    let wanted = if req_one { 1 } else { MAX_STATUS_DESCRIPTORS };
+    let extents = b.block_status(offset, length, wanted)?;
     // Compact descriptors hold 32-bit lengths: split longer extents, keeping
     // the pieces 4 KiB-aligned. Extended ones hold 64 bits.
     let max_desc = if style.extended {

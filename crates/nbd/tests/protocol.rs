@@ -95,8 +95,8 @@ impl Backend for GatedBackend {
     fn zeroes_are_fast(&self, _o: u64, _l: u64) -> bool {
         true
     }
-    fn block_status(&self, o: u64, l: u64) -> BackendResult<Vec<Extent>> {
-        self.inner.block_status(o, l)
+    fn block_status(&self, o: u64, l: u64, max: usize) -> BackendResult<Vec<Extent>> {
+        self.inner.block_status(o, l, max)
     }
 }
 
