@@ -727,6 +727,19 @@ fn the_page_cache_left_to_write_back_is_counted() {
     }
 }
 
+/// A 32 MiB loop device holding a new ext4 (None where loop devices
+/// cannot be used here).
+fn loop_with_ext4() -> Option<LoopDevice> {
+    let lo = LoopDevice::new(32 << 20, 512)?;
+    let st = std::process::Command::new("mkfs.ext4")
+        .args(["-q", "-F"])
+        .arg(&lo.path)
+        .status()
+        .expect("run mkfs.ext4 (e2fsprogs)");
+    assert!(st.success());
+    Some(lo)
+}
+
 /// A block device mounted only in another mount namespace (a container's)
 /// is refused at once and the mount named, not waited for as the claim of
 /// a process that exited (session 29's pass: 10 s, then "a process that
@@ -734,15 +747,9 @@ fn the_page_cache_left_to_write_back_is_counted() {
 #[test]
 fn a_block_device_mounted_in_another_mount_namespace_is_named_at_once() {
     let _serial = one_loop_test_at_a_time();
-    let Some(lo) = LoopDevice::new(32 << 20, 512) else {
+    let Some(lo) = loop_with_ext4() else {
         return;
     };
-    let st = std::process::Command::new("mkfs.ext4")
-        .args(["-q", "-F"])
-        .arg(&lo.path)
-        .status()
-        .expect("run mkfs.ext4 (e2fsprogs)");
-    assert!(st.success());
     let mnt = tempfile::tempdir_in("/dev/shm").unwrap();
     // The mount lives as long as the `sleep` that holds its namespace.
     let mut holder = std::process::Command::new("unshare")
@@ -782,15 +789,9 @@ fn a_block_device_mounted_in_another_mount_namespace_is_named_at_once() {
 #[test]
 fn a_block_device_whose_file_system_was_unmounted_lazily_is_named() {
     let _serial = one_loop_test_at_a_time();
-    let Some(lo) = LoopDevice::new(32 << 20, 512) else {
+    let Some(lo) = loop_with_ext4() else {
         return;
     };
-    let st = std::process::Command::new("mkfs.ext4")
-        .args(["-q", "-F"])
-        .arg(&lo.path)
-        .status()
-        .expect("run mkfs.ext4 (e2fsprogs)");
-    assert!(st.success());
     let mnt = tempfile::tempdir_in("/dev/shm").unwrap();
     let st = std::process::Command::new("mount")
         .arg(&lo.path)
