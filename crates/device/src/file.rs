@@ -190,7 +190,7 @@ fn open_file_once(
     };
     let busy_message = |e: &io::Error| match e.get_ref() {
         Some(refusal) => refusal.to_string(),
-        None => held_exclusively(&what),
+        None => crate::lock::held_exclusively(&what),
     };
     let (file, direct) = match open(opts.direct, creating) {
         Ok(f) => (f, opts.direct),
@@ -599,15 +599,6 @@ fn when_fallocate_fails(errno: Option<i32>) -> ZeroFallback {
         }
         _ => ZeroFallback::Fail,
     }
-}
-
-/// A block device's `O_EXCL` open failed with EBUSY: the kernel does not
-/// say who holds it, and it is seldom jbdev.
-pub(crate) fn held_exclusively(what: &str) -> String {
-    format!(
-        "{what} (a block device held exclusively elsewhere: a mounted file system, LVM, md \
-         or device-mapper, swap, or another jbdev)"
-    )
 }
 
 /// Allocation map from SEEK_DATA / SEEK_HOLE (regular files only).

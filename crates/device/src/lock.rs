@@ -178,7 +178,7 @@ pub(crate) fn block_device_busy(
     since: &std::cell::Cell<Option<Instant>>,
 ) -> Option<String> {
     use std::os::unix::fs::MetadataExt;
-    let held = || crate::file::held_exclusively(what);
+    let held = || held_exclusively(what);
     let Ok(rdev) = std::fs::metadata(path).map(|m| m.rdev()) else {
         return Some(held());
     };
@@ -267,6 +267,15 @@ fn kernel_user_of(major: u64, minor: u64) -> Option<String> {
         }
     }
     None
+}
+
+/// A block device's `O_EXCL` open failed with EBUSY: the kernel does not
+/// say who holds it, and it is seldom jbdev.
+pub(crate) fn held_exclusively(what: &str) -> String {
+    format!(
+        "{what} (a block device held exclusively elsewhere: a mounted file system, LVM, md \
+         or device-mapper, swap, or another jbdev)"
+    )
 }
 
 /// Where the block device at `path` is mounted ("mounted at X", and in

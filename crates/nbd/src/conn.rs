@@ -712,25 +712,6 @@ fn zero_runs(data: &[u8], granule: usize, min_run: usize) -> Vec<(usize, usize, 
     out
 }
 
-/// Clients the server drops for breaking the protocol, or warns about,
-/// logged for every connection of the server together: at most one line
-/// per 10 s, with the count held back (session 29's hostile-client pass:
-/// one script's 300 connections a second wrote 500 lines a second). The
-/// rest go to the debug log.
-static CLIENT_TROUBLE: jbdev_volume::ratelimit::RateLimit =
-    jbdev_volume::ratelimit::RateLimit::new(std::time::Duration::from_secs(10));
-
-/// Logs `what` about a misbehaving client (see [`CLIENT_TROUBLE`]).
-pub(crate) fn client_trouble(what: std::fmt::Arguments<'_>) {
-    match CLIENT_TROUBLE.pass(std::time::Instant::now()) {
-        Some(held) => {
-            let more = CLIENT_TROUBLE.held_note(held, "such client event(s)");
-            tracing::info!("{what}{more}");
-        }
-        None => tracing::debug!("{what}"),
-    }
-}
-
 fn block_status_reply(
     b: &dyn Backend,
     style: ChunkStyle,
@@ -887,7 +868,7 @@ pub(crate) async fn serve(
     };
     if reason.starts_with("bad request") {
         // A protocol violation: the client is dropped, say so.
-        client_trouble(format_args!("dropping client: {reason}"));
+        crate::trouble::client_trouble(format_args!("dropping client: {reason}"));
     } else {
         tracing::debug!("connection ending: {reason}");
     }
@@ -1126,7 +1107,7 @@ impl Reader<'_> {
 
     fn warn_oversize(&mut self, req: &Request) {
         if !std::mem::replace(&mut self.warned_oversize, true) {
-            client_trouble(format_args!(
+            crate::trouble::client_trouble(format_args!(
                 "client sent a {}-byte request, above the server's {MAX_PAYLOAD_BYTES}-byte maximum payload; answered EOVERFLOW",
                 req.length
             ));

@@ -117,7 +117,9 @@ pub async fn negotiate<T: Transport>(
         let head = match OptionHeader::decode(&hb) {
             Ok(h) => h,
             Err(e) => {
-                crate::conn::client_trouble(format_args!("dropping client during haggling: {e}"));
+                crate::trouble::client_trouble(format_args!(
+                    "dropping client during haggling: {e}"
+                ));
                 return Ok(Outcome::Closed);
             }
         };
@@ -171,7 +173,7 @@ pub async fn negotiate<T: Transport>(
         match opt {
             ClientOption::ExportName(name) => {
                 let Some(export) = name.as_deref().and_then(|n| exports.find(n)) else {
-                    crate::conn::client_trouble(format_args!(
+                    crate::trouble::client_trouble(format_args!(
                         "dropping client: EXPORT_NAME of an unknown export"
                     ));
                     return Ok(Outcome::Closed);
@@ -429,7 +431,7 @@ async fn greet<T: Transport>(io: &mut T) -> io::Result<Option<u32>> {
     io.read_exact(&mut cf).await?;
     let client_flags = u32::from_be_bytes(cf);
     if client_flags & !(FLAG_C_FIXED_NEWSTYLE | FLAG_C_NO_ZEROES) != 0 {
-        crate::conn::client_trouble(format_args!(
+        crate::trouble::client_trouble(format_args!(
             "dropping client with unknown handshake flags 0x{client_flags:x}"
         ));
         return Ok(None);

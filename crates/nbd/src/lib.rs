@@ -63,6 +63,8 @@ pub mod server;
 pub mod stream;
 #[cfg(feature = "server")]
 pub mod tls;
+#[cfg(feature = "server")]
+mod trouble;
 
 #[cfg(feature = "server")]
 pub use backend::{Backend, BackendError, Extent, MemBackend, OwnedPayload, VolumeBackend};
