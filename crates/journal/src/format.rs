@@ -484,6 +484,16 @@ pub struct JournalSuperblock {
 }
 
 impl JournalSuperblock {
+    /// The `s_uuid` a block that starts with the superblock's magic names,
+    /// whether or not the rest of it passes [`JournalSuperblock::decode`]
+    /// (a damaged superblock may still say whose journal it was); None
+    /// without the magic or for an all-zero uuid.
+    pub fn claimed_uuid(block: &[u8]) -> Option<[u8; 16]> {
+        let magic = block.get(sb::MAGIC..sb::MAGIC + 4)?;
+        let uuid: [u8; 16] = block.get(sb::UUID..sb::UUID + 16)?.try_into().ok()?;
+        (magic == JBD2_MAGIC.to_be_bytes() && uuid != [0; 16]).then_some(uuid)
+    }
+
     /// `sizeof(journal_superblock_t)`; also the span the checksum covers.
     pub const ENCODED_LEN: usize = 1024;
 
@@ -1192,6 +1202,20 @@ mod tests {
         assert_eq!(&block[0x100..0x110], &UUID);
         assert!(block[0x400..].iter().all(|&b| b == 0));
         assert_eq!(JournalSuperblock::decode(&block).unwrap(), sbk);
+    }
+
+    /// A superblock that fails its checksum still says whose journal it
+    /// was; a block without the magic says nothing.
+    #[test]
+    fn a_damaged_superblock_still_claims_its_uuid() {
+        let mut block = vec![0u8; 4096];
+        JournalSuperblock::new(4096, 1024, UUID).encode(&mut block);
+        block[0x200] ^= 0x40;
+        assert!(JournalSuperblock::decode(&block).is_err());
+        assert_eq!(JournalSuperblock::claimed_uuid(&block), Some(UUID));
+        block[0] ^= 1;
+        assert_eq!(JournalSuperblock::claimed_uuid(&block), None);
+        assert_eq!(JournalSuperblock::claimed_uuid(&block[..0x20]), None);
     }
 
     #[test]

@@ -473,9 +473,8 @@ fn not_a_journal_to_reset(
             sb.size_bytes
         )));
     }
-    const JBD2_MAGIC: [u8; 4] = [0xC0, 0x3B, 0x39, 0x98];
-    let named: [u8; 16] = head[0x30..0x40].try_into().expect("16 bytes");
-    if head[..4] == JBD2_MAGIC && named != uuid && named != [0; 16] {
+    let named = jbdev_journal::format::JournalSuperblock::claimed_uuid(&head);
+    if let Some(named) = named.filter(|n| *n != uuid) {
         return Ok(Some(format!(
             "{what} holds a jbd2 journal superblock that fails its checks but names another \
              volume's journal (uuid {}; this volume's journal has {}): most likely that \

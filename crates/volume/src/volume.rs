@@ -2217,13 +2217,8 @@ impl TxnExtents {
         // 29's second pass).
         let mut plan = None;
         if self.held + cost > max {
-            let (keep, held) = overwritten(&self.ops, Some((offset, offset + len)));
+            let (keep, held) = overwritten(&self.ops, (offset, offset + len));
             if held + cost > max {
-                // Refused; what the transaction keeps is trimmed anyway
-                // (dropping what later extents overwrite changes nothing
-                // the commit writes).
-                let (keep, held) = overwritten(&self.ops, None);
-                self.drop_unkept(&keep, held);
                 return Err(VolumeError::TransactionTooBig {
                     held: held + cost,
                     max,
@@ -2254,11 +2249,11 @@ impl TxnExtents {
     }
 }
 
-/// Which of `ops` (applied in order, later ones winning) any later extent,
-/// or `then` (an extent to come), leaves a byte of; and what those keep.
+/// Which of `ops` (applied in order, later ones winning) later extents and
+/// `then` (the extent about to be added) leave a byte of; and what those keep.
 /// Empty extents are not kept. One pass from the newest, with the union of
 /// the ranges seen so far in a map of disjoint runs.
-fn overwritten(ops: &[TxOp], then: Option<(u64, u64)>) -> (Vec<bool>, u64) {
+fn overwritten(ops: &[TxOp], then: (u64, u64)) -> (Vec<bool>, u64) {
     let mut cover: std::collections::BTreeMap<u64, u64> = std::collections::BTreeMap::new();
     let add = |cover: &mut std::collections::BTreeMap<u64, u64>, mut a: u64, mut z: u64| {
         if let Some((&s, &e)) = cover.range(..=a).next_back() {
@@ -2274,8 +2269,8 @@ fn overwritten(ops: &[TxOp], then: Option<(u64, u64)>) -> (Vec<bool>, u64) {
         }
         cover.insert(a, z);
     };
-    if let Some((a, z)) = then.filter(|(a, z)| a < z) {
-        add(&mut cover, a, z);
+    if then.0 < then.1 {
+        add(&mut cover, then.0, then.1);
     }
     let mut keep = vec![false; ops.len()];
     let mut held = 0;
