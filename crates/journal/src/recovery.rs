@@ -229,8 +229,9 @@ pub fn scan(region: &JournalRegion, progress: &mut dyn FnMut(u64)) -> Result<Sca
 /// advised dropped the committed transactions after the mark).
 ///
 /// If transactions after the mark are present but the first block of
-/// `mark + 1` is not found, the damage reaches past the mark: the scan
-/// ends `CorruptMiddle` at `mark + 1`, with no transactions.
+/// `mark + 1` is not found, or is damaged, the damage reaches past the
+/// mark: the scan ends `CorruptMiddle` at `mark + 1` (at that block, when
+/// one was found), with no transactions.
 pub fn scan_past_mark(
     region: &JournalRegion,
     uuid: [u8; 16],
@@ -249,9 +250,11 @@ pub fn scan_past_mark(
         return Ok(first);
     }
     let later = survey.max_sequence.is_some_and(|m| not_before(m, resume));
-    let at = survey.found.map(|(_, pos)| pos).filter(|_| later);
+    let at = survey.found.filter(|_| later);
     let mut out = match at {
-        Some(pos) => {
+        Some(Found {
+            pos, flaw: None, ..
+        }) => {
             let mut from = sb.clone();
             from.start = pos;
             from.sequence = resume;
@@ -263,6 +266,25 @@ pub fn scan_past_mark(
             }
             rest
         }
+        Some(Found {
+            pos,
+            flaw: Some(flaw),
+            ..
+        }) => Scan {
+            superblock: sb.clone(),
+            txns: Vec::new(),
+            end: ScanEnd::CorruptMiddle {
+                sequence: resume,
+                pos,
+                reason: format!(
+                    "the first block of transaction {resume} is damaged ({flaw}); \
+                     transaction {failed}, at or before the checkpoint mark, is damaged too"
+                ),
+            },
+            next_sequence: first.next_sequence,
+            blocks_read: first.blocks_read,
+            home_damage: None,
+        },
         None => Scan {
             superblock: sb.clone(),
             txns: Vec::new(),
@@ -585,9 +607,24 @@ struct Survey {
     /// transaction, not the end of the log.
     own_commit_at: Option<u32>,
     /// Where the transaction the caller asked for begins (`find`): its
-    /// verified header block nearest after the log's tail, in log order,
-    /// as `(distance from the tail, position)`.
-    found: Option<(u32, u32)>,
+    /// header block nearest after the log's tail, in log order.
+    found: Option<Found>,
+}
+
+/// The header block of a transaction nearest after the log's tail (see
+/// [`Survey::found`]).
+struct Found {
+    /// Blocks from the log's tail to it, in log order.
+    distance: u32,
+    /// Its position in the journal.
+    pos: u32,
+    /// None when it is a verified descriptor or revoke block, where the
+    /// transaction can be read from; else why it cannot begin there (a
+    /// header block that fails its checks, or the transaction's commit
+    /// block: every block before it in the transaction is lost). Session
+    /// 29's pass: with the first descriptor damaged, the walk resumed at
+    /// the commit block and blamed the data digest there.
+    flaw: Option<String>,
 }
 
 /// Reads every log block once. `failed_sequence` is the first transaction
@@ -624,7 +661,29 @@ fn survey_log(
             continue;
         };
         let h = view.header;
-        if !is_after(h.sequence, floor) || view.record.is_err() {
+        if !is_after(h.sequence, floor) {
+            continue;
+        }
+        if find == Some(h.sequence) {
+            let distance = (pos + usable - sb.start) % usable;
+            if out.found.as_ref().is_none_or(|f| distance < f.distance) {
+                let flaw = match &view.record {
+                    Ok(LogRecord::Commit(_)) => Some(
+                        "its commit block verifies, and no block of it before that does \
+                         (its first block is damaged or lost)"
+                            .to_string(),
+                    ),
+                    Ok(_) => None,
+                    Err(e) => Some(e.clone()),
+                };
+                out.found = Some(Found {
+                    distance,
+                    pos,
+                    flaw,
+                });
+            }
+        }
+        if view.record.is_err() {
             continue;
         }
         if out.max_sequence.is_none_or(|m| is_after(h.sequence, m)) {
@@ -650,12 +709,6 @@ fn survey_log(
         }
         if out.later_at.is_none() && is_after(h.sequence, failed_sequence) && proves {
             out.later_at = Some((pos, h.sequence));
-        }
-        if find == Some(h.sequence) {
-            let distance = (pos + usable - sb.start) % usable;
-            if out.found.is_none_or(|(d, _)| distance < d) {
-                out.found = Some((distance, pos));
-            }
         }
     }
     Ok(out)
@@ -1010,6 +1063,52 @@ mod tests {
             s.home_damage,
             Some(ScanEnd::CorruptMiddle { sequence: 40, .. })
         ));
+    }
+
+    /// The same with the descriptor of the first transaction after the mark
+    /// damaged but still headed as its block (a flipped checksum byte):
+    /// the scan names that block and why, not the commit block after it
+    /// (session 29's pass: "the data blocks do not match the commit
+    /// block's digest" at the commit block).
+    #[test]
+    fn a_damaged_first_block_after_the_mark_is_named() {
+        let (region, sb, data) = four_txns();
+        damage(&region, data[0]);
+        let desc = data[1] - 1;
+        let mut b = vec![0u8; BS];
+        region.read_blocks(desc, &mut b).unwrap();
+        b[BS - 1] ^= 1;
+        region
+            .write_blocks(desc, &[IoSlice::new(&b)], IoPriority::Urgent)
+            .unwrap();
+        let s = scan_past_mark(&region, sb.uuid, 40, &mut |_| {}).unwrap();
+        assert!(s.txns.is_empty());
+        match &s.end {
+            ScanEnd::CorruptMiddle {
+                sequence: 41,
+                pos,
+                reason,
+            } => {
+                assert_eq!(*pos, desc, "{reason}");
+                assert!(reason.contains("descriptor"), "{reason}");
+            }
+            other => panic!("{other:?}"),
+        }
+        // With the descriptor unrecognisable, the commit block is the
+        // transaction's nearest block: named as such.
+        damage(&region, desc);
+        let s = scan_past_mark(&region, sb.uuid, 40, &mut |_| {}).unwrap();
+        match &s.end {
+            ScanEnd::CorruptMiddle {
+                sequence: 41,
+                pos,
+                reason,
+            } => {
+                assert_eq!(*pos, data[1] + 1, "{reason}");
+                assert!(reason.contains("commit block verifies"), "{reason}");
+            }
+            other => panic!("{other:?}"),
+        }
     }
 
     /// A transaction whose commit block carries no data digest (jbd2's, or
