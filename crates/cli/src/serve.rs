@@ -83,6 +83,13 @@ pub struct ServeArgs {
     /// is dropped.
     #[arg(long, value_name = "SECS", default_value_t = 30)]
     pub send_timeout: u64,
+    /// Seconds a connection with no request in flight may stay silent
+    /// before it is closed, so that idle connections cannot hold every
+    /// --max-connections slot for good. 0: never (the default, as in nbdkit
+    /// and qemu-nbd; a client that idles, such as qemu, then sees its
+    /// connection closed).
+    #[arg(long, value_name = "SECS", default_value_t = 0)]
+    pub idle_timeout: u64,
     /// Exit when the parent process exits (on by default when socket
     /// activated).
     #[arg(long)]
@@ -391,6 +398,7 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
         exit_when_idle: a.once,
         handshake_timeout: Duration::from_secs(a.handshake_timeout.max(1)),
         send_timeout: Duration::from_secs(a.send_timeout.max(1)),
+        idle_timeout: (a.idle_timeout > 0).then(|| Duration::from_secs(a.idle_timeout)),
         tls,
         ..ServerConfig::default()
     };

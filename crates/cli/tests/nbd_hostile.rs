@@ -496,3 +496,74 @@ fn a_client_over_the_connection_limit_is_told_why() {
     held.disconnect().unwrap();
     srv.stop_cleanly();
 }
+
+/// `--idle-timeout`: a connection that sends nothing, with nothing in
+/// flight, is closed, so silent connections cannot hold every
+/// `--max-connections` slot for good (session 29's hostile pass: 128 of them
+/// locked every other client out). A client that keeps sending requests
+/// keeps its connection.
+#[test]
+fn idle_connections_are_closed_with_idle_timeout_and_busy_ones_kept() {
+    let dir = TempDir::new("idle");
+    let img = dir.path("a.img");
+    format_volume(&img, "64M");
+    let srv = ServerProc::start(
+        &[
+            img.to_str().unwrap(),
+            "--max-connections",
+            "2",
+            "--idle-timeout",
+            "2",
+        ],
+        None,
+    );
+    let tcp = srv.tcp.clone().unwrap();
+    let mut idle = Client::connect(&Address::Tcp(tcp.clone()), "").unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let busy = {
+        let (tcp, stop) = (tcp.clone(), stop.clone());
+        let mut c = Client::connect(&Address::Tcp(tcp), "").unwrap();
+        std::thread::spawn(move || {
+            let data = pattern(3, 4096);
+            c.call(CMD_WRITE, CMD_FLAG_FUA, 0, 4096, &data)
+                .unwrap()
+                .unwrap();
+            let mut calls = 0u32;
+            while !stop.load(Ordering::Relaxed) {
+                assert_eq!(c.call(CMD_READ, 0, 0, 4096, &[]).unwrap().unwrap(), data);
+                calls += 1;
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            c.disconnect().unwrap();
+            calls
+        })
+    };
+    // Both slots are taken; a third client gets in once the idle one is
+    // closed (bounded wait: a slot that never frees fails the test).
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut third = loop {
+        match Client::connect(&Address::Tcp(tcp.clone()), "") {
+            Ok(c) => break c,
+            Err(e) => {
+                assert!(e.to_string().contains("too many connections"), "{e}");
+                assert!(Instant::now() < deadline, "no slot freed: {e}");
+                std::thread::sleep(Duration::from_millis(200));
+            }
+        }
+    };
+    srv.wait_for_log("idle for 2 s (--idle-timeout)");
+    assert!(
+        idle.call(CMD_READ, 0, 0, 4096, &[]).is_err(),
+        "the idle connection still answers"
+    );
+    let data = pattern(3, 4096);
+    assert_eq!(
+        third.call(CMD_READ, 0, 0, 4096, &[]).unwrap().unwrap(),
+        data
+    );
+    third.disconnect().unwrap();
+    stop.store(true, Ordering::Relaxed);
+    let calls = busy.join().expect("the busy client failed");
+    assert!(calls > 0);
+    srv.stop_cleanly();
+}

@@ -62,6 +62,11 @@ pub struct ConnLimits {
     /// A client must accept at least [`MIN_SEND_PROGRESS_BYTES`] of replies
     /// per this much time while replies are waiting, or it is dropped.
     pub send_timeout: Duration,
+    /// A connection with no request in flight that sends nothing for this
+    /// long is closed (None: never). Off by default, as in nbdkit and
+    /// qemu-nbd: an idle qemu keeps its connection for hours. With it, a
+    /// flood of silent connections cannot hold every slot for good.
+    pub idle_timeout: Option<Duration>,
 }
 
 /// Reply bytes a client must read per `send_timeout` while replies wait:
@@ -131,6 +136,26 @@ impl InflightGate {
         st.1 -= bytes;
         drop(st);
         self.notify.notify_waiters();
+    }
+
+    /// Requests in flight now.
+    fn requests(&self) -> u32 {
+        self.state.lock().0
+    }
+
+    /// Returns once `idle` has passed with nothing in flight at its end,
+    /// checked every `idle` (a request that takes longer keeps its
+    /// connection); never with `idle` None.
+    async fn idle_for(&self, idle: Option<Duration>) {
+        let Some(idle) = idle else {
+            return std::future::pending().await;
+        };
+        loop {
+            tokio::time::sleep(idle).await;
+            if self.requests() == 0 {
+                return;
+            }
+        }
     }
 
     /// Waits until nothing is in flight.
@@ -869,6 +894,8 @@ pub(crate) async fn serve(
     if reason.starts_with("bad request") {
         // A protocol violation: the client is dropped, say so.
         crate::trouble::client_trouble(format_args!("dropping client: {reason}"));
+    } else if reason.ends_with("(--idle-timeout)") {
+        tracing::info!("closing a connection: {reason}");
     } else {
         tracing::debug!("connection ending: {reason}");
     }
@@ -969,6 +996,7 @@ impl Reader<'_> {
             input,
             stop,
             limits,
+            gate,
             stopped_by_shutdown,
             stopped_at,
             ..
@@ -987,6 +1015,15 @@ impl Reader<'_> {
                 r = from.read(buf) => Some(r?),
                 // (A read dropped before it completed consumed nothing.)
                 _ = stop.wait_for(|s| *s) => None,
+                () = gate.idle_for(limits.idle_timeout) => {
+                    return Err(io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        format!(
+                            "idle for {} s (--idle-timeout)",
+                            limits.idle_timeout.unwrap_or_default().as_secs()
+                        ),
+                    ));
+                }
             }
         };
         let got = match before_stop {

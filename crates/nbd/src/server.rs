@@ -33,6 +33,8 @@
 //! * a reply write that cannot proceed for `send_timeout` (a client that
 //!   does not read), or a client that takes less than
 //!   [`conn::MIN_SEND_PROGRESS_BYTES`] per `send_timeout`, is dropped;
+//! * with `idle_timeout` set, a connection with nothing in flight that
+//!   sends nothing for that long is closed (off by default);
 //! * `worker_threads` workers and `buffer_budget_bytes` of payload buffers
 //!   for all connections together.
 //!
@@ -91,6 +93,9 @@ pub struct ServerConfig {
     pub send_timeout: Duration,
     /// Time a write's payload (or a begun request header) may take to arrive.
     pub payload_timeout: Duration,
+    /// Time a connection with nothing in flight may send nothing before it
+    /// is closed (None: never, the default).
+    pub idle_timeout: Option<Duration>,
     /// Options a client may send before it must enter transmission.
     pub max_options: u32,
     /// Time shutdown waits for connections to finish.
@@ -145,6 +150,7 @@ impl Default for ServerConfig {
             handshake_timeout: Duration::from_secs(10),
             send_timeout: Duration::from_secs(30),
             payload_timeout: Duration::from_secs(30),
+            idle_timeout: None,
             max_options: 256,
             shutdown_grace: Duration::from_secs(30),
             exit_with_parent: false,
@@ -752,6 +758,7 @@ async fn run_connection(inner: &Arc<Inner>, id: u64, stream: Stream) {
                 max_inflight_bytes: cfg.max_inflight_bytes_per_conn,
                 payload_timeout: cfg.payload_timeout,
                 send_timeout: cfg.send_timeout,
+                idle_timeout: cfg.idle_timeout,
             };
             let res = ConnResources {
                 workers: &inner.pool,
