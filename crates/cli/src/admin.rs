@@ -1261,7 +1261,7 @@ pub fn check(a: CheckArgs) -> anyhow::Result<()> {
             jbdev_volume::describe_scan_end(damage)
         )?;
     }
-    let (plan, revoked) = recovery::replay_plan(&scan.txns);
+    let (plan, revoked) = recovery::replay_plan(&scan.txns, &scan.late_revokes);
     // The checks every open applies to what recovery would replay.
     if let Err(e) = jbdev_volume::check_replay_plan(&ins.superblock, &plan) {
         outln!("journal: CORRUPT: {e}; every open refuses this volume")?;

@@ -117,6 +117,16 @@ pub struct Scan {
     /// the mark: where the damage was (`CorruptMiddle` or `TornTail`).
     /// `txns` then start after the mark.
     pub home_damage: Option<ScanEnd>,
+    /// When the scan ends [`ScanEnd::CorruptMiddle`]: the home blocks that
+    /// verified revoke blocks of the failed transaction or of later ones
+    /// revoke. [`replay_plan`] replays no copy of them. A revoke block is
+    /// written only once the home data it protects (a direct write's) is
+    /// durable (ARCHITECTURE 23), so the home holds that block newer than
+    /// any copy logged before the damage. Session 30's operator pass: the
+    /// read-only open and `journal rescue` of a log damaged between older
+    /// copies of a block and the revoke of a FUA direct write over them
+    /// replayed the old copies over the acknowledged data, for good.
+    pub late_revokes: Vec<u64>,
 }
 
 /// One home block to restore from the journal.
@@ -284,6 +294,7 @@ pub fn scan_past_mark(
             next_sequence: first.next_sequence,
             blocks_read: first.blocks_read,
             home_damage: None,
+            late_revokes: Vec::new(),
         },
         None => Scan {
             superblock: sb.clone(),
@@ -303,6 +314,7 @@ pub fn scan_past_mark(
             next_sequence: first.next_sequence,
             blocks_read: first.blocks_read,
             home_damage: None,
+            late_revokes: Vec::new(),
         },
     };
     out.home_damage = Some(first.end);
@@ -325,6 +337,7 @@ fn scan_from(
         next_sequence: sb.sequence,
         blocks_read: 0,
         home_damage: None,
+        late_revokes: Vec::new(),
     };
     if sb.is_clean() {
         return Ok((out, Survey::default()));
@@ -337,6 +350,9 @@ fn scan_from(
     let survey = survey_log(region, sb, sequence, find, &mut |n| progress(walked + n))?;
     out.blocks_read += u64::from(sb.max_len - sb.first);
     out.end = decide(failure, &survey, sequence);
+    if matches!(out.end, ScanEnd::CorruptMiddle { .. }) {
+        out.late_revokes = survey.late_revokes.clone();
+    }
     // IMPORTANT: the next transaction written must carry a sequence that
     // exists nowhere in the log area, or a stale block of an old lap could
     // pass for part of it at the next recovery.
@@ -609,6 +625,9 @@ struct Survey {
     /// Where the transaction the caller asked for begins (`find`): its
     /// header block nearest after the log's tail, in log order.
     found: Option<Found>,
+    /// Home blocks revoked by verified revoke blocks of the failed
+    /// transaction or later ones (see [`Scan::late_revokes`]).
+    late_revokes: Vec<u64>,
 }
 
 /// The header block of a transaction nearest after the log's tail (see
@@ -683,8 +702,14 @@ fn survey_log(
                 });
             }
         }
-        if view.record.is_err() {
-            continue;
+        let record = match &view.record {
+            Ok(r) => r,
+            Err(_) => continue,
+        };
+        if let LogRecord::Revoke(r) = record {
+            if not_before(h.sequence, failed_sequence) {
+                out.late_revokes.extend_from_slice(&r.blocks);
+            }
         }
         if out.max_sequence.is_none_or(|m| is_after(h.sequence, m)) {
             out.max_sequence = Some(h.sequence);
@@ -767,9 +792,11 @@ fn decide(failure: Bad, survey: &Survey, sequence: u32) -> ScanEnd {
 }
 
 /// Passes 2 and 3 (planning): the revoke table and, per home block, the copy
-/// to restore. `txns` must be in log order. Returns entries sorted by home
-/// block, and how many logged copies revokes cancelled.
-pub fn replay_plan(txns: &[ScannedTxn]) -> (Vec<ReplayEntry>, u64) {
+/// to restore. `txns` must be in log order; `late_revokes` are home blocks
+/// revoked after all of them ([`Scan::late_revokes`]). Returns entries
+/// sorted by home block, and how many logged copies revokes cancelled.
+pub fn replay_plan(txns: &[ScannedTxn], late_revokes: &[u64]) -> (Vec<ReplayEntry>, u64) {
+    let late: std::collections::HashSet<u64> = late_revokes.iter().copied().collect();
     // Pass 2: newest revoking transaction per home block.
     let mut revoked: HashMap<u64, u32> = HashMap::new();
     for t in txns {
@@ -784,6 +811,10 @@ pub fn replay_plan(txns: &[ScannedTxn]) -> (Vec<ReplayEntry>, u64) {
     let mut cancelled = 0;
     for t in txns {
         for b in &t.blocks {
+            if late.contains(&b.home) {
+                cancelled += 1;
+                continue;
+            }
             if let Some(&rseq) = revoked.get(&b.home) {
                 if not_before(rseq, t.sequence) {
                     cancelled += 1;
@@ -1009,7 +1040,7 @@ mod tests {
         ));
         assert_eq!(past.superblock, plain.superblock);
         assert!(past.next_sequence >= 44, "{}", past.next_sequence);
-        assert_eq!(replay_plan(&past.txns).0.len(), 1);
+        assert_eq!(replay_plan(&past.txns, &past.late_revokes).0.len(), 1);
 
         // Everything home: nothing to replay, and no damage to refuse.
         let all = scan_past_mark(&region, sb.uuid, 43, &mut |_| {}).unwrap();
@@ -1063,6 +1094,60 @@ mod tests {
             s.home_damage,
             Some(ScanEnd::CorruptMiddle { sequence: 40, .. })
         ));
+    }
+
+    /// Mid-log damage between an older logged copy of a block and a later
+    /// revoke of it: the revoke still holds for the transactions replayed
+    /// before the damage (a revoke block is written only once the home data
+    /// it protects is durable, so replaying the old copy would put it over
+    /// a newer, acknowledged write). Session 30's operator pass: the
+    /// read-only open and `journal rescue` did exactly that. A revoke in
+    /// the log before the damage, or none at all, changes nothing.
+    #[test]
+    fn a_revoke_after_mid_log_damage_still_cancels_older_copies() {
+        let (region, sb) = journal();
+        let mut t = sb.clone();
+        let old = write_txn(&region, &t, &vec![1; BS]); // 40: home 9 at 41
+        t.start += 3;
+        t.sequence += 1;
+        let damaged = write_txn(&region, &t, &vec![2; BS]); // 41
+        t.start += 3;
+        t.sequence += 1;
+        let log = writer::build_transaction(&t, t.sequence, 0, &[], &[9, 12], SystemTime::now());
+        writer::write_log_blocks(
+            &region,
+            t.first,
+            t.start,
+            &log,
+            &|| IoPriority::Urgent,
+            false,
+        )
+        .unwrap();
+        let intact = scan(&region, &mut |_| {}).unwrap();
+        assert_eq!(sequences(&intact), vec![40, 41, 42]);
+        assert!(intact.late_revokes.is_empty());
+        assert!(replay_plan(&intact.txns, &intact.late_revokes).0.is_empty());
+
+        damage(&region, damaged - 1); // 41's descriptor
+        let s = scan(&region, &mut |_| {}).unwrap();
+        assert_eq!(sequences(&s), vec![40]);
+        assert!(
+            matches!(s.end, ScanEnd::CorruptMiddle { sequence: 41, .. }),
+            "{:?}",
+            s.end
+        );
+        assert_eq!(s.late_revokes, vec![9, 12]);
+        let (plan, cancelled) = replay_plan(&s.txns, &s.late_revokes);
+        assert!(
+            plan.is_empty(),
+            "the old copy at {old} is replayed: {plan:?}"
+        );
+        assert_eq!(cancelled, 1);
+        // Without the revoke's transaction the old copy is replayed.
+        damage(&region, damaged + 2);
+        let s = scan(&region, &mut |_| {}).unwrap();
+        assert!(s.late_revokes.is_empty(), "{:?}", s.end);
+        assert_eq!(replay_plan(&s.txns, &s.late_revokes).0.len(), 1);
     }
 
     /// The same with the descriptor of the first transaction after the mark
@@ -1431,7 +1516,7 @@ mod tests {
         let scan = scan(&region, &mut |_| {}).unwrap();
         assert_eq!(scan.end, ScanEnd::End);
         assert_eq!(scan.txns.len(), 1);
-        let (plan, _) = replay_plan(&scan.txns);
+        let (plan, _) = replay_plan(&scan.txns, &scan.late_revokes);
         assert_eq!(plan.len(), 1);
         assert_eq!((plan[0].home, plan[0].pos), (9, pos));
         let mut got = Vec::new();

@@ -1060,7 +1060,7 @@ impl Volume {
                 );
             }
         }
-        let (mut plan, revoked) = recovery::replay_plan(&scan.txns);
+        let (mut plan, revoked) = recovery::replay_plan(&scan.txns, &scan.late_revokes);
         check_replay_plan(&sb, &plan)?;
         if !was_clean && !plan.is_empty() {
             // Replay can take a while on a large journal: say so first.
