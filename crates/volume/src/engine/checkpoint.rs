@@ -849,14 +849,15 @@ mod tests {
                 w.mark_zeroed(i);
             }
         }
-        let (chunks, per) = w.share();
+        let shared = w.share();
         let items: Vec<(Lba, u64, BlockRef)> = blocks
             .iter()
             .enumerate()
             .map(|(i, (lba, _))| {
+                let (buf, offset) = shared.block(i);
                 let r = BlockRef {
-                    buf: chunks[i / per].clone(),
-                    offset: (i % per) * BS,
+                    buf: buf.clone(),
+                    offset,
                 };
                 (*lba, 1, r)
             })

@@ -213,15 +213,16 @@ impl Engine {
             // Phase 3: the request's bytes over the bases of partial blocks.
             fill_and_seal(&mut buf, ops, &lbas, self.bs, |i| partial[i]);
             // Phase 4: publish.
-            let (chunks, per) = buf.share();
+            let shared = buf.share();
             let tid = stripe.tid;
             for (i, &b) in lbas.iter().enumerate() {
                 let gi = guard_of(&guards, b);
                 let sh = &mut guards[gi].1;
                 let ver = sh.bump();
+                let (buf, offset) = shared.block(i);
                 let data = BlockRef {
-                    buf: chunks[i / per].clone(),
-                    offset: (i % per) * self.bs,
+                    buf: buf.clone(),
+                    offset,
                 };
                 sh.map.entry(b).or_default().newest = Some(Version {
                     ver,
