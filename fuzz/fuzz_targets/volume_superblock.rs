@@ -1,5 +1,6 @@
-//! VolumeSuperblock::decode on arbitrary bytes; on success, encode → decode
-//! must give the same superblock.
+//! VolumeSuperblock::decode and decode_block (first copy or backup) on
+//! arbitrary bytes; on success, encode → decode must give the same
+//! superblock.
 #![no_main]
 
 use jbdev_volume::superblock::{VolumeSuperblock, VOLUME_MAGIC, VOLUME_VERSION};
@@ -23,6 +24,12 @@ fuzz_target!(|data: &[u8]| {
         let mut again = [0u8; VolumeSuperblock::ENCODED_LEN];
         sb.encode(&mut again);
         let back = VolumeSuperblock::decode(&again).expect("re-encoded superblock decodes");
+        assert_eq!(back, sb);
+    }
+    if let Ok((sb, _)) = VolumeSuperblock::decode_block(&buf) {
+        let mut block = vec![0u8; sb.block_size as usize];
+        sb.encode_block(&mut block);
+        let (back, _) = VolumeSuperblock::decode_block(&block).expect("re-encoded block 0 decodes");
         assert_eq!(back, sb);
     }
 });

@@ -434,7 +434,7 @@ fn refuse_to_overwrite_dev(
              give --force to format it anyway"
         ),
     };
-    if let Ok(sb) = VolumeSuperblock::decode(&head) {
+    if let Ok((sb, _)) = VolumeSuperblock::decode_block(&head) {
         return Err(refuse(format!(
             "holds a jbdev volume (uuid {}, {} bytes)",
             uuid_str(&sb.uuid),
@@ -640,15 +640,19 @@ fn journal_geometry_mismatch(
 pub fn info(a: InfoArgs) -> anyhow::Result<()> {
     // A journal that cannot be opened is reported with the rest, as one
     // that cannot be read is: `journal_missing` when nothing is there.
+    let mut damage = None;
     let (sb, journal_path, journal_superblock, journal_missing, in_use) =
         match inspect_volume(&a.path, a.journal.as_deref()) {
-            Ok(Ok(ins)) => (
-                ins.superblock,
-                ins.journal_path,
-                ins.journal_superblock.map_err(|e| e.message),
-                false,
-                None,
-            ),
+            Ok(Ok(ins)) => {
+                damage = ins.superblock_damage;
+                (
+                    ins.superblock,
+                    ins.journal_path,
+                    ins.journal_superblock.map_err(|e| e.message),
+                    false,
+                    None,
+                )
+            }
             Ok(Err(u)) => {
                 let why = if u.missing {
                     missing_journal(&a.path, a.journal.as_deref(), u.journal_path.as_deref())
@@ -718,6 +722,7 @@ pub fn info(a: InfoArgs) -> anyhow::Result<()> {
     if a.json {
         let j = serde_json::json!({
             "path": a.path.display().to_string(),
+            "superblock_first_copy_damage": damage,
             "uuid": uuid_str(&sb.uuid),
             "block_size": sb.block_size,
             "size_bytes": sb.size_bytes,
@@ -767,6 +772,12 @@ pub fn info(a: InfoArgs) -> anyhow::Result<()> {
             "state           OPEN ELSEWHERE ({holder}); below is a snapshot read without \
              its lock: the journal state changes while it runs. Live figures: \
              `jbdev stats ADDR:PORT` against its `--metrics` address"
+        )?;
+    }
+    if let Some(e) = &damage {
+        outln!(
+            "superblock      first copy DAMAGED ({e}): read from its backup; the next \
+             read-write open writes it again"
         )?;
     }
     outln!("uuid            {}", uuid_str(&sb.uuid))?;
@@ -889,7 +900,7 @@ mod in_use {
         let mut head = vec![0u8; VolumeSuperblock::ENCODED_LEN.max(4096)];
         f.read_exact_at(&mut head, 0)
             .context("reading the volume superblock")?;
-        let superblock = VolumeSuperblock::decode(&head).map_err(anyhow::Error::msg)?;
+        let (superblock, _) = VolumeSuperblock::decode_block(&head).map_err(anyhow::Error::msg)?;
         let bs = superblock.block_size as usize;
         let (jfile, joff, journal_path) = match &superblock.journal {
             JournalLocation::Internal { offset_bytes, .. } => (Ok(f), *offset_bytes, None),
@@ -1096,6 +1107,13 @@ fn journal_superblock_or_exit(
         );
     }
     outln!("journal superblock: CORRUPT: {e}")?;
+    if matches!(ins.superblock.journal, JournalLocation::Internal { .. }) {
+        outln!(
+            "every open refuses the volume; `jbdev journal rescue` rebuilds this superblock \
+             from the volume superblock's checkpoint mark and the log (where the volume \
+             records one), keeping the log's committed transactions"
+        )?;
+    }
     std::process::exit(EXIT_CORRUPT);
 }
 
@@ -1108,27 +1126,41 @@ fn not_a_volume_hint(path: &std::path::Path, e: jbdev_volume::VolumeError) -> an
     // same way, and on an unreachable Ceph cluster take its connect timeout
     // a second time (40 s for `info`, session 24's RBD pass).
     let journal = match &e {
-        jbdev_volume::VolumeError::NotAVolume(_) => journal_without_volume(path),
+        jbdev_volume::VolumeError::NotAVolume(_) => journal_instead_of_volume(path),
         _ => None,
     };
     match journal {
-        Some((0, j)) => anyhow::anyhow!(
-            "{p} is a jbdev journal (uuid {}, {}), not a volume: give the volume's path, \
-             with --journal {p}",
-            uuid_str(&j.uuid),
-            journal_state(&j)
-        ),
-        Some((off, j)) => anyhow::anyhow!(
-            "{p} has no volume superblock, but a jbdev journal {off} bytes in (uuid {}, {}): \
-             an interrupted format, or a volume whose first block was lost (`jbdev check {p}`)",
-            uuid_str(&j.uuid),
-            journal_state(&j)
-        ),
+        Some(said) => anyhow::anyhow!("{said}"),
         // It names the journal and says what to do; "reading" the volume
         // is not what failed.
         None if matches!(e, jbdev_volume::VolumeError::WrongJournal(_)) => anyhow::Error::new(e),
         None => anyhow::Error::new(e).context(format!("reading {p}")),
     }
+}
+
+/// For a path with no volume superblock: what it holds instead when that
+/// is a jbdev journal (an external journal given as the volume, or a
+/// volume whose first block was lost), said with what to do; None when it
+/// holds no journal. `serve` says it too (session 30's operator pass: it
+/// advised `jbdev format` for a volume whose journal held acknowledged
+/// writes).
+pub(crate) fn journal_instead_of_volume(path: &std::path::Path) -> Option<String> {
+    let p = path.display();
+    Some(match journal_without_volume(path)? {
+        (0, j) => format!(
+            "{p} is a jbdev journal (uuid {}, {}), not a volume: give the volume's path, \
+             with --journal {p}",
+            uuid_str(&j.uuid),
+            journal_state(&j)
+        ),
+        (off, j) => format!(
+            "{p} has no volume superblock, but a jbdev journal {off} bytes in (uuid {}, {}): \
+             an interrupted format, or a volume whose first block was lost (`jbdev check {p}`; \
+             do not format it: its data may still be there)",
+            uuid_str(&j.uuid),
+            journal_state(&j)
+        ),
+    })
 }
 
 pub fn check(a: CheckArgs) -> anyhow::Result<()> {
@@ -1195,11 +1227,20 @@ pub fn check(a: CheckArgs) -> anyhow::Result<()> {
         Err(e) => return Err(e.into()),
     };
     refuse_unused_journal(&ins.superblock, a.journal.as_deref())?;
-    outln!(
-        "volume superblock: ok (uuid {}, {} bytes)",
-        uuid_str(&ins.superblock.uuid),
-        ins.superblock.size_bytes
-    )?;
+    match &ins.superblock_damage {
+        None => outln!(
+            "volume superblock: ok (uuid {}, {} bytes)",
+            uuid_str(&ins.superblock.uuid),
+            ins.superblock.size_bytes
+        )?,
+        Some(e) => outln!(
+            "volume superblock: DAMAGED ({e}); its backup copy is intact (uuid {}, {} bytes) \
+             and every open uses it; the next read-write open (`jbdev serve` without \
+             --read-only) writes the first copy again",
+            uuid_str(&ins.superblock.uuid),
+            ins.superblock.size_bytes
+        )?,
+    }
     let unknown_ro = ins.superblock.unknown_ro_compat();
     if unknown_ro != 0 {
         outln!(
@@ -1312,6 +1353,10 @@ pub fn check(a: CheckArgs) -> anyhow::Result<()> {
                 _ => outln!("log ends cleanly at a transaction boundary")?,
             }
         }
+    }
+    if ins.superblock_damage.is_some() {
+        outln!("check: the volume superblock's first copy is damaged (see above)")?;
+        std::process::exit(EXIT_CORRUPT);
     }
     outln!("check: ok")?;
     Ok(())
@@ -1496,6 +1541,9 @@ fn journal_rescue(
     journal: Option<PathBuf>,
     break_lock: bool,
 ) -> anyhow::Result<()> {
+    // A lost journal superblock over a log that may be intact: rebuilt
+    // from the volume superblock first (internal journals).
+    let rebuilt = rebuild_lost_journal_superblock(path, journal.as_deref())?;
     // What the log holds first, read-only: a log that is not damaged in
     // the middle is left to a plain open, and nothing is changed.
     let (ins, jsb) = inspect_journal(path, journal.as_deref())?;
@@ -1552,6 +1600,14 @@ fn journal_rescue(
         } => Some((sequence, pos, reason)),
         _ => None,
     }) else {
+        if rebuilt {
+            outln!(
+                "{}: the log is not damaged in the middle: the volume opens (an open replays \
+                 what it holds; `jbdev check` it first)",
+                path.display()
+            )?;
+            return Ok(());
+        }
         anyhow::bail!(
             "{}: the journal is not damaged in the middle of its log; nothing to rescue, and \
              nothing was changed (an open replays what it holds; `jbdev check` says more)",
@@ -1580,6 +1636,30 @@ fn journal_rescue(
     )?;
     outln!("the volume opens read-write again; `jbdev check` it")?;
     Ok(())
+}
+
+/// `journal rescue`'s first step: when the volume's internal journal has
+/// lost its superblock (a bad checksum or no magic; not a newer jbdev's),
+/// rebuilds it from the volume superblock and the log, and says so. True
+/// if it did.
+fn rebuild_lost_journal_superblock(
+    path: &std::path::Path,
+    journal: Option<&std::path::Path>,
+) -> anyhow::Result<bool> {
+    let lost = match inspect_or_advise(path, journal)? {
+        Ok(ins) => {
+            matches!(&ins.journal_superblock, Err(e) if !e.newer)
+                && matches!(ins.superblock.journal, JournalLocation::Internal { .. })
+        }
+        Err(_) => false,
+    };
+    if !lost {
+        return Ok(false);
+    }
+    let said = jbdev_volume::rebuild_journal_superblock(path)
+        .with_context(|| format!("rescuing {}", path.display()))?;
+    outln!("{}: {said}", path.display())?;
+    Ok(true)
 }
 
 fn journal_reset(

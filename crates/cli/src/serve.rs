@@ -364,6 +364,14 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
                     ..opts.clone()
                 };
                 let v = Arc::new(Volume::open(path, &opts).map_err(|e| {
+                    if matches!(e, jbdev_volume::VolumeError::NotAVolume(_)) {
+                        if let Some(said) = crate::admin::journal_instead_of_volume(path) {
+                            return anyhow::anyhow!(
+                                "cannot open volume {}: {said}",
+                                path.display()
+                            );
+                        }
+                    }
                     let hint = open_hint(&e, path, a.read_only);
                     anyhow::Error::new(e)
                         .context(format!("cannot open volume {}{hint}", path.display()))

@@ -255,7 +255,36 @@ fn check_exits_2_on_a_corrupt_superblock() {
             .success()
     );
     let mut bytes = std::fs::read(&img).unwrap();
+    // The first copy damaged (a reserved byte, under its checksum): said,
+    // exit 2, and every open uses the backup; a read-write open writes
+    // the first copy again (session 30's operator pass: one flipped bit
+    // made every command refuse the volume).
+    bytes[400] ^= 0x10;
+    std::fs::write(&img, &bytes).unwrap();
+    let o = jbdev(&["check", p]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(text(&o).contains("backup copy is intact"), "{}", text(&o));
+    let o = jbdev(&["info", p]);
+    assert!(
+        o.status.success() && text(&o).contains("DAMAGED"),
+        "{}",
+        text(&o)
+    );
+    jbdev_volume::Volume::open(&img, &jbdev_volume::OpenOptions::default())
+        .unwrap()
+        .close()
+        .unwrap();
+    let o = jbdev(&["check", p]);
+    assert!(o.status.success(), "{}", text(&o));
+    // (Rewritten with the open's session stamps: both copies equal.)
+    bytes = std::fs::read(&img).unwrap();
+    assert!(
+        bytes[..512] == bytes[512..1024],
+        "the first copy was not rewritten"
+    );
+    // Both copies damaged: the first copy's error.
     bytes[40] ^= 0xff; // inside the volume superblock
+    bytes[512 + 40] ^= 0xff;
     std::fs::write(&img, &bytes).unwrap();
     let o = jbdev(&["check", p]);
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
@@ -263,6 +292,7 @@ fn check_exits_2_on_a_corrupt_superblock() {
     assert!(t.contains("checksum") || t.contains("superblock"), "{t}");
     // Damage the journal superblock instead.
     bytes[40] ^= 0xff;
+    bytes[512 + 40] ^= 0xff;
     bytes[4096 + 0x1c] ^= 0x01; // s_start
     std::fs::write(&img, &bytes).unwrap();
     let o = jbdev(&["check", p]);
@@ -396,6 +426,22 @@ fn format_refuses_to_destroy_a_volume_or_data_without_force() {
     let o = jbdev(&["format", p, "--size", "16M", "--journal-size", "1M"]);
     assert_clean_error(&o, "format over a used volume without block 0");
     assert!(text(&o).contains("--force"), "{}", text(&o));
+    // `serve` says what it is too, and never to format it (session 30's
+    // operator pass: "create one with `jbdev format`").
+    let sock = dir.path().join("s.sock");
+    let o = jbdev(&[
+        "serve",
+        p,
+        "--socket",
+        sock.to_str().unwrap(),
+        "--read-only",
+    ]);
+    assert_clean_error(&o, "serve of a used volume without block 0");
+    assert!(
+        text(&o).contains("first block was lost") && !text(&o).contains("create one"),
+        "{}",
+        text(&o)
+    );
     format_16m(p, &["--force"]);
 
     // An external journal that belongs to a volume is refused too.
@@ -2186,6 +2232,44 @@ fn journal_rescue_keeps_what_precedes_mid_log_damage() {
     v.close().unwrap();
     // Once rescued there is nothing left to rescue.
     assert_eq!(jbdev(&["journal", "rescue", c]).status.code(), Some(1));
+}
+
+/// A journal superblock that fails its checksum (one bit of its padding)
+/// over an intact log: every open refuses the volume, `check` says that
+/// `journal rescue` rebuilds it, and the rescue does, from the volume's
+/// checkpoint mark: every acknowledged write is replayed. Session 30's
+/// operator pass: the only way out was `journal reset --force`, which
+/// dropped them all.
+#[test]
+fn journal_rescue_rebuilds_a_lost_journal_superblock() {
+    let (_dir, copy, writes) = six_writes_crash_copy();
+    let c = copy.to_str().unwrap();
+    let f = std::fs::OpenOptions::new().write(true).open(&copy).unwrap();
+    f.write_all_at(&[1], 4096 + 0x80).unwrap();
+    drop(f);
+    assert!(jbdev_volume::Volume::open(&copy, &Default::default()).is_err());
+    let o = jbdev(&["check", c]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(text(&o).contains("journal rescue"), "{}", text(&o));
+    let o = jbdev(&["journal", "rescue", c]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(
+        text(&o).contains("journal superblock rebuilt"),
+        "{}",
+        text(&o)
+    );
+    let o = jbdev(&["check", c]);
+    assert!(o.status.success(), "{}", text(&o));
+    let v = jbdev_volume::Volume::open(&copy, &Default::default()).unwrap();
+    for &(off, byte) in &writes {
+        let mut b = vec![0u8; 4096];
+        v.read_at(&mut b, off).unwrap();
+        assert!(b.iter().all(|&x| x == byte), "offset {off}: got {}", b[0]);
+    }
+    v.close().unwrap();
+    // An intact superblock is not rebuilt.
+    let e = jbdev_volume::rebuild_journal_superblock(&copy).unwrap_err();
+    assert!(e.to_string().contains("intact"), "{e}");
 }
 
 /// `info` and `journal dump` say what every open says of a clean old copy

@@ -321,6 +321,81 @@ pub fn scan_past_mark(
     Ok(out)
 }
 
+/// A journal superblock for a log whose own one is lost (it fails its
+/// checksum; jbd2 keeps no copy): `template` with the geometry, uuid,
+/// session stamp and pipeline depth to use, and the log's tail found from
+/// `mark`, the volume's checkpoint mark (every transaction up to it is
+/// home: FORMAT.md `checkpoint_sequence`). The tail is where transaction
+/// `mark + 1` begins: of its verified descriptor and revoke blocks, the
+/// first from which the walk verifies it whole, or where it is torn at the
+/// log's end. With no verified block of any transaction after the mark in
+/// the log, the journal is clean. None when such blocks exist but no walk
+/// starts transaction `mark + 1` (its first block is damaged too).
+pub fn rebuild_superblock(
+    region: &JournalRegion,
+    template: &JournalSuperblock,
+    mark: u32,
+    progress: &mut dyn FnMut(u64),
+) -> Result<Option<JournalSuperblock>> {
+    check_geometry(template, region)?;
+    let bs = template.block_size as usize;
+    let seed = template.csum_seed();
+    let want = mark.wrapping_add(1);
+    let mut candidates = Vec::new();
+    let mut later = false;
+    let mut window = LogWindow::new(bs);
+    let mut block = AlignedBuf::zeroed(bs);
+    for pos in template.first..template.max_len {
+        progress(u64::from(pos - template.first + 1));
+        if window
+            .read(region, pos, template.max_len, &mut block)
+            .is_err()
+        {
+            continue;
+        }
+        let Some(view) = format::decode_log_block(&block, seed) else {
+            continue;
+        };
+        let Ok(record) = &view.record else {
+            continue;
+        };
+        let sequence = view.header.sequence;
+        if is_after(sequence, mark) {
+            later = true;
+        }
+        if sequence == want && !matches!(record, LogRecord::Commit(_)) {
+            candidates.push(pos);
+        }
+    }
+    if !later {
+        let mut sb = template.clone();
+        sb.start = 0;
+        sb.sequence = want;
+        return Ok(Some(sb));
+    }
+    let mut fallback = None;
+    for &pos in &candidates {
+        let mut sb = template.clone();
+        sb.start = pos;
+        sb.sequence = want;
+        let (scan, _) = scan_from(region, &sb, None, progress)?;
+        let whole = scan.txns.first().is_some_and(|t| t.sequence == want);
+        let torn_last = scan.txns.is_empty() && matches!(scan.end, ScanEnd::TornTail { .. });
+        if whole || torn_last {
+            return Ok(Some(sb));
+        }
+        fallback.get_or_insert(sb);
+    }
+    // Damage in transaction `mark + 1` itself: one candidate is where it
+    // began (the walk from there says what is damaged); several cannot be
+    // told apart.
+    Ok(if candidates.len() == 1 {
+        fallback
+    } else {
+        None
+    })
+}
+
 /// The scan of the log that `sb` describes (its `start` and `sequence`),
 /// and the survey of the whole log area that decided how it ended (which
 /// also looks for where transaction `find` begins).
@@ -1094,6 +1169,34 @@ mod tests {
             s.home_damage,
             Some(ScanEnd::CorruptMiddle { sequence: 40, .. })
         ));
+    }
+
+    /// A lost journal superblock rebuilt from the volume's checkpoint mark
+    /// (session 30's operator pass: one flipped padding bit left no open
+    /// and no rescue, and the only way out dropped the intact log).
+    #[test]
+    fn a_journal_superblock_is_rebuilt_from_the_checkpoint_mark() {
+        let (region, sb, data) = four_txns();
+        let mut template = sb.clone();
+        template.start = 0;
+        template.sequence = 0;
+        let rebuilt = |mark| rebuild_superblock(&region, &template, mark, &mut |_| {}).unwrap();
+        for (mark, first) in [(39u32, 0usize), (40, 1), (41, 2), (42, 3)] {
+            let got = rebuilt(mark).expect("a tail");
+            assert_eq!((got.sequence, got.start), (mark + 1, data[first] - 1));
+            let (scan, _) = scan_from(&region, &got, None, &mut |_| {}).unwrap();
+            let want: Vec<u32> = (mark + 1..44).collect();
+            assert_eq!(sequences(&scan), want, "mark {mark}");
+            assert_eq!(scan.end, ScanEnd::End);
+        }
+        // Everything home: a clean journal after the mark.
+        let clean = rebuilt(43).unwrap();
+        assert!(clean.is_clean());
+        assert_eq!(clean.sequence, 44);
+        // The first block of the transaction after the mark damaged, later
+        // ones intact: no tail to trust.
+        damage(&region, data[2] - 1);
+        assert!(rebuilt(41).is_none());
     }
 
     /// Mid-log damage between an older logged copy of a block and a later

@@ -221,7 +221,7 @@ pub fn grow_on(
     dev.flush()?;
     sb.size_bytes = new_size;
     let mut buf = AlignedBuf::zeroed(sb.block_size as usize);
-    sb.encode(&mut buf);
+    sb.encode_block(&mut buf);
     dev.write_at(&buf, 0, IoPriority::Urgent)?;
     dev.flush()?;
     Ok(())

@@ -16,6 +16,9 @@ pub struct Inspection {
     pub path: PathBuf,
     pub device: Arc<dyn BlockDevice>,
     pub superblock: VolumeSuperblock,
+    /// Why the first copy of the volume superblock could not be used, when
+    /// `superblock` is its backup (FORMAT.md, "Backup copy").
+    pub superblock_damage: Option<String>,
     pub journal_path: Option<PathBuf>,
     pub region: JournalRegion,
     /// The jbd2 superblock, or why it could not be read.
@@ -65,8 +68,12 @@ pub fn inspect_volume(
         ..Default::default()
     };
     let device = open_device(path, &dopts)?.device;
-    let superblock =
-        crate::volume::read_volume_superblock(device.as_ref(), &path.display().to_string())?;
+    let (superblock, copy) =
+        crate::volume::read_volume_superblock_copy(device.as_ref(), &path.display().to_string())?;
+    let superblock_damage = match copy {
+        crate::superblock::SuperblockCopy::Primary => None,
+        crate::superblock::SuperblockCopy::Backup(e) => Some(e.to_string()),
+    };
     let bs = superblock.block_size;
     let (jdev, joff, jlen, jpath) = match &superblock.journal {
         JournalLocation::Internal {
@@ -138,6 +145,7 @@ pub fn inspect_volume(
         path: path.to_path_buf(),
         device,
         superblock,
+        superblock_damage,
         journal_path: jpath,
         region,
         journal_superblock,

@@ -37,7 +37,8 @@ pub use options::{
 };
 pub use overlay::CallerBuf;
 pub use reset::{
-    reset_journal, reset_journal_device, reset_journal_with, JournalReset, ResetOptions,
+    rebuild_journal_superblock, reset_journal, reset_journal_device, reset_journal_with,
+    JournalReset, ResetOptions,
 };
 pub use volume::{
     check_replay_plan, default_journal_bytes, describe_scan_end, file_format_would_create,

@@ -465,7 +465,7 @@ fn not_a_journal_to_reset(
         crate::JournalAt::Internal => "the volume's journal area".into(),
         crate::JournalAt::Device => "the journal device".into(),
     };
-    if let Ok(sb) = crate::superblock::VolumeSuperblock::decode(&head[..512]) {
+    if let Ok((sb, _)) = crate::superblock::VolumeSuperblock::decode_block(&head) {
         return Ok(Some(format!(
             "{what} holds a jbdev volume (uuid {}, {} bytes), not a journal: it is never \
              reset, not even with --force. Give this volume's own journal with --journal",
@@ -501,4 +501,103 @@ fn region_is_zero(jdev: &Arc<dyn BlockDevice>, joff: u64, jlen: u64) -> Result<b
         at += n as u64;
     }
     Ok(true)
+}
+
+/// Rebuilds the journal superblock of the volume at `path` (internal
+/// journals) when it is lost: it fails its checksum or has no jbd2 magic,
+/// while the log behind it may be intact (jbd2 keeps no second copy, and
+/// one flipped bit, padding included, made every open refuse the volume:
+/// session 30's operator pass). The geometry, uuid and session stamp come
+/// from the volume superblock; the log's tail from its checkpoint mark
+/// ([`jbdev_journal::recovery::rebuild_superblock`]). Takes the volume's
+/// lock like an open. Returns what it wrote, in words; refuses, changing
+/// nothing, an intact superblock, an external journal, a volume that
+/// records no checkpoint mark (the tail cannot be known), and a log whose
+/// transaction after the mark has no first block to start from.
+pub fn rebuild_journal_superblock(path: &Path) -> Result<String> {
+    use jbdev_journal::format::{FormatError, JournalSuperblock};
+    use jbdev_journal::JournalError;
+    let dopts = jbdev_device::OpenOptions {
+        exclusive: true,
+        ..Default::default()
+    };
+    let dev = open_device(path, &dopts)?.device;
+    let sb = read_volume_superblock(dev.as_ref(), &path.display().to_string())?;
+    let JournalLocation::Internal {
+        offset_bytes,
+        len_bytes,
+    } = sb.journal
+    else {
+        return Err(VolumeError::InvalidArgument(
+            "the journal superblock of an external journal is not rebuilt (only an internal \
+             journal's, whose volume superblock holds all it needs)"
+                .into(),
+        ));
+    };
+    let bs = sb.block_size;
+    let jblocks = (len_bytes / u64::from(bs)) as u32;
+    let region = JournalRegion::new(
+        dev.clone(),
+        Arc::new(FlushCoalescer::new()),
+        offset_bytes,
+        bs,
+        jblocks,
+    )?;
+    let lost = match region.read_superblock() {
+        Ok(_) => {
+            return Err(VolumeError::InvalidArgument(
+                "the journal superblock is intact: nothing to rebuild".into(),
+            ))
+        }
+        Err(JournalError::Superblock(
+            e @ (FormatError::BadChecksum { .. } | FormatError::BadMagic { .. }),
+        )) => e.to_string(),
+        Err(e) => return Err(e.into()),
+    };
+    // Set by a checkpoint (a non-zero sequence) or by a read-write open
+    // (its session stamp beside it; a fresh volume's first open sets 0).
+    // IMPORTANT: the checkpoint writes the mark before the flush that makes
+    // its home writes durable; a crash in between with this superblock
+    // lost too would skip transactions the home lacks (a double fault;
+    // `scan_past_mark` trusts the mark the same way).
+    let mark = sb.checkpoint_sequence;
+    if mark == 0 && sb.checkpoint_mark_session == 0 {
+        return Err(VolumeError::CorruptJournal(format!(
+            "journal superblock: {lost}; the volume records no checkpoint mark, so where its \
+             log begins cannot be known, and it is not rebuilt (`jbdev journal reset --force` \
+             replaces the journal, dropping what only its log holds)"
+        )));
+    }
+    let mut template = JournalSuperblock::new(bs, jblocks, sb.uuid);
+    template.max_transaction = (jblocks / 4).max(3);
+    template.session = sb.journal_session;
+    // The deepest pipeline any writer may have used: a commit block's
+    // overlap is checked against it.
+    template.pipeline_depth = jbdev_journal::recovery::MAX_PIPELINE_DEPTH;
+    let Some(rebuilt) =
+        jbdev_journal::recovery::rebuild_superblock(&region, &template, mark, &mut |_| {})?
+    else {
+        return Err(VolumeError::CorruptJournal(format!(
+            "journal superblock: {lost}; the log holds transactions after the checkpoint mark \
+             ({mark}) but no first block of transaction {} to begin it from, so it is not \
+             rebuilt (`jbdev journal reset --force` replaces the journal, dropping what only \
+             its log holds)",
+            mark.wrapping_add(1)
+        )));
+    };
+    region.write_superblock_full(&rebuilt)?;
+    dev.flush()?;
+    Ok(if rebuilt.is_clean() {
+        format!(
+            "journal superblock rebuilt ({lost}): the log holds nothing after the checkpoint \
+             mark (transaction {mark}); the journal is clean, next transaction {}",
+            rebuilt.sequence
+        )
+    } else {
+        format!(
+            "journal superblock rebuilt ({lost}): the log begins at block {} with transaction {}, \
+             the one after the checkpoint mark",
+            rebuilt.start, rebuilt.sequence
+        )
+    })
 }

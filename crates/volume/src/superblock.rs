@@ -34,6 +34,23 @@ pub const MIN_BLOCK_SIZE: u32 = 512;
 /// See [`MIN_BLOCK_SIZE`].
 pub const MAX_BLOCK_SIZE: u32 = 65536;
 
+/// Where block 0 keeps a second copy of the superblock: its second 512
+/// bytes, when the volume's blocks are at least 1 KiB (since session 30;
+/// older jbdev wrote zeroes there). Session 30's operator pass: one flipped
+/// bit anywhere in the only copy made every command refuse the volume,
+/// with its journal and data intact.
+pub const BACKUP_OFFSET: usize = 512;
+
+/// Which copy of block 0's superblock [`VolumeSuperblock::decode_block`]
+/// read.
+#[derive(Debug)]
+pub enum SuperblockCopy {
+    /// The first, at offset 0.
+    Primary,
+    /// The backup at [`BACKUP_OFFSET`]: the first failed, with this error.
+    Backup(SuperblockError),
+}
+
 /// `journal_kind` values.
 const JOURNAL_KIND_INTERNAL: u32 = 1;
 const JOURNAL_KIND_EXTERNAL: u32 = 2;
@@ -319,6 +336,49 @@ impl VolumeSuperblock {
         put_u32(b, off::CHECKSUM, csum);
     }
 
+    /// Writes block 0 of the volume into `block` (the whole block, which
+    /// must be at least [`Self::ENCODED_LEN`] bytes): the superblock, and
+    /// when the block has room for it the backup copy at
+    /// [`BACKUP_OFFSET`]; zeroes elsewhere. One write of the block puts
+    /// both copies down, and a torn one leaves at least one whole copy
+    /// where the device's sectors are 512 bytes.
+    pub fn encode_block(&self, block: &mut [u8]) {
+        block.fill(0);
+        self.encode(block);
+        if block.len() >= BACKUP_OFFSET + Self::ENCODED_LEN {
+            let (first, rest) = block.split_at_mut(BACKUP_OFFSET);
+            rest[..Self::ENCODED_LEN].copy_from_slice(&first[..Self::ENCODED_LEN]);
+        }
+    }
+
+    /// Reads the superblock from block 0 (`block`: its first bytes, at
+    /// least 512): the first copy, or, if that one is missing or damaged
+    /// (no magic, a bad checksum), the backup at [`BACKUP_OFFSET`] if it
+    /// is there and verifies. The error is the first copy's, unless the
+    /// backup is intact but written by a newer jbdev.
+    pub fn decode_block(block: &[u8]) -> Result<(Self, SuperblockCopy), SuperblockError> {
+        let first = match Self::decode(block) {
+            Ok(sb) => return Ok((sb, SuperblockCopy::Primary)),
+            Err(e @ (SuperblockError::NotAVolume | SuperblockError::BadChecksum { .. })) => e,
+            Err(e) => return Err(e),
+        };
+        let Some(backup) = block.get(BACKUP_OFFSET..BACKUP_OFFSET + Self::ENCODED_LEN) else {
+            return Err(first);
+        };
+        match Self::decode(backup) {
+            // Only a volume whose block 0 holds the backup has one (with
+            // 512-byte blocks, these bytes are block 1's).
+            Ok(sb) if sb.block_size as usize >= BACKUP_OFFSET + Self::ENCODED_LEN => {
+                Ok((sb, SuperblockCopy::Backup(first)))
+            }
+            Err(
+                e @ (SuperblockError::UnsupportedVersion(_)
+                | SuperblockError::UnsupportedFeatures(_)),
+            ) => Err(e),
+            _ => Err(first),
+        }
+    }
+
     /// Reads and validates a superblock from the start of `buf`.
     pub fn decode(buf: &[u8]) -> Result<Self, SuperblockError> {
         if buf.get(..VOLUME_MAGIC.len()) != Some(&VOLUME_MAGIC[..]) {
@@ -494,6 +554,76 @@ mod tests {
             data_offset_bytes: 4096,
             ..internal(4096)
         }
+    }
+
+    /// Block 0 holds the superblock twice; either copy alone is enough,
+    /// and damage to both is the first copy's error. Session 30's
+    /// operator pass: one flipped bit in the reserved bytes of the only
+    /// copy made every command refuse the volume.
+    #[test]
+    fn block_0_decodes_from_either_copy() {
+        let sb = external();
+        let mut block = vec![0xee; 4096];
+        sb.encode_block(&mut block);
+        assert!(block[1024..].iter().all(|&b| b == 0));
+        assert_eq!(block[..512], block[512..1024]);
+        let (back, copy) = VolumeSuperblock::decode_block(&block).unwrap();
+        assert_eq!(back, sb);
+        assert!(matches!(copy, SuperblockCopy::Primary));
+
+        // The first copy flipped in its reserved bytes, or its sector lost.
+        for damage in [400usize, 0, 508] {
+            let mut b = block.clone();
+            if damage == 0 {
+                b[..512].fill(0);
+            } else {
+                b[damage] ^= 0x10;
+            }
+            let (back, copy) = VolumeSuperblock::decode_block(&b).unwrap();
+            assert_eq!(back, sb, "damage at {damage}");
+            assert!(matches!(copy, SuperblockCopy::Backup(_)), "{copy:?}");
+        }
+        // The backup alone damaged: the first copy, as ever.
+        let mut b = block.clone();
+        b[600] ^= 1;
+        assert!(matches!(
+            VolumeSuperblock::decode_block(&b).unwrap().1,
+            SuperblockCopy::Primary
+        ));
+        // Both: the first copy's error.
+        b[400] ^= 1;
+        assert!(matches!(
+            VolumeSuperblock::decode_block(&b),
+            Err(SuperblockError::BadChecksum { .. })
+        ));
+        // Only 512 bytes read: no backup to fall back on.
+        let mut b = block.clone();
+        b[400] ^= 1;
+        assert!(VolumeSuperblock::decode_block(&b[..512]).is_err());
+        // A version this jbdev does not read in an intact backup is said
+        // as such, not as damage.
+        let mut b = block.clone();
+        b[..512].fill(0);
+        put_u32(&mut b[512..1024], off::VERSION, VOLUME_VERSION + 1);
+        let csum = VolumeSuperblock::checksum_of(&b[512..1024]);
+        put_u32(&mut b[512..1024], off::CHECKSUM, csum);
+        assert!(matches!(
+            VolumeSuperblock::decode_block(&b),
+            Err(SuperblockError::UnsupportedVersion(_))
+        ));
+        // 512-byte blocks have no room for a backup in block 0: bytes
+        // 512.. are block 1's, never read as a superblock.
+        let small = VolumeSuperblock {
+            block_size: 512,
+            data_offset_bytes: 512,
+            ..external()
+        };
+        let mut b = vec![0u8; 512];
+        small.encode_block(&mut b);
+        let mut two = b.clone();
+        two.extend_from_slice(&b);
+        two[400] ^= 1;
+        assert!(VolumeSuperblock::decode_block(&two).is_err());
     }
 
     fn encoded(sb: &VolumeSuperblock) -> Vec<u8> {

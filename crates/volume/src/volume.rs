@@ -17,7 +17,7 @@ use smallvec::SmallVec;
 use crate::bufpool::SharedBuf;
 use crate::engine::{AbortCause, Completion, DirectSync, Durability, Engine, Op, Zeroing};
 use crate::overlay::{BlockRef, CallerBuf, DirectData, Overlay, Source, Version};
-use crate::superblock::{JournalLocation, VolumeSuperblock};
+use crate::superblock::{JournalLocation, SuperblockCopy, VolumeSuperblock, BACKUP_OFFSET};
 use crate::{FormatOptions, JournalPlacement, OpenOptions, Result, VolumeError};
 
 mod external;
@@ -409,19 +409,45 @@ fn now_unix_secs() -> u64 {
         .unwrap_or(0)
 }
 
+/// The volume superblock of `dev`, from its first copy or, when that one
+/// is damaged, from its backup (said in the log; the next read-write open
+/// rewrites both).
 pub(crate) fn read_volume_superblock(
     dev: &dyn BlockDevice,
     what: &str,
 ) -> Result<VolumeSuperblock> {
-    let n = (dev.logical_block_size() as usize).max(VolumeSuperblock::ENCODED_LEN);
-    if dev.size_bytes() < n as u64 {
+    let (sb, copy) = read_volume_superblock_copy(dev, what)?;
+    if let SuperblockCopy::Backup(e) = copy {
+        tracing::warn!(
+            "{what}: the volume superblock is damaged ({e}); using its backup copy (bytes \
+             {BACKUP_OFFSET}..{} of block 0). A read-write open rewrites both",
+            BACKUP_OFFSET + VolumeSuperblock::ENCODED_LEN
+        );
+    }
+    Ok(sb)
+}
+
+/// [`read_volume_superblock`], saying which copy it read and not warning.
+pub(crate) fn read_volume_superblock_copy(
+    dev: &dyn BlockDevice,
+    what: &str,
+) -> Result<(VolumeSuperblock, SuperblockCopy)> {
+    let lbs = (dev.logical_block_size() as usize).max(VolumeSuperblock::ENCODED_LEN);
+    if dev.size_bytes() < lbs as u64 {
         return Err(VolumeError::NotAVolume(format!(
             "{what} is too small to be a jbdev volume"
         )));
     }
+    // Both copies when the device holds them.
+    let both = (BACKUP_OFFSET + VolumeSuperblock::ENCODED_LEN).div_ceil(lbs) * lbs;
+    let n = if dev.size_bytes() >= both as u64 {
+        both.max(lbs)
+    } else {
+        lbs
+    };
     let mut buf = AlignedBuf::zeroed(n);
     dev.read_at(&mut buf, 0)?;
-    let sb = VolumeSuperblock::decode(&buf).map_err(|e| bad_sb(e, what))?;
+    let (sb, copy) = VolumeSuperblock::decode_block(&buf).map_err(|e| bad_sb(e, what))?;
     // Not corruption: the volume is fine, this device cannot address its
     // blocks (a 1 KiB-block volume on a 4 KiB-sector device, say).
     if sb.block_size < dev.logical_block_size() {
@@ -447,7 +473,7 @@ pub(crate) fn read_volume_superblock(
             dev.logical_block_size()
         )));
     }
-    Ok(sb)
+    Ok((sb, copy))
 }
 
 /// Fills any holes of the journal's blocks (a read-write open). Format
@@ -499,12 +525,12 @@ fn start_engine_threads(engine: &Arc<Engine>, threads: &mut Vec<JoinHandle<()>>)
     Ok(())
 }
 
-/// Writes the volume superblock into block 0 (zero-padded to a whole
-/// block: nothing else lives in block 0) and flushes it. The 512 bytes it
-/// uses are one sector, written atomically.
+/// Writes block 0 (the volume superblock and its backup copy, zero-padded
+/// to a whole block: nothing else lives in block 0) and flushes it. Each
+/// copy is one 512-byte sector, written atomically.
 pub(crate) fn write_volume_superblock(dev: &dyn BlockDevice, vsb: &VolumeSuperblock) -> Result<()> {
     let mut buf = AlignedBuf::zeroed(vsb.block_size as usize);
-    vsb.encode(&mut buf);
+    vsb.encode_block(&mut buf);
     dev.write_at(&buf, 0, IoPriority::Urgent)?;
     dev.flush()?;
     Ok(())

@@ -279,7 +279,7 @@ impl Engine {
             };
             sb.checkpoint_sequence = sequence;
             let mut buf = AlignedBuf::zeroed(sb.block_size as usize);
-            sb.encode(&mut buf);
+            sb.encode_block(&mut buf);
             buf
         };
         // Written by the checkpoint thread alone, so no two marks race.
