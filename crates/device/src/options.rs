@@ -45,6 +45,9 @@ pub struct OpenOptions {
     /// writes: the kernel invalidates cached pages over a direct write's range
     /// when it completes, and the volume never reads a block from home while
     /// a write of it is in flight (the overlay serves it until then).
+    /// Ignored (reads stay direct) on a file system not known to keep its
+    /// page cache coherent with direct writes: only block devices and
+    /// files on ext4, XFS, btrfs and tmpfs get it (FUSE does not).
     pub read_cache: bool,
     /// RBD targets: break the current holder's exclusive lock before taking
     /// it (an operator's explicit decision that the holder is dead; librbd
