@@ -327,10 +327,11 @@ pub fn scan_past_mark(
 /// `mark`, the volume's checkpoint mark (every transaction up to it is
 /// home: FORMAT.md `checkpoint_sequence`). The tail is where transaction
 /// `mark + 1` begins: of its verified descriptor and revoke blocks, the
-/// first from which the walk verifies it whole, or where it is torn at the
-/// log's end. With no verified block of any transaction after the mark in
-/// the log, the journal is clean. None when such blocks exist but no walk
-/// starts transaction `mark + 1` (its first block is damaged too).
+/// one from which the walk verifies it whole; if none does (it is torn or
+/// damaged), the one right after transaction `mark`'s commit block, or one
+/// that no other one's blocks lead to. With no verified block of any
+/// transaction after the mark in the log, the journal is clean. None when
+/// such blocks exist but none of transaction `mark + 1`.
 pub fn rebuild_superblock(
     region: &JournalRegion,
     template: &JournalSuperblock,
@@ -343,6 +344,9 @@ pub fn rebuild_superblock(
     let want = mark.wrapping_add(1);
     let mut candidates = Vec::new();
     let mut later = false;
+    // Where transaction `mark` ends, if its commit block is in the log:
+    // the next transaction's first block follows it.
+    let mut mark_commit = None;
     let mut window = LogWindow::new(bs);
     let mut block = AlignedBuf::zeroed(bs);
     for pos in template.first..template.max_len {
@@ -363,8 +367,17 @@ pub fn rebuild_superblock(
         if is_after(sequence, mark) {
             later = true;
         }
-        if sequence == want && !matches!(record, LogRecord::Commit(_)) {
-            candidates.push(pos);
+        if sequence == want {
+            // With the blocks it covers: the transaction's next header
+            // block follows them.
+            match record {
+                LogRecord::Descriptor(d) => candidates.push((pos, 1 + d.tags.len())),
+                LogRecord::Revoke(_) => candidates.push((pos, 1)),
+                LogRecord::Commit(_) => {}
+            }
+        }
+        if sequence == mark && matches!(record, LogRecord::Commit(_)) {
+            mark_commit = Some(pos);
         }
     }
     if !later {
@@ -373,27 +386,43 @@ pub fn rebuild_superblock(
         sb.sequence = want;
         return Ok(Some(sb));
     }
-    let mut fallback = None;
-    for &pos in &candidates {
+    let at = |pos: u32| {
         let mut sb = template.clone();
         sb.start = pos;
         sb.sequence = want;
-        let (scan, _) = scan_from(region, &sb, None, progress)?;
-        let whole = scan.txns.first().is_some_and(|t| t.sequence == want);
-        let torn_last = scan.txns.is_empty() && matches!(scan.end, ScanEnd::TornTail { .. });
-        if whole || torn_last {
-            return Ok(Some(sb));
+        sb
+    };
+    // A walk that verifies the transaction whole starts at its first block
+    // (from a later descriptor of the same transaction the data digest
+    // fails).
+    for &(pos, _) in &candidates {
+        let (scan, _) = scan_from(region, &at(pos), None, progress)?;
+        if scan.txns.first().is_some_and(|t| t.sequence == want) {
+            return Ok(Some(at(pos)));
         }
-        fallback.get_or_insert(sb);
     }
-    // Damage in transaction `mark + 1` itself: one candidate is where it
-    // began (the walk from there says what is damaged); several cannot be
-    // told apart.
-    Ok(if candidates.len() == 1 {
-        fallback
-    } else {
-        None
-    })
+    // Torn or damaged: it begins right after transaction `mark`'s commit
+    // block when that is in the log; else at a header block that no other
+    // one's blocks lead to (a later descriptor follows the data blocks of
+    // the one before it). Session 30's verify pass: a transaction of
+    // several descriptor blocks was refused as having no first block.
+    let next = |pos: u32, n: usize| writer::advance(pos, n, template.first, template.max_len);
+    if let Some(c) = mark_commit {
+        let after = next(c, 1);
+        if candidates.iter().any(|&(p, _)| p == after) {
+            return Ok(Some(at(after)));
+        }
+    }
+    // Where the walk starts then changes only what its message says: from
+    // any of them it ends at transaction `mark + 1`, which the rescue
+    // discards with everything after it.
+    let reached: std::collections::HashSet<u32> =
+        candidates.iter().map(|&(p, n)| next(p, n)).collect();
+    let start = candidates
+        .iter()
+        .find(|(p, _)| !reached.contains(p))
+        .or(candidates.first());
+    Ok(start.map(|&(p, _)| at(p)))
 }
 
 /// The scan of the log that `sb` describes (its `start` and `sequence`),
@@ -1197,6 +1226,46 @@ mod tests {
         // ones intact: no tail to trust.
         damage(&region, data[2] - 1);
         assert!(rebuilt(41).is_none());
+    }
+
+    /// The transaction after the mark damaged, with two header blocks (a
+    /// descriptor and a revoke block): neither walk verifies it, and it
+    /// begins right after the mark's commit block (session 30's verify
+    /// pass: refused as having no first block).
+    #[test]
+    fn a_damaged_transaction_after_the_mark_begins_after_the_mark_s_commit() {
+        let (region, sb) = journal();
+        let mut t = sb.clone();
+        write_txn(&region, &t, &vec![1; BS]); // 40
+        t.start += 3;
+        t.sequence += 1;
+        let data = vec![2u8; BS];
+        let log =
+            writer::build_transaction(&t, t.sequence, 0, &[(9, &data)], &[12], SystemTime::now());
+        let n = log.len() as u32;
+        writer::write_log_blocks(
+            &region,
+            t.first,
+            t.start,
+            &log,
+            &|| IoPriority::Urgent,
+            false,
+        )
+        .unwrap();
+        let second = t.start;
+        t.start += n;
+        t.sequence += 1;
+        write_txn(&region, &t, &vec![3; BS]); // 42
+        let mut template = sb.clone();
+        template.start = 0;
+        template.sequence = 0;
+        let intact = rebuild_superblock(&region, &template, 40, &mut |_| {})
+            .unwrap()
+            .unwrap();
+        assert_eq!(intact.start, second);
+        damage(&region, second + 1); // 41's data block
+        let got = rebuild_superblock(&region, &template, 40, &mut |_| {}).unwrap();
+        assert_eq!(got.map(|g| (g.start, g.sequence)), Some((second, 41)));
     }
 
     /// Mid-log damage between an older logged copy of a block and a later

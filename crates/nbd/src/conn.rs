@@ -95,6 +95,8 @@ const MAX_STATUS_DESCRIPTORS: usize = 1024;
 /// callbacks.
 pub struct InflightGate {
     state: Mutex<(u32, u64)>,
+    /// When the last request in flight finished (or the gate was made).
+    quiet_since: Mutex<tokio::time::Instant>,
     notify: Notify,
     max_requests: u32,
     max_bytes: u64,
@@ -104,6 +106,7 @@ impl InflightGate {
     pub fn new(max_requests: u32, max_bytes: u64) -> Self {
         Self {
             state: Mutex::new((0, 0)),
+            quiet_since: Mutex::new(tokio::time::Instant::now()),
             notify: Notify::new(),
             max_requests: max_requests.max(1),
             max_bytes,
@@ -134,27 +137,38 @@ impl InflightGate {
         let mut st = self.state.lock();
         st.0 -= requests;
         st.1 -= bytes;
+        if st.0 == 0 {
+            *self.quiet_since.lock() = tokio::time::Instant::now();
+        }
         drop(st);
         self.notify.notify_waiters();
     }
 
-    /// Requests in flight now.
-    fn requests(&self) -> u32 {
-        self.state.lock().0
-    }
-
-    /// Returns once `idle` has passed with nothing in flight at its end,
-    /// checked every `idle` (a request that takes longer keeps its
-    /// connection); never with `idle` None.
+    /// Returns once nothing has been in flight for `idle`, counted from
+    /// the call or from when the last request finished, whichever is later
+    /// (a request that takes longer keeps its connection, and its client
+    /// gets the whole `idle` after its reply: session 30's verify pass had
+    /// a connection closed a second after a 3 s request's reply); never
+    /// with `idle` None.
     async fn idle_for(&self, idle: Option<Duration>) {
         let Some(idle) = idle else {
             return std::future::pending().await;
         };
+        let start = tokio::time::Instant::now();
         loop {
-            tokio::time::sleep(idle).await;
-            if self.requests() == 0 {
-                return;
-            }
+            let wait = {
+                let st = self.state.lock();
+                if st.0 > 0 {
+                    idle
+                } else {
+                    let quiet = start.max(*self.quiet_since.lock());
+                    match idle.checked_sub(quiet.elapsed()) {
+                        Some(left) if !left.is_zero() => left,
+                        _ => return,
+                    }
+                }
+            };
+            tokio::time::sleep(wait).await;
         }
     }
 
@@ -1278,6 +1292,37 @@ impl Reader<'_> {
             }),
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod idle_tests {
+    use super::*;
+
+    /// `idle_for` counts from when the last request finished: a request
+    /// longer than the idle time keeps the connection, and its client then
+    /// gets the whole idle time again (session 30's verify pass: closed a
+    /// second after a 3 s request's reply with a 2 s timeout). Paused clock.
+    #[tokio::test(start_paused = true)]
+    async fn the_idle_time_starts_when_the_last_request_ends() {
+        let gate = Arc::new(InflightGate::new(4, 1 << 20));
+        let idle = Some(Duration::from_secs(2));
+        gate.acquire(1).await;
+        let g = gate.clone();
+        let waiter = tokio::spawn(async move { g.idle_for(idle).await });
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        assert!(!waiter.is_finished(), "closed with a request in flight");
+        gate.release(1, 1);
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        assert!(!waiter.is_finished(), "closed 1.5 s after the reply");
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert!(waiter.is_finished(), "not closed 2.5 s after the reply");
+        // None: never.
+        let g = gate.clone();
+        let never = tokio::spawn(async move { g.idle_for(None).await });
+        tokio::time::sleep(Duration::from_secs(3600)).await;
+        assert!(!never.is_finished());
+        never.abort();
     }
 }
 

@@ -579,7 +579,7 @@ pub fn rebuild_journal_superblock(path: &Path) -> Result<String> {
     else {
         return Err(VolumeError::CorruptJournal(format!(
             "journal superblock: {lost}; the log holds transactions after the checkpoint mark \
-             ({mark}) but no first block of transaction {} to begin it from, so it is not \
+             ({mark}) but no descriptor or revoke block of transaction {} to begin it from, so it is not \
              rebuilt (`jbdev journal reset --force` replaces the journal, dropping what only \
              its log holds)",
             mark.wrapping_add(1)

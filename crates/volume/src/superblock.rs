@@ -352,10 +352,16 @@ impl VolumeSuperblock {
     }
 
     /// Reads the superblock from block 0 (`block`: its first bytes, at
-    /// least 512): the first copy, or, if that one is missing or damaged
-    /// (no magic, a bad checksum), the backup at [`BACKUP_OFFSET`] if it
-    /// is there and verifies. The error is the first copy's, unless the
-    /// backup is intact but written by a newer jbdev.
+    /// least 512): the first copy, or, if that one is damaged, the backup
+    /// at [`BACKUP_OFFSET`] if it is there and verifies. Damaged means a
+    /// bad checksum, or no magic where the rest of the sector is zero (a
+    /// lost sector) or is the backup's (a damaged magic); a first sector
+    /// holding something else — a partition table or another file
+    /// system's superblock written over an old volume — is what it says,
+    /// and the volume is gone (session 30's verify pass: the fallback took
+    /// such a volume, and its first write went over the partition table).
+    /// The error is the first copy's, unless the backup is intact but
+    /// written by a newer jbdev.
     pub fn decode_block(block: &[u8]) -> Result<(Self, SuperblockCopy), SuperblockError> {
         let first = match Self::decode(block) {
             Ok(sb) => return Ok((sb, SuperblockCopy::Primary)),
@@ -365,6 +371,13 @@ impl VolumeSuperblock {
         let Some(backup) = block.get(BACKUP_OFFSET..BACKUP_OFFSET + Self::ENCODED_LEN) else {
             return Err(first);
         };
+        if matches!(first, SuperblockError::NotAVolume) {
+            let rest = &block[VOLUME_MAGIC.len()..Self::ENCODED_LEN];
+            let lost = block[..Self::ENCODED_LEN].iter().all(|&b| b == 0);
+            if !lost && rest != &backup[VOLUME_MAGIC.len()..] {
+                return Err(first);
+            }
+        }
         match Self::decode(backup) {
             // Only a volume whose block 0 holds the backup has one (with
             // 512-byte blocks, these bytes are block 1's).
@@ -571,8 +584,9 @@ mod tests {
         assert_eq!(back, sb);
         assert!(matches!(copy, SuperblockCopy::Primary));
 
-        // The first copy flipped in its reserved bytes, or its sector lost.
-        for damage in [400usize, 0, 508] {
+        // The first copy flipped in its reserved bytes or its magic, or
+        // its sector lost.
+        for damage in [400usize, 0, 508, 3] {
             let mut b = block.clone();
             if damage == 0 {
                 b[..512].fill(0);
@@ -583,6 +597,18 @@ mod tests {
             assert_eq!(back, sb, "damage at {damage}");
             assert!(matches!(copy, SuperblockCopy::Backup(_)), "{copy:?}");
         }
+        // Something else written over the first sector (a DOS partition
+        // table over an old volume): not a volume, whatever the backup.
+        let mut b = block.clone();
+        b[..512].fill(0);
+        b[446] = 0x80;
+        b[450] = 0x83;
+        b[510] = 0x55;
+        b[511] = 0xaa;
+        assert!(matches!(
+            VolumeSuperblock::decode_block(&b),
+            Err(SuperblockError::NotAVolume)
+        ));
         // The backup alone damaged: the first copy, as ever.
         let mut b = block.clone();
         b[600] ^= 1;
