@@ -2189,6 +2189,25 @@ fn rbd_grow_resizes_the_image_or_takes_all_of_it() {
     assert!(o.status.success(), "{}", text(&o));
 }
 
+/// `check` of `image` passes, and each 4 KiB block written as `(offset,
+/// byte)` reads back as `want(byte)` after an open.
+fn assert_checked_reads(image: &Path, writes: &[(u64, u8)], want: impl Fn(u8) -> u8) {
+    let o = jbdev(&["check", image.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", text(&o));
+    let v = jbdev_volume::Volume::open(image, &Default::default()).unwrap();
+    for &(off, byte) in writes {
+        let mut b = vec![0u8; 4096];
+        v.read_at(&mut b, off).unwrap();
+        let want = want(byte);
+        assert!(
+            b.iter().all(|&x| x == want),
+            "offset {off}: want {want}, got {}",
+            b[0]
+        );
+    }
+    v.close().unwrap();
+}
+
 /// `jbdev journal rescue` (session 27): refuses a log that is not damaged
 /// in the middle, changing nothing; for one that is, keeps the transactions
 /// before the damage, discards the rest, and the volume opens read-write
@@ -2223,20 +2242,7 @@ fn journal_rescue_keeps_what_precedes_mid_log_damage() {
         "{}",
         text(&o)
     );
-    let o = jbdev(&["check", c]);
-    assert!(o.status.success(), "{}", text(&o));
-    let v = jbdev_volume::Volume::open(&copy, &Default::default()).unwrap();
-    for &(off, byte) in &writes {
-        let mut b = vec![0u8; 4096];
-        v.read_at(&mut b, off).unwrap();
-        let want = if byte <= 2 { byte } else { 0 };
-        assert!(
-            b.iter().all(|&x| x == want),
-            "offset {off}: want {want}, got {}",
-            b[0]
-        );
-    }
-    v.close().unwrap();
+    assert_checked_reads(&copy, &writes, |byte| if byte <= 2 { byte } else { 0 });
     // Once rescued there is nothing left to rescue.
     assert_eq!(jbdev(&["journal", "rescue", c]).status.code(), Some(1));
 }
@@ -2265,15 +2271,7 @@ fn journal_rescue_rebuilds_a_lost_journal_superblock() {
         "{}",
         text(&o)
     );
-    let o = jbdev(&["check", c]);
-    assert!(o.status.success(), "{}", text(&o));
-    let v = jbdev_volume::Volume::open(&copy, &Default::default()).unwrap();
-    for &(off, byte) in &writes {
-        let mut b = vec![0u8; 4096];
-        v.read_at(&mut b, off).unwrap();
-        assert!(b.iter().all(|&x| x == byte), "offset {off}: got {}", b[0]);
-    }
-    v.close().unwrap();
+    assert_checked_reads(&copy, &writes, |byte| byte);
     // An intact superblock is not rebuilt.
     let e = jbdev_volume::rebuild_journal_superblock(&copy).unwrap_err();
     assert!(e.to_string().contains("intact"), "{e}");

@@ -1032,6 +1032,27 @@ mod tests {
         (region, sb)
     }
 
+    /// Writes transaction `sb.sequence` at `sb.start` with `data` (home
+    /// block, bytes) and `revokes`; returns how many log blocks it took.
+    fn write_txn_with(
+        region: &JournalRegion,
+        sb: &JournalSuperblock,
+        data: &[(u64, &[u8])],
+        revokes: &[u64],
+    ) -> u32 {
+        let log = writer::build_transaction(sb, sb.sequence, 0, data, revokes, SystemTime::now());
+        writer::write_log_blocks(
+            region,
+            sb.first,
+            sb.start,
+            &log,
+            &|| IoPriority::Urgent,
+            false,
+        )
+        .unwrap();
+        log.len() as u32
+    }
+
     /// Writes transaction `sb.sequence` with one data block for home block
     /// 9 at `sb.start`; returns the position of the data block.
     fn write_txn(region: &JournalRegion, sb: &JournalSuperblock, data: &[u8]) -> u32 {
@@ -1239,19 +1260,7 @@ mod tests {
         write_txn(&region, &t, &vec![1; BS]); // 40
         t.start += 3;
         t.sequence += 1;
-        let data = vec![2u8; BS];
-        let log =
-            writer::build_transaction(&t, t.sequence, 0, &[(9, &data)], &[12], SystemTime::now());
-        let n = log.len() as u32;
-        writer::write_log_blocks(
-            &region,
-            t.first,
-            t.start,
-            &log,
-            &|| IoPriority::Urgent,
-            false,
-        )
-        .unwrap();
+        let n = write_txn_with(&region, &t, &[(9, &vec![2u8; BS])], &[12]);
         let second = t.start;
         t.start += n;
         t.sequence += 1;
@@ -1285,16 +1294,7 @@ mod tests {
         let damaged = write_txn(&region, &t, &vec![2; BS]); // 41
         t.start += 3;
         t.sequence += 1;
-        let log = writer::build_transaction(&t, t.sequence, 0, &[], &[9, 12], SystemTime::now());
-        writer::write_log_blocks(
-            &region,
-            t.first,
-            t.start,
-            &log,
-            &|| IoPriority::Urgent,
-            false,
-        )
-        .unwrap();
+        write_txn_with(&region, &t, &[], &[9, 12]);
         let intact = scan(&region, &mut |_| {}).unwrap();
         assert_eq!(sequences(&intact), vec![40, 41, 42]);
         assert!(intact.late_revokes.is_empty());
