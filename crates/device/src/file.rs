@@ -308,8 +308,7 @@ fn finish_open(f: &mut DeviceFile, opts: &OpenOptions, what: &str) -> Result<()>
             "{what}: reads bypass the page cache (its file system is not known to keep the \
              cache coherent with direct writes)"
         );
-    }
-    if opts.read_cache && f.direct && f.ring_dsync_honoured {
+    } else if opts.read_cache && f.direct {
         f.cached = Some(
             FsOpenOptions::new()
                 .read(true)
@@ -520,8 +519,9 @@ fn zero(f: &DeviceFile, offset: u64, len: u64, mode: libc::c_int) -> Result<()> 
 
 /// Whether the file system holding `file` makes an io_uring write with
 /// `RWF_DSYNC` durable before it completes, and keeps its page cache
-/// coherent with direct writes (the read cache is used only there). FUSE does not: an asynchronous
-/// O_DIRECT write there completes without the flush the flag asks for
+/// coherent with direct writes (the read cache is used only there). FUSE
+/// does neither: an asynchronous O_DIRECT write there completes without
+/// the flush the flag asks for
 /// (session 29's C ABI pass: fio with `sync=dsync` lost half its
 /// acknowledged writes on an nbdfuse store with io_uring, none with psync;
 /// jbdev lost acknowledged FUA writes and its journal looked damaged in

@@ -339,29 +339,18 @@ pub fn rebuild_superblock(
     progress: &mut dyn FnMut(u64),
 ) -> Result<Option<JournalSuperblock>> {
     check_geometry(template, region)?;
-    let bs = template.block_size as usize;
-    let seed = template.csum_seed();
     let want = mark.wrapping_add(1);
     let mut candidates = Vec::new();
     let mut later = false;
     // Where transaction `mark` ends, if its commit block is in the log:
     // the next transaction's first block follows it.
     let mut mark_commit = None;
-    let mut window = LogWindow::new(bs);
-    let mut block = AlignedBuf::zeroed(bs);
-    for pos in template.first..template.max_len {
-        progress(u64::from(pos - template.first + 1));
-        if window
-            .read(region, pos, template.max_len, &mut block)
-            .is_err()
-        {
-            continue;
-        }
-        let Some(view) = format::decode_log_block(&block, seed) else {
-            continue;
+    for_each_log_block(region, template, progress, |pos, block| {
+        let Ok(Some(view)) = block else {
+            return;
         };
         let Ok(record) = &view.record else {
-            continue;
+            return;
         };
         let sequence = view.header.sequence;
         if is_after(sequence, mark) {
@@ -379,7 +368,7 @@ pub fn rebuild_superblock(
         if sequence == mark && matches!(record, LogRecord::Commit(_)) {
             mark_commit = Some(pos);
         }
-    }
+    })?;
     if !later {
         let mut sb = template.clone();
         sb.start = 0;
@@ -451,11 +440,11 @@ fn scan_from(
     // The whole log area, once: later transactions, the highest sequence
     // present, unreadable blocks.
     let walked = out.blocks_read;
-    let survey = survey_log(region, sb, sequence, find, &mut |n| progress(walked + n))?;
+    let mut survey = survey_log(region, sb, sequence, find, &mut |n| progress(walked + n))?;
     out.blocks_read += u64::from(sb.max_len - sb.first);
     out.end = decide(failure, &survey, sequence);
     if matches!(out.end, ScanEnd::CorruptMiddle { .. }) {
-        out.late_revokes = survey.late_revokes.clone();
+        out.late_revokes = std::mem::take(&mut survey.late_revokes);
     }
     // IMPORTANT: the next transaction written must carry a sequence that
     // exists nowhere in the log area, or a stale block of an old lap could
@@ -761,31 +750,25 @@ fn survey_log(
     find: Option<u32>,
     progress: &mut dyn FnMut(u64),
 ) -> Result<Survey> {
-    let bs = sb.block_size as usize;
-    let seed = sb.csum_seed();
     let usable = sb.max_len - sb.first;
     let mut out = Survey::default();
     // Sequences before the superblock's lap are stale; only those in the
     // half of the sequence space from `s_sequence - 1` onwards count.
     let floor = sb.sequence.wrapping_sub(1);
-    // Windows of the walk's size; a failed window is read block by block,
-    // which finds the unreadable ones.
-    let mut window = LogWindow::new(bs);
-    let mut block = AlignedBuf::zeroed(bs);
-    for pos in sb.first..sb.max_len {
-        progress(u64::from(pos - sb.first + 1));
-        if let Err(e) = window.read(region, pos, sb.max_len, &mut block) {
-            if out.unreadable.is_none() {
-                out.unreadable = Some((pos, e.to_string()));
+    for_each_log_block(region, sb, progress, |pos, block| {
+        let view = match block {
+            Err(e) => {
+                if out.unreadable.is_none() {
+                    out.unreadable = Some((pos, e.to_string()));
+                }
+                return;
             }
-            continue;
-        }
-        let Some(view) = format::decode_log_block(&block, seed) else {
-            continue;
+            Ok(None) => return,
+            Ok(Some(view)) => view,
         };
         let h = view.header;
         if !is_after(h.sequence, floor) {
-            continue;
+            return;
         }
         if find == Some(h.sequence) {
             let distance = (pos + usable - sb.start) % usable;
@@ -808,7 +791,7 @@ fn survey_log(
         }
         let record = match &view.record {
             Ok(r) => r,
-            Err(_) => continue,
+            Err(_) => return,
         };
         if let LogRecord::Revoke(r) = record {
             if not_before(h.sequence, failed_sequence) {
@@ -839,8 +822,33 @@ fn survey_log(
         if out.later_at.is_none() && is_after(h.sequence, failed_sequence) && proves {
             out.later_at = Some((pos, h.sequence));
         }
-    }
+    })?;
     Ok(out)
+}
+
+/// One pass over the whole log area of `sb`, in position order, for the
+/// survey and the superblock rebuild: `f(pos, block)` gets each block's
+/// header and record (`None`: no jbd2 header), or its read error. Windows
+/// of the walk's size; a failed window is read block by block, which finds
+/// the unreadable ones. `progress` is told the blocks read so far.
+fn for_each_log_block(
+    region: &JournalRegion,
+    sb: &JournalSuperblock,
+    progress: &mut dyn FnMut(u64),
+    mut f: impl FnMut(u32, std::result::Result<Option<format::LogBlockView>, JournalError>),
+) -> Result<()> {
+    let bs = sb.block_size as usize;
+    let seed = sb.csum_seed();
+    let mut window = LogWindow::new(bs);
+    let mut block = AlignedBuf::zeroed(bs);
+    for pos in sb.first..sb.max_len {
+        progress(u64::from(pos - sb.first + 1));
+        match window.read(region, pos, sb.max_len, &mut block) {
+            Ok(()) => f(pos, Ok(format::decode_log_block(&block, seed))),
+            Err(e) => f(pos, Err(e)),
+        }
+    }
+    Ok(())
 }
 
 /// The decision table (see the module documentation).
@@ -1040,7 +1048,19 @@ mod tests {
         data: &[(u64, &[u8])],
         revokes: &[u64],
     ) -> u32 {
-        let log = writer::build_transaction(sb, sb.sequence, 0, data, revokes, SystemTime::now());
+        write_log_of(region, sb, 0, data, revokes)
+    }
+
+    /// [`write_txn_with`] with a commit block that claims `overlap`.
+    fn write_log_of(
+        region: &JournalRegion,
+        sb: &JournalSuperblock,
+        overlap: u32,
+        data: &[(u64, &[u8])],
+        revokes: &[u64],
+    ) -> u32 {
+        let log =
+            writer::build_transaction(sb, sb.sequence, overlap, data, revokes, SystemTime::now());
         writer::write_log_blocks(
             region,
             sb.first,
@@ -1066,23 +1086,7 @@ mod tests {
         data: &[u8],
         overlap: u32,
     ) -> u32 {
-        let log = writer::build_transaction(
-            sb,
-            sb.sequence,
-            overlap,
-            &[(9, data)],
-            &[],
-            SystemTime::now(),
-        );
-        writer::write_log_blocks(
-            region,
-            sb.first,
-            sb.start,
-            &log,
-            &|| IoPriority::Urgent,
-            false,
-        )
-        .unwrap();
+        write_log_of(region, sb, overlap, &[(9, data)], &[]);
         sb.start + 1
     }
 

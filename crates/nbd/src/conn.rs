@@ -94,9 +94,9 @@ const MAX_STATUS_DESCRIPTORS: usize = 1024;
 /// thread); replies release from the writing task, workers or completion
 /// callbacks.
 pub struct InflightGate {
-    state: Mutex<(u32, u64)>,
-    /// When the last request in flight finished (or the gate was made).
-    quiet_since: Mutex<tokio::time::Instant>,
+    /// Requests and bytes in flight, and when the last request in flight
+    /// finished (or the gate was made).
+    state: Mutex<(u32, u64, tokio::time::Instant)>,
     notify: Notify,
     max_requests: u32,
     max_bytes: u64,
@@ -105,8 +105,7 @@ pub struct InflightGate {
 impl InflightGate {
     pub fn new(max_requests: u32, max_bytes: u64) -> Self {
         Self {
-            state: Mutex::new((0, 0)),
-            quiet_since: Mutex::new(tokio::time::Instant::now()),
+            state: Mutex::new((0, 0, tokio::time::Instant::now())),
             notify: Notify::new(),
             max_requests: max_requests.max(1),
             max_bytes,
@@ -138,7 +137,7 @@ impl InflightGate {
         st.0 -= requests;
         st.1 -= bytes;
         if st.0 == 0 {
-            *self.quiet_since.lock() = tokio::time::Instant::now();
+            st.2 = tokio::time::Instant::now();
         }
         drop(st);
         self.notify.notify_waiters();
@@ -161,7 +160,7 @@ impl InflightGate {
                 if st.0 > 0 {
                     idle
                 } else {
-                    let quiet = start.max(*self.quiet_since.lock());
+                    let quiet = start.max(st.2);
                     match idle.checked_sub(quiet.elapsed()) {
                         Some(left) if !left.is_zero() => left,
                         _ => return,

@@ -438,10 +438,10 @@ pub(crate) fn read_volume_superblock_copy(
             "{what} is too small to be a jbdev volume"
         )));
     }
-    // Both copies when the device holds them.
+    // Both copies when the device holds them (whole sectors).
     let both = (BACKUP_OFFSET + VolumeSuperblock::ENCODED_LEN).div_ceil(lbs) * lbs;
     let n = if dev.size_bytes() >= both as u64 {
-        both.max(lbs)
+        both
     } else {
         lbs
     };
