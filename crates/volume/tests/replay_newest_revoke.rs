@@ -75,3 +75,97 @@ fn a_copy_between_two_revokes_is_not_replayed_over_the_second_direct_write() {
          (block 3 = the journaled copy B between the two revokes)"
     );
 }
+
+/// The log region of the fault device's internal journal (block 1 on).
+fn journal_region(dev: Arc<FaultDevice>) -> jbdev_volume::journal::JournalRegion {
+    jbdev_volume::journal::JournalRegion::new(
+        dev,
+        Arc::new(jbdev_device::FlushCoalescer::new()),
+        BS,
+        BS as u32,
+        (JOURNAL / BS) as u32,
+    )
+    .expect("region")
+}
+
+/// A journaled copy A of a block, then a direct write over it without FUA
+/// (its revoke waits in the running transaction), then a journaled copy L
+/// of the same block, then a flush. The revoke and L once went into the
+/// same transaction, where the revoke was dropped (it would have cancelled
+/// L too, by jbd2's rule); with that transaction damaged, recovery put A
+/// back next to the direct write's other blocks, a state that never
+/// existed (session 30's verify pass, F3). The revoke must reach the log
+/// in a transaction before L's.
+#[test]
+fn a_revoke_superseded_in_its_own_transaction_still_precedes_the_newer_copy() {
+    let dev = common::formatted_fault_device(DATA, JOURNAL);
+    let vol = Volume::open_device(dev.clone(), None, &opts()).expect("open");
+    let off = 32 * BS;
+    let x = off + 3 * BS;
+    let direct = pattern(BIG, 2);
+    let newest = pattern(BS as usize, 3);
+    vol.write_at(&pattern(BS as usize, 1), x, WriteFlags::FUA)
+        .expect("journaled A");
+    vol.write_at(&direct, off, WriteFlags::NONE)
+        .expect("direct, no FUA");
+    vol.write_at(&newest, x, WriteFlags::FUA)
+        .expect("journaled L");
+    vol.flush().expect("flush");
+    dev.cut_power();
+    drop(vol);
+    let mut image = dev.durable_image();
+
+    let scan = jbdev_volume::journal::recovery::scan(
+        &journal_region(Arc::new(FaultDevice::from_image(image.clone(), SECTOR))),
+        &mut |_| {},
+    )
+    .expect("scan");
+    let home = x / BS;
+    let with_copy: Vec<u32> = scan
+        .txns
+        .iter()
+        .filter(|t| !t.blocks.is_empty())
+        .map(|t| t.sequence)
+        .collect();
+    let with_revoke: Vec<u32> = scan
+        .txns
+        .iter()
+        .filter(|t| !t.revokes.is_empty())
+        .map(|t| t.sequence)
+        .collect();
+    assert_eq!(with_copy.len(), 2, "A and L each committed: {with_copy:?}");
+    assert!(
+        with_revoke
+            .iter()
+            .any(|&r| r > with_copy[0] && r < with_copy[1]),
+        "the direct write's revoke must be logged between A ({}) and L ({}); revokes in {with_revoke:?} (home block {home})",
+        with_copy[0],
+        with_copy[1]
+    );
+
+    // Damage L's transaction: the revoke still holds, so the block reads
+    // the direct write (L is lost with its transaction), never A.
+    let last = scan
+        .txns
+        .iter()
+        .find(|t| t.sequence == with_copy[1])
+        .expect("L's transaction");
+    let at = (BS + u64::from(last.start_pos) * BS) as usize;
+    image[at..at + BS as usize].fill(0);
+    let ro = Volume::open_device(
+        Arc::new(FaultDevice::from_image(image, SECTOR)),
+        None,
+        &OpenOptions {
+            read_only: true,
+            ..opts()
+        },
+    )
+    .expect("read-only rescue");
+    let mut back = vec![0u8; BS as usize];
+    ro.read_at(&mut back, x).expect("read");
+    let want = &direct[3 * BS as usize..4 * BS as usize];
+    assert!(
+        back == want || back == newest,
+        "block {home} read A back after L's transaction was damaged"
+    );
+}

@@ -171,6 +171,28 @@ impl Engine {
                 g.binary_search_by_key(&Overlay::shard_of(b), |(s, _)| *s)
                     .expect("shard locked")
             };
+            // IMPORTANT: a block whose revoke (a direct write's) waits in the
+            // running transaction cannot take a newer copy in it: by jbd2's
+            // rule the revoke would cancel that copy too, so the commit drops
+            // it — and if that transaction is later damaged, recovery puts
+            // back a copy older than the direct write. Commit the revoke
+            // first; the copy goes into the next transaction.
+            let revoke_pending = lbas.iter().any(|&b| {
+                let sh = &guards[guard_of(&guards, b)].1;
+                sh.map.get(&b).and_then(|e| e.tomb_tid) == Some(stripe.tid)
+            });
+            if revoke_pending {
+                let tid = stripe.tid;
+                drop(guards);
+                drop(stripe);
+                if nowait {
+                    return Ok(Joined::WouldBlock);
+                }
+                self.wait_commit(tid)?;
+                reads_due = true;
+                pre_read.clear();
+                continue;
+            }
             // Phase 2: validate and fill in the bases of partial blocks.
             let mut conflict = false;
             for (i, &b) in lbas.iter().enumerate() {
