@@ -90,6 +90,12 @@ pub fn grow(a: GrowArgs) -> anyhow::Result<()> {
     let g = jbdev_volume::grow(&a.path, a.size, a.preallocate, &opts).map_err(|e| match e {
         // The size or flags given do not fit this volume: usage errors.
         jbdev_volume::VolumeError::InvalidArgument(m) => anyhow::Error::new(crate::UsageError(m)),
+        // A lost first block is not "create one with `jbdev format`"
+        // (session 31's docs pass: the one command whose advice destroyed it).
+        jbdev_volume::VolumeError::NotAVolume(_) => match journal_instead_of_volume(&a.path) {
+            Some(said) => anyhow::anyhow!("{said}"),
+            None => anyhow::Error::new(e).context(format!("growing {}", a.path.display())),
+        },
         e => anyhow::Error::new(e).context(format!("growing {}", a.path.display())),
     })?;
     let path = a.path.display();
@@ -1610,7 +1616,7 @@ fn journal_rescue(
         }
         anyhow::bail!(
             "{}: the journal is not damaged in the middle of its log; nothing to rescue, and \
-             nothing was changed (an open replays what it holds; `jbdev check` says more)",
+             nothing was changed (`jbdev check` says whether an open takes the journal as it is)",
             path.display()
         );
     };
@@ -1647,10 +1653,29 @@ fn rebuild_lost_journal_superblock(
     journal: Option<&std::path::Path>,
 ) -> anyhow::Result<bool> {
     let lost = match inspect_or_advise(path, journal)? {
-        Ok(ins) => {
-            matches!(&ins.journal_superblock, Err(e) if !e.newer)
-                && matches!(ins.superblock.journal, JournalLocation::Internal { .. })
-        }
+        Ok(ins) => match &ins.journal_superblock {
+            Err(e) if !e.newer => {
+                let internal = matches!(ins.superblock.journal, JournalLocation::Internal { .. });
+                // An external journal's damaged superblock (not the wrong
+                // --journal: that is said below) cannot be rebuilt. It was a
+                // bare CORRUPT line and exit 2 (session 31's docs pass).
+                let jbd2 = ins
+                    .read_journal_block(0)
+                    .is_ok_and(|b| b.starts_with(&format::JBD2_MAGIC.to_be_bytes()));
+                if !internal && (jbd2 || journal.is_none()) {
+                    anyhow::bail!(
+                        "{}: the external journal's superblock is damaged ({}); `journal rescue` \
+                         rebuilds only an internal journal's, so nothing was changed. `jbdev \
+                         journal reset --force` writes a new, empty journal: the volume is then \
+                         what its home holds, without the transactions that journal's log held",
+                        path.display(),
+                        e.message
+                    );
+                }
+                internal
+            }
+            _ => false,
+        },
         Err(_) => false,
     };
     if !lost {

@@ -442,6 +442,14 @@ fn format_refuses_to_destroy_a_volume_or_data_without_force() {
         "{}",
         text(&o)
     );
+    // Nor `grow` (session 31's docs pass).
+    let o = jbdev(&["grow", p, "--size", "32M"]);
+    assert_clean_error(&o, "grow of a used volume without block 0");
+    assert!(
+        text(&o).contains("first block was lost") && !text(&o).contains("create one"),
+        "{}",
+        text(&o)
+    );
     format_16m(p, &["--force"]);
 
     // An external journal that belongs to a volume is refused too.
@@ -1132,6 +1140,21 @@ fn unknown_ro_compat_features_allow_only_read_only_opens() {
     let o = jbdev(&["check", p]);
     assert!(o.status.success(), "{}", text(&o));
     assert!(text(&o).contains("features 0x1"), "{}", text(&o));
+    // Nor do the commands that write it without an open (session 31's
+    // docs pass: grow and reset --force rewrote such a volume).
+    let before = std::fs::read(&img).unwrap();
+    for args in [
+        &["grow", p, "--size", "32M"][..],
+        &["journal", "reset", p, "--force"][..],
+    ] {
+        let o = jbdev(args);
+        assert_clean_error(&o, &args.join(" "));
+        assert!(text(&o).contains("read-only"), "{args:?}: {}", text(&o));
+    }
+    assert!(
+        std::fs::read(&img).unwrap() == before,
+        "the volume was changed"
+    );
 }
 
 /// Report #8: a usage error exits 64 (EX_USAGE), never check's 2.
@@ -2264,6 +2287,21 @@ fn journal_rescue_rebuilds_a_lost_journal_superblock() {
     let o = jbdev(&["check", c]);
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
     assert!(text(&o).contains("journal rescue"), "{}", text(&o));
+    // The commands that refuse it name the rebuild, not only the lossy
+    // `reset --force` (session 31's docs pass).
+    let sock = copy.with_extension("sock");
+    for args in [
+        &["journal", "reset", c][..],
+        &["serve", c, "--socket", sock.to_str().unwrap()][..],
+    ] {
+        let o = jbdev(args);
+        assert_clean_error(&o, &args.join(" "));
+        assert!(
+            text(&o).contains("journal rescue"),
+            "{args:?}: {}",
+            text(&o)
+        );
+    }
     let o = jbdev(&["journal", "rescue", c]);
     assert!(o.status.success(), "{}", text(&o));
     assert!(
@@ -2309,6 +2347,22 @@ fn info_and_dump_warn_of_a_clean_journal_every_open_refuses() {
     let o = jbdev(&["journal", "dump", p, "--journal", j]);
     assert_eq!(o.status.code(), Some(1), "{}", text(&o));
     assert!(text(&o).contains("every open refuses"), "{}", text(&o));
+    // Rescue does not claim an open takes it (session 31's docs pass).
+    let o = jbdev(&["journal", "rescue", p, "--journal", j]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(!text(&o).contains("an open replays"), "{}", text(&o));
+    // A damaged external journal superblock: refused, saying so (it was a
+    // bare CORRUPT line and exit 2).
+    let f = std::fs::OpenOptions::new().write(true).open(&jnl).unwrap();
+    f.write_all_at(&[1], 0x80).unwrap();
+    drop(f);
+    let o = jbdev(&["journal", "rescue", p, "--journal", j]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(
+        text(&o).contains("nothing was changed") && text(&o).contains("external"),
+        "{}",
+        text(&o)
+    );
 }
 
 /// Session 28's compatibility pass: two volumes' external journals swap

@@ -73,6 +73,8 @@ pub fn grow(
     };
     let opened = open_device(path, &dopts)?;
     let sb = read_volume_superblock(opened.device.as_ref(), &what)?;
+    // A writer that ignored them could break what they mean (FORMAT.md).
+    crate::volume::refuse_unknown_ro_compat(&sb, false)?;
     let bs = u64::from(sb.block_size);
     let have = opened.device.size_bytes();
     let opened_is_block_device = opened.is_block_device;
@@ -187,7 +189,8 @@ pub fn grow_on(
     preallocate: bool,
     stale_to: u64,
 ) -> Result<()> {
-    let mut sb = read_volume_superblock(dev, what)?;
+    // Read again to see nothing changed; the first read warned already.
+    let (mut sb, _) = crate::volume::read_volume_superblock_copy(dev, what)?;
     if sb.uuid != before.uuid
         || sb.data_offset_bytes != before.data_offset_bytes
         || sb.block_size != before.block_size

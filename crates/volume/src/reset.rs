@@ -213,6 +213,7 @@ pub fn reset_journal_device(
     journal: Option<Arc<dyn BlockDevice>>,
     force: bool,
 ) -> Result<JournalReset> {
+    read_volume_superblock(dev.as_ref(), "the volume device")?;
     reset_device(dev, journal, force, Pass::Write, None)
 }
 
@@ -223,7 +224,11 @@ fn reset_device(
     pass: Pass,
     at: Option<crate::JournalAt<'_>>,
 ) -> Result<JournalReset> {
-    let sb = read_volume_superblock(dev.as_ref(), "the volume device")?;
+    // Its callers read it first (and warned of a damaged first copy).
+    let (sb, _) = crate::volume::read_volume_superblock_copy(dev.as_ref(), "the volume device")?;
+    if pass == Pass::Write {
+        crate::volume::refuse_unknown_ro_compat(&sb, false)?;
+    }
     let bs = sb.block_size;
     let (jdev, joff, jlen, location) = match (&sb.journal, journal) {
         (
@@ -331,6 +336,16 @@ fn describe_old_journal(
             if let Some(why) = not_a_journal_to_reset(jdev, joff, uuid, at)? {
                 return Ok(Old::Forbidden(why));
             }
+            // Session 31's docs pass: this named only --force, which drops
+            // every committed transaction, where `journal rescue` rebuilds
+            // an internal journal's lost superblock and keeps them.
+            let next = if matches!(at, crate::JournalAt::Internal) {
+                "`jbdev journal rescue` rebuilds a lost internal journal superblock and keeps \
+                 the log's committed transactions; --force overwrites the journal, and them"
+            } else {
+                "check it is the right one; an external journal's superblock cannot be \
+                 rebuilt, so --force overwrites it (with whatever its log held)"
+            };
             return Ok(if region_is_zero(jdev, joff, jlen)? {
                 Old::Replaceable("empty (all zero)".into())
             } else {
@@ -338,7 +353,7 @@ fn describe_old_journal(
                     held: format!("no usable journal ({e}), and not all zero"),
                     why: format!(
                         "the journal area holds no usable journal ({e}) but is not empty \
-                         either: check it is the right one; --force overwrites it"
+                         either: {next}"
                     ),
                 }
             });
@@ -421,9 +436,10 @@ fn describe_old_journal(
                  committed transactions after the damage; they are discarded"
             ),
             why: format!(
-                "the journal is damaged in the middle (transaction {sequence}: {reason}). A \
-                 read-only open (`jbdev serve --read-only`) serves the volume with the \
-                 transactions before the damage replayed: copy out what you need first; the \
+                "the journal is damaged in the middle (transaction {sequence}: {reason}). \
+                 `jbdev journal rescue` writes the transactions before the damage home and \
+                 then a clean journal; a read-only open (`jbdev serve --read-only`) serves the \
+                 volume with them replayed, changing nothing: copy out what you need first; the \
                  committed transactions after the damage cannot be replayed by any open. \
                  --force discards the journal, and the volume is then what its home holds, \
                  without the transactions before the damage either"
@@ -523,6 +539,7 @@ pub fn rebuild_journal_superblock(path: &Path) -> Result<String> {
     };
     let dev = open_device(path, &dopts)?.device;
     let sb = read_volume_superblock(dev.as_ref(), &path.display().to_string())?;
+    crate::volume::refuse_unknown_ro_compat(&sb, false)?;
     let JournalLocation::Internal {
         offset_bytes,
         len_bytes,

@@ -390,7 +390,7 @@ pub fn check_replay_plan(sb: &VolumeSuperblock, plan: &[recovery::ReplayEntry]) 
 
 /// Ro-compat features this jbdev does not know allow only read-only opens
 /// (docs/FORMAT.md): a writer that ignored them could break what they mean.
-fn refuse_unknown_ro_compat(sb: &VolumeSuperblock, read_only: bool) -> Result<()> {
+pub(crate) fn refuse_unknown_ro_compat(sb: &VolumeSuperblock, read_only: bool) -> Result<()> {
     let unknown = sb.unknown_ro_compat();
     if unknown != 0 && !read_only {
         return Err(VolumeError::BadSuperblock(format!(
@@ -1030,6 +1030,20 @@ impl Volume {
                     jlen >> 20,
                 );
             }
+        })
+        .map_err(|e| match e {
+            // Session 31's docs pass: the refusal named no way out, where
+            // `check` names the rebuild.
+            jbdev_journal::JournalError::Superblock(f)
+                if !matches!(f, jbdev_journal::format::FormatError::NewerFeatures(_))
+                    && matches!(sb.journal, JournalLocation::Internal { .. }) =>
+            {
+                VolumeError::CorruptJournal(format!(
+                    "journal superblock: {f}: `jbdev journal rescue` rebuilds it from the volume \
+                     superblock and keeps the log's committed transactions (`jbdev check` says more)"
+                ))
+            }
+            e => e.into(),
         })?;
         if scan.superblock.uuid != sb.journal_uuid() {
             let at = match (&sb.journal, origin.and_then(|o| o.journal.as_deref())) {

@@ -88,11 +88,21 @@ pub(crate) fn open_external_journal(
         )),
         Ok(o) => Ok((jp, o.device, o.watch)),
         Err(jbdev_device::DeviceError::Io { op, what, error }) if recorded => {
+            // What `check` and `info` say too (session 31's docs pass).
+            let lost = if error.kind() == std::io::ErrorKind::NotFound {
+                format!(
+                    "; if it is lost, `jbdev journal reset {}` creates a new, empty journal \
+                     there and the volume is then what its home holds",
+                    home.display()
+                )
+            } else {
+                String::new()
+            };
             Err(jbdev_device::DeviceError::Io {
                 op,
                 what: format!(
                     "{what}, the external journal's path recorded at format time \
-                     (give --journal PATH if it moved)"
+                     (give --journal PATH if it moved{lost})"
                 ),
                 error,
             }
