@@ -94,7 +94,9 @@ pub struct ServeArgs {
     /// activated).
     #[arg(long)]
     pub exit_with_parent: bool,
-    /// Exit once the last client disconnects (after the first connected).
+    /// Exit once the last client disconnects, after the first that reached
+    /// transmission (a port probe, a refused client or a failed TLS
+    /// handshake does not count).
     #[arg(long)]
     pub once: bool,
     /// Requests in flight per connection.

@@ -37,6 +37,22 @@ fn once_exits_after_the_last_client_leaves() {
     format_volume(&img, "16M");
     let mut srv = ServerProc::start(&[img.to_str().unwrap(), "--once"], None);
     let addr = Address::Tcp(srv.tcp.clone().unwrap());
+    // A client that never reaches transmission (a probe, a refused or
+    // misbehaving client) does not count: it stopped the server before its
+    // real client came (session 31's TLS pass).
+    {
+        use std::io::{Read, Write};
+        let mut probe = std::net::TcpStream::connect(srv.tcp.clone().unwrap()).unwrap();
+        let mut greeting = [0u8; 18];
+        probe.read_exact(&mut greeting).unwrap();
+        probe.write_all(&1u32.to_be_bytes()).unwrap(); // fixed newstyle
+        probe.write_all(&[0xEE; 16]).unwrap(); // no option magic
+        let mut rest = Vec::new();
+        let _ = probe.read_to_end(&mut rest); // the server hangs up
+    }
+    srv.wait_for_log("dropping client during haggling");
+    // (The connection's end follows the log line; give it that moment.)
+    std::thread::sleep(Duration::from_millis(300));
     let mut a = Client::connect(&addr, "").unwrap();
     let mut b = Client::connect(&addr, "").unwrap();
     a.call(CMD_WRITE, CMD_FLAG_FUA, 0, 5, b"hello")

@@ -125,11 +125,10 @@ pub async fn negotiate<T: Transport>(
         };
         if head.length > MAX_OPTION_DATA_BYTES {
             if head.length > MAX_OPTION_DISCARD_BYTES {
-                tracing::info!(
+                crate::trouble::client_trouble(format_args!(
                     "dropping client: option {} carries {} bytes",
-                    head.option,
-                    head.length
-                );
+                    head.option, head.length
+                ));
                 return Ok(Outcome::Closed);
             }
             discard(io, head.length.into()).await?;
@@ -149,9 +148,9 @@ pub async fn negotiate<T: Transport>(
                 OPT_STARTTLS | OPT_ABORT => {}
                 OPT_EXPORT_NAME => {
                     // Cannot be answered with an error: the spec says hang up.
-                    tracing::info!(
+                    crate::trouble::client_trouble(format_args!(
                         "dropping client: EXPORT_NAME before STARTTLS (TLS is required)"
-                    );
+                    ));
                     return Ok(Outcome::Closed);
                 }
                 o => {
@@ -280,10 +279,10 @@ pub async fn negotiate<T: Transport>(
             }
         }
     }
-    tracing::info!(
+    crate::trouble::client_trouble(format_args!(
         "dropping client after {} options without entering transmission",
         limits.max_options
-    );
+    ));
     Ok(Outcome::Closed)
 }
 

@@ -187,6 +187,12 @@ struct Inner {
     /// Refusals logged at most every [`REFUSAL_LOG_EVERY`].
     refusal_log: jbdev_volume::ratelimit::RateLimit,
     conns: ConnRegistry,
+    /// A connection reached transmission: from then on `exit_when_idle`
+    /// stops the server when the last one ends. A port probe, a refused
+    /// client or a failed TLS handshake does not arm it (session 31's TLS
+    /// pass: any of them stopped a `--once` server before its client came;
+    /// qemu-nbd counts negotiated clients only, too).
+    served: AtomicBool,
 }
 
 /// An NBD server over a set of exports.
@@ -288,6 +294,7 @@ impl Server {
                 next_id: AtomicU64::new(1),
                 refused: AtomicU64::new(0),
                 refusing: std::sync::atomic::AtomicUsize::new(0),
+                served: AtomicBool::new(false),
                 refusal_log: jbdev_volume::ratelimit::RateLimit::new(REFUSAL_LOG_EVERY),
                 conns: ConnRegistry {
                     live: Mutex::new(Vec::new()),
@@ -623,7 +630,10 @@ fn unregister(inner: &Inner, id: u64) {
     if live.is_empty() {
         inner.conns.empty.notify_all();
         drop(live);
-        if inner.cfg.exit_when_idle && !inner.stopping.load(Ordering::Acquire) {
+        if inner.cfg.exit_when_idle
+            && inner.served.load(Ordering::Acquire)
+            && !inner.stopping.load(Ordering::Acquire)
+        {
             tracing::info!("last client left; shutting down");
             begin_shutdown(inner);
         }
@@ -746,6 +756,7 @@ async fn run_connection(inner: &Arc<Inner>, id: u64, stream: Stream) {
     let HandshakeIo { reader, writer, .. } = io;
     match outcome {
         Ok(Outcome::Transmission(session)) => {
+            inner.served.store(true, Ordering::Release);
             tracing::debug!(
                 "connection {id}: export {:?}, structured replies {}, {:?} headers, TLS {}",
                 session.export.name,
@@ -779,8 +790,11 @@ async fn run_connection(inner: &Arc<Inner>, id: u64, stream: Stream) {
         Ok(Outcome::Closed) => control.shutdown(),
         Err(e) => {
             if e.kind() == io::ErrorKind::InvalidData {
-                // A failed TLS handshake: wrong key, untrusted certificate.
-                tracing::info!("connection {id} from {peer}: {e}");
+                // A failed TLS handshake: wrong key, untrusted certificate,
+                // garbage. Rate-limited with a count of those held back (one
+                // line per connection let any peer flood the log: session
+                // 31's TLS pass); each is still logged at debug level.
+                crate::trouble::client_trouble(format_args!("connection {id} from {peer}: {e}"));
             } else {
                 tracing::debug!("connection {id}: handshake ended: {e}");
             }

@@ -225,7 +225,9 @@ impl TlsConfig {
                     Ok(k.len())
                 }
                 None => {
-                    tracing::info!("TLS-PSK: client offered an unknown identity");
+                    // The handshake's failure is logged (rate-limited)
+                    // with the peer; this only says why.
+                    tracing::debug!("TLS-PSK: client offered an unknown identity");
                     Ok(0) // the handshake fails
                 }
             }
