@@ -774,10 +774,27 @@ pub fn info(a: InfoArgs) -> anyhow::Result<()> {
     }
     outln!("volume          {}", a.path.display())?;
     if let Some(holder) = &in_use {
+        // The holder's description carries its command line when known:
+        // `jbdev stats` only helps a server started with --metrics.
+        let live = match holder.split_once("--metrics") {
+            Some((_, rest)) => {
+                let addr = rest.trim_start_matches(['=', ' ']);
+                let addr = addr.split([' ', ')', ',']).next().unwrap_or_default();
+                if addr.is_empty() || addr.ends_with(":0") {
+                    " Live figures: `jbdev stats ADDR:PORT` against its `--metrics` address \
+                     (its log says which port it took)"
+                        .to_string()
+                } else {
+                    format!(" Live figures: `jbdev stats {addr}`")
+                }
+            }
+            None => " Live figures: `jbdev stats ADDR:PORT` when the server was started with \
+                      `--metrics ADDR:PORT`"
+                .to_string(),
+        };
         outln!(
             "state           OPEN ELSEWHERE ({holder}); below is a snapshot read without \
-             its lock: the journal state changes while it runs. Live figures: \
-             `jbdev stats ADDR:PORT` against its `--metrics` address"
+             its lock: the journal state changes while it runs.{live}"
         )?;
     }
     if let Some(e) = &damage {
