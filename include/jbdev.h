@@ -11,7 +11,9 @@
  *    and a negative errno (-EINVAL, -EBADF, -ENOSPC, -EROFS, -EFBIG, -EIO,
  *    -EUCLEAN for "not a jbdev volume / corrupt", ...) on failure. After
  *    the journal aborts (jbdev_stats.aborted = 1), every write, flush and
- *    commit fails with -EIO until the volume is closed and opened again.
+ *    commit fails until the volume is closed and opened again, with the
+ *    errno of the failure that aborted it (-EIO; -ENOSPC when the store
+ *    filled up).
  *    A write, zeroing, trim, flush or transaction commit that fails other
  *    than by refusing its arguments may or may not have happened: its data
  *    may be visible at once and durable after a reopen (a transaction

@@ -1364,6 +1364,20 @@ pub fn check(a: CheckArgs) -> anyhow::Result<()> {
                     reason,
                 } => {
                     outln!("CORRUPT: transaction {sequence} (block {pos}): {reason}")?;
+                    if let Some(at) = scan.unreadable {
+                        // Session 31's fault pass: "cannot be replayed by any
+                        // open" sent the operator to a rescue that discarded
+                        // transactions still on the medium.
+                        outln!(
+                            "journal block {at} could not be read (an I/O error, not damage \
+                             found in it): transaction {sequence} and the later ones may still be \
+                             intact, and an open replays them all once the device reads it \
+                             again (retry; or copy the device, e.g. with ddrescue, first). A \
+                             read-only open serves the volume with the transactions before it; \
+                             `jbdev journal rescue --force` would discard the rest for good"
+                        )?;
+                        std::process::exit(EXIT_CORRUPT);
+                    }
                     outln!(
                         "a read-write open will refuse this volume; a read-only open serves it \
                          with the transactions before {sequence} replayed (copy out what you \
@@ -1446,13 +1460,19 @@ pub enum JournalCommand {
     /// the ones before the damage too. Refused, changing nothing, when the
     /// log is not damaged in the middle (a plain open replays it), while
     /// the volume is open, and for another volume's journal. Safe to run
-    /// again after a crash during it.
+    /// again after a crash during it. A log block that cannot be read (an
+    /// I/O error) is not damage found: refused without --force.
     Rescue {
         /// Volume image or device.
         path: PathBuf,
         /// External journal file or device.
         #[arg(long)]
         journal: Option<PathBuf>,
+        /// Also when the damage is a log block that cannot be read (an I/O
+        /// error): the transactions from it on may still be intact on the
+        /// medium, so without this flag rescue refuses and changes nothing.
+        #[arg(short, long)]
+        force: bool,
         /// RBD: break the exclusive lock of a holder that is dead, as for
         /// serve.
         #[arg(long)]
@@ -1466,8 +1486,9 @@ pub fn journal(c: JournalCommand) -> anyhow::Result<()> {
         JournalCommand::Rescue {
             path,
             journal,
+            force,
             break_lock,
-        } => return journal_rescue(&path, journal, break_lock),
+        } => return journal_rescue(&path, journal, force, break_lock),
         JournalCommand::Reset {
             path,
             journal,
@@ -1562,6 +1583,7 @@ pub fn journal(c: JournalCommand) -> anyhow::Result<()> {
 fn journal_rescue(
     path: &std::path::Path,
     journal: Option<PathBuf>,
+    force: bool,
     break_lock: bool,
 ) -> anyhow::Result<()> {
     // A lost journal superblock over a log that may be intact: rebuilt
@@ -1614,6 +1636,16 @@ fn journal_rescue(
                 ins.superblock.checkpoint_sequence
             );
         }
+    }
+    if let (Some(at), false) = (scan.as_ref().and_then(|s| s.unreadable), force) {
+        anyhow::bail!(
+            "{}: journal block {at} could not be read (an I/O error, not damage found in it): \
+             the transactions from it on may still be intact on the medium, and an open \
+             replays them all once the device reads it again. Nothing was changed. Retry \
+             later, or copy the device first (e.g. with ddrescue); --force discards them for \
+             good, as for damage",
+            path.display()
+        );
     }
     let Some((sequence, pos, reason)) = scan.and_then(|s| match s.end {
         ScanEnd::CorruptMiddle {

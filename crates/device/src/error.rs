@@ -64,6 +64,20 @@ impl DeviceError {
         }
     }
 
+    /// An I/O error that also says what the caller was doing (other
+    /// errors unchanged): "readv failed on IMG (reading the volume
+    /// superblock): ...", not a bare path and errno.
+    pub fn doing(self, task: &str) -> Self {
+        match self {
+            Self::Io { op, what, error } => Self::Io {
+                op,
+                what: format!("{what} ({task})"),
+                error,
+            },
+            other => other,
+        }
+    }
+
     /// The closest POSIX errno, for the C ABI and the NBD server.
     pub fn errno(&self) -> i32 {
         match self {

@@ -127,6 +127,13 @@ pub struct Scan {
     /// copies of a block and the revoke of a FUA direct write over them
     /// replayed the old copies over the acknowledged data, for good.
     pub late_revokes: Vec<u64>,
+    /// When the scan ends [`ScanEnd::CorruptMiddle`] because a log block
+    /// could not be read (an I/O error, not damage found in its bytes):
+    /// that block. The failed transaction and the later ones may be intact
+    /// on the medium and replay once it reads again, so nothing should
+    /// discard them for good (session 31's fault pass: `journal rescue`
+    /// did, on a transient EIO).
+    pub unreadable: Option<u32>,
 }
 
 /// One home block to restore from the journal.
@@ -295,6 +302,7 @@ pub fn scan_past_mark(
             blocks_read: first.blocks_read,
             home_damage: None,
             late_revokes: Vec::new(),
+            unreadable: None,
         },
         None => Scan {
             superblock: sb.clone(),
@@ -315,6 +323,7 @@ pub fn scan_past_mark(
             blocks_read: first.blocks_read,
             home_damage: None,
             late_revokes: Vec::new(),
+            unreadable: None,
         },
     };
     out.home_damage = Some(first.end);
@@ -431,6 +440,7 @@ fn scan_from(
         blocks_read: 0,
         home_damage: None,
         late_revokes: Vec::new(),
+        unreadable: None,
     };
     if sb.is_clean() {
         return Ok((out, Survey::default()));
@@ -442,7 +452,7 @@ fn scan_from(
     let walked = out.blocks_read;
     let mut survey = survey_log(region, sb, sequence, find, &mut |n| progress(walked + n))?;
     out.blocks_read += u64::from(sb.max_len - sb.first);
-    out.end = decide(failure, &survey, sequence);
+    (out.end, out.unreadable) = decide(failure, &survey, sequence);
     if matches!(out.end, ScanEnd::CorruptMiddle { .. }) {
         out.late_revokes = std::mem::take(&mut survey.late_revokes);
     }
@@ -851,15 +861,31 @@ fn for_each_log_block(
     Ok(())
 }
 
-/// The decision table (see the module documentation).
-fn decide(failure: Bad, survey: &Survey, sequence: u32) -> ScanEnd {
+/// The decision table (see the module documentation), and the block
+/// whose read error decided it, if one did ([`Scan::unreadable`]).
+fn decide(failure: Bad, survey: &Survey, sequence: u32) -> (ScanEnd, Option<u32>) {
     if failure.unreadable {
-        return ScanEnd::CorruptMiddle {
-            sequence,
-            pos: failure.pos,
-            reason: failure.reason,
-        };
+        let at = failure.pos;
+        return (
+            ScanEnd::CorruptMiddle {
+                sequence,
+                pos: at,
+                reason: failure.reason,
+            },
+            Some(at),
+        );
     }
+    // The survey's unreadable block decides the end exactly when no later
+    // transaction does (the second rule below).
+    let unreadable = match (survey.later_at, &survey.unreadable) {
+        (None, Some((at, _))) => Some(*at),
+        _ => None,
+    };
+    (decide_readable(failure, survey, sequence), unreadable)
+}
+
+/// [`decide`] for a walk that did not end at a read error.
+fn decide_readable(failure: Bad, survey: &Survey, sequence: u32) -> ScanEnd {
     if let Some((at, later)) = survey.later_at {
         return ScanEnd::CorruptMiddle {
             sequence,

@@ -446,7 +446,8 @@ pub(crate) fn read_volume_superblock_copy(
         lbs
     };
     let mut buf = AlignedBuf::zeroed(n);
-    dev.read_at(&mut buf, 0)?;
+    dev.read_at(&mut buf, 0)
+        .map_err(|e| e.doing("reading the volume superblock, block 0"))?;
     let (sb, copy) = VolumeSuperblock::decode_block(&buf).map_err(|e| bad_sb(e, what))?;
     // Not corruption: the volume is fine, this device cannot address its
     // blocks (a 1 KiB-block volume on a 4 KiB-sector device, say).
@@ -531,8 +532,10 @@ fn start_engine_threads(engine: &Arc<Engine>, threads: &mut Vec<JoinHandle<()>>)
 pub(crate) fn write_volume_superblock(dev: &dyn BlockDevice, vsb: &VolumeSuperblock) -> Result<()> {
     let mut buf = AlignedBuf::zeroed(vsb.block_size as usize);
     vsb.encode_block(&mut buf);
-    dev.write_at(&buf, 0, IoPriority::Urgent)?;
-    dev.flush()?;
+    let task = "writing the volume superblock, block 0";
+    dev.write_at(&buf, 0, IoPriority::Urgent)
+        .map_err(|e| e.doing(task))?;
+    dev.flush().map_err(|e| e.doing(task))?;
     Ok(())
 }
 
@@ -1084,6 +1087,19 @@ impl Volume {
         let was_clean = scan.end == ScanEnd::CleanJournal;
         let end = describe_scan_end(&scan.end);
         if let ScanEnd::CorruptMiddle { sequence, .. } = scan.end {
+            if let (Some(at), false, false) =
+                (scan.unreadable, opts.read_only, opts.discard_after_damage)
+            {
+                // Not damage found: the medium may still hold everything.
+                return Err(VolumeError::CorruptJournal(format!(
+                    "{end}; refusing a read-write open: journal block {at} could not be read \
+                     (an I/O error, not damage found in it), so transaction {sequence} and the \
+                     later ones may still be intact: once the device reads it again, an open \
+                     replays every committed transaction. Meanwhile a read-only open serves \
+                     the volume with the transactions before it replayed. `jbdev journal \
+                     rescue --force` would discard the rest for good"
+                )));
+            }
             if !opts.read_only && !opts.discard_after_damage {
                 return Err(VolumeError::CorruptJournal(format!(
                     "{end}; refusing a read-write open (a read-only open serves the volume with \

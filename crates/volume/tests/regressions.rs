@@ -832,9 +832,29 @@ fn unreadable_journal_sector_refuses_read_write_but_read_only_rescues() {
         d
     };
     match Volume::open_device(with_bad_sector(), None, &quiet()) {
-        Err(e) => assert!(e.to_string().contains("unreadable"), "{e}"),
+        // Said as a read error, not as damage whose transactions are gone
+        // (session 31's fault pass: the advice led to a rescue that
+        // discarded acknowledged writes still on the medium).
+        Err(e) => assert!(
+            e.to_string().contains("unreadable")
+                && e.to_string().contains("could not be read")
+                && !e.to_string().contains("cannot be replayed by any open"),
+            "{e}"
+        ),
         Ok(_) => panic!("read-write open with an unreadable journal block"),
     }
+    let scan = recovery::scan(&journal_region(with_bad_sector()), &mut |_| {}).unwrap();
+    assert_eq!(
+        scan.unreadable,
+        Some(((bad - JOURNAL_OFF) / BS) as u32),
+        "{:?}",
+        scan.end
+    );
+    // Damage found in a block's bytes is not a read error.
+    let mut damaged = image.clone();
+    damaged[bad as usize..(bad + BS) as usize].fill(0xA5);
+    let scan = recovery::scan(&journal_region(on_image(damaged)), &mut |_| {}).unwrap();
+    assert_eq!(scan.unreadable, None, "{:?}", scan.end);
     let ro = Volume::open_device(
         with_bad_sector(),
         None,
@@ -845,6 +865,10 @@ fn unreadable_journal_sector_refuses_read_write_but_read_only_rescues() {
     )
     .expect("read-only rescue with an unreadable journal block");
     assert_eq!(read(&ro, 0, BS as usize), stamped(9, 0, BS as usize));
+    drop(ro);
+    // Once the block reads again, a plain open replays everything.
+    let vol = Volume::open_device(on_image(image), None, &quiet()).expect("open once it reads");
+    assert_eq!(read(&vol, 0, BS as usize), stamped(9, 0, BS as usize));
 }
 
 // ---------------------------------------------------------------- lower: torn read window
