@@ -48,14 +48,7 @@ fn fault_volume() -> Arc<FaultDevice> {
 }
 
 fn journal_region(dev: Arc<dyn BlockDevice>) -> JournalRegion {
-    JournalRegion::new(
-        dev,
-        Arc::new(jbdev_device::FlushCoalescer::new()),
-        JOURNAL_OFF,
-        BS as u32,
-        (JOURNAL / BS) as u32,
-    )
-    .expect("region")
+    common::internal_journal_region(dev, JOURNAL)
 }
 
 /// The image a power cut now leaves when every unflushed write is lost.

@@ -76,18 +76,6 @@ fn a_copy_between_two_revokes_is_not_replayed_over_the_second_direct_write() {
     );
 }
 
-/// The log region of the fault device's internal journal (block 1 on).
-fn journal_region(dev: Arc<FaultDevice>) -> jbdev_volume::journal::JournalRegion {
-    jbdev_volume::journal::JournalRegion::new(
-        dev,
-        Arc::new(jbdev_device::FlushCoalescer::new()),
-        BS,
-        BS as u32,
-        (JOURNAL / BS) as u32,
-    )
-    .expect("region")
-}
-
 /// A journaled copy A of a block, then a direct write over it without FUA
 /// (its revoke waits in the running transaction), then a journaled copy L
 /// of the same block, then a flush. The revoke and L once went into the
@@ -116,7 +104,10 @@ fn a_revoke_superseded_in_its_own_transaction_still_precedes_the_newer_copy() {
     let mut image = dev.durable_image();
 
     let scan = jbdev_volume::journal::recovery::scan(
-        &journal_region(Arc::new(FaultDevice::from_image(image.clone(), SECTOR))),
+        &common::internal_journal_region(
+            Arc::new(FaultDevice::from_image(image.clone(), SECTOR)),
+            JOURNAL,
+        ),
         &mut |_| {},
     )
     .expect("scan");

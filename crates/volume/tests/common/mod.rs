@@ -549,6 +549,22 @@ pub fn formatted_fault_device(data: u64, journal: u64) -> Arc<FaultDevice> {
     dev
 }
 
+/// The log region of an internal journal of `journal` bytes with 4 KiB
+/// blocks, as [`formatted_fault_device`] lays it out (from block 1).
+pub fn internal_journal_region(
+    dev: Arc<dyn BlockDevice>,
+    journal: u64,
+) -> jbdev_volume::journal::JournalRegion {
+    jbdev_volume::journal::JournalRegion::new(
+        dev,
+        Arc::new(jbdev_device::FlushCoalescer::new()),
+        BLOCK,
+        BLOCK as u32,
+        (journal / BLOCK) as u32,
+    )
+    .expect("journal region")
+}
+
 /// [`quiet_open_options`] where writes of `bytes` or more go straight home.
 pub fn direct_from(bytes: u64) -> OpenOptions {
     OpenOptions {
