@@ -1036,10 +1036,19 @@ fn missing_journal(
                 j.display()
             ),
         ),
-        None => (
-            format!("{at}, the path recorded at format time"),
-            format!("`jbdev journal reset {p}` creates a new, empty journal there"),
-        ),
+        None => match tried.and_then(jbdev_volume::relative_recorded_journal) {
+            Some(rel) => (
+                format!("{at}, the path recorded at format time ({rel})"),
+                format!(
+                    "`jbdev journal reset {p} --journal PATH` creates a new, empty journal at \
+                     PATH (later opens need that --journal too)"
+                ),
+            ),
+            None => (
+                format!("{at}, the path recorded at format time"),
+                format!("`jbdev journal reset {p}` creates a new, empty journal there"),
+            ),
+        },
     };
     format!(
         "nothing at {where_}. If it moved, give --journal PATH (its new path); if it is lost, {reset}, and the volume then opens with what its home area \
@@ -1258,10 +1267,16 @@ pub fn check(a: CheckArgs) -> anyhow::Result<()> {
         )?,
         Some(e) => outln!(
             "volume superblock: DAMAGED ({e}); its backup copy is intact (uuid {}, {} bytes) \
-             and every open uses it; the next read-write open (`jbdev serve` without \
-             --read-only) writes the first copy again",
+             and every open uses it; {}",
             uuid_str(&ins.superblock.uuid),
-            ins.superblock.size_bytes
+            ins.superblock.size_bytes,
+            if ins.superblock.unknown_ro_compat() == 0 {
+                "the next read-write open (`jbdev serve` without --read-only) writes the first \
+                 copy again"
+            } else {
+                "a read-write open would write the first copy again, but this jbdev opens the \
+                 volume read-only only (see its features below): a jbdev that knows them does"
+            }
         )?,
     }
     let unknown_ro = ins.superblock.unknown_ro_compat();

@@ -2458,3 +2458,48 @@ fn format_of_a_mounted_device_says_to_unmount_it() {
         "{t}"
     );
 }
+
+/// Session 31's compatibility pass: a volume formatted by a jbdev before
+/// 2026-11-27 with a relative `--journal` records that relative path. Run
+/// from another directory, the advice was `jbdev journal reset VOLUME`,
+/// which created a new journal in the current directory and dropped the
+/// real one's acknowledged writes. Now the messages say the path is
+/// relative, and a reset makes a new journal only at a `--journal` given.
+#[test]
+fn a_relative_recorded_journal_path_is_never_reset_in_the_current_directory() {
+    let (dir, img, jnl) = external_16m();
+    let hint = b"j.jnl";
+    let mut field = [0u8; 4 + 256];
+    field[..4].copy_from_slice(&(hint.len() as u32).to_le_bytes());
+    field[4..4 + hint.len()].copy_from_slice(hint);
+    set_volume_field(&img, 104, &field);
+    let elsewhere = dir.path().join("elsewhere");
+    std::fs::create_dir(&elsewhere).unwrap();
+    let run = |cwd: &Path, args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_jbdev"))
+            .args(args)
+            .current_dir(cwd)
+            .output()
+            .expect("run jbdev")
+    };
+    let p = img.to_str().unwrap();
+    // From the directory format ran in, the relative path still works.
+    let o = run(dir.path(), &["check", p]);
+    assert!(o.status.success(), "{}", text(&o));
+    // From elsewhere: said, and nothing is created there.
+    let o = run(&elsewhere, &["check", p]);
+    assert!(!o.status.success());
+    assert!(
+        text(&o).contains("is relative") && text(&o).contains("--journal PATH"),
+        "{}",
+        text(&o)
+    );
+    let o = run(&elsewhere, &["journal", "reset", p]);
+    assert_clean_error(&o, "reset at a relative recorded path");
+    assert!(text(&o).contains("is relative"), "{}", text(&o));
+    assert!(
+        !elsewhere.join("j.jnl").exists(),
+        "a journal was created in the current directory"
+    );
+    assert!(jnl.exists());
+}

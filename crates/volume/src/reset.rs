@@ -117,6 +117,18 @@ fn reset(
     // only once the reset goes ahead: a refused reset changes nothing.
     let created =
         file_format_would_create(&jp).or_else(|| rbd_image_absent(&jp).then(|| jp.clone()));
+    // A new journal is never made at a relative recorded path: it names a
+    // file in whatever directory this runs in.
+    if let (Some(_), None, Some(rel)) = (
+        &created,
+        journal,
+        crate::volume::relative_recorded_journal(&jp),
+    ) {
+        return Err(VolumeError::InvalidArgument(format!(
+            "the external journal is missing: {rel}. A new journal is created only at a path \
+             given with --journal; nothing was changed"
+        )));
+    }
     if check && created.is_some() {
         return Ok(JournalReset {
             location: jp.display().to_string(),

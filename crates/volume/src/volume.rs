@@ -25,7 +25,7 @@ mod session;
 mod watch;
 
 pub(crate) use external::*;
-pub use external::{file_format_would_create, journal_target};
+pub use external::{file_format_would_create, journal_target, relative_recorded_journal};
 pub(crate) use session::*;
 pub use session::{
     foreign_journal, home_behind_journal, journal_behind_home, refusal_by_superblocks,

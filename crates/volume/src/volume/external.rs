@@ -25,6 +25,27 @@ pub(crate) fn external_journal_path(
     Ok((jp, recorded))
 }
 
+/// For a journal path recorded at format time that is relative (jbdev
+/// before 2026-11-27 recorded `--journal` as given): what it is resolved
+/// against, to say with "nothing there" — from another directory it names
+/// some other file (session 31's compatibility pass: the advice to reset
+/// created a new journal in the current directory while the real, dirty
+/// one sat beside the volume).
+pub fn relative_recorded_journal(tried: &Path) -> Option<String> {
+    if tried.is_absolute() || tried.as_os_str().is_empty() || jbdev_device::is_rbd_target(tried) {
+        return None;
+    }
+    let cwd = std::env::current_dir()
+        .map(|d| d.display().to_string())
+        .unwrap_or_else(|_| "?".into());
+    Some(format!(
+        "the recorded path {} is relative (an older jbdev recorded it as given to `jbdev \
+         format`), so it was looked for in the current directory, {cwd}: run from the \
+         directory format ran in, or give --journal PATH",
+        tried.display()
+    ))
+}
+
 /// Opens a volume's external journal, of `len_bytes`: `given` (`--journal`)
 /// or else the path recorded at format time (`path_hint`). Returns the path
 /// used, and for a regular file the descriptor to watch (see
@@ -89,7 +110,11 @@ pub(crate) fn open_external_journal(
         Ok(o) => Ok((jp, o.device, o.watch)),
         Err(jbdev_device::DeviceError::Io { op, what, error }) if recorded => {
             // What `check` and `info` say too (session 31's docs pass).
-            let lost = if error.kind() == std::io::ErrorKind::NotFound {
+            let lost = if let (std::io::ErrorKind::NotFound, Some(rel)) =
+                (error.kind(), relative_recorded_journal(&jp))
+            {
+                format!("; {rel}")
+            } else if error.kind() == std::io::ErrorKind::NotFound {
                 format!(
                     "; if it is lost, `jbdev journal reset {}` creates a new, empty journal \
                      there and the volume is then what its home holds",
