@@ -85,7 +85,8 @@ pub struct ServeArgs {
     pub send_timeout: u64,
     /// Seconds a connection with no request in flight may stay silent
     /// before it is closed, so that idle connections cannot hold every
-    /// --max-connections slot for good. 0: never (the default, as in nbdkit
+    /// --max-connections slot for good; also one silent for SECS halfway
+    /// through sending a request. 0: never (the default, as in nbdkit
     /// and qemu-nbd; a client that idles, such as qemu, then sees its
     /// connection closed).
     #[arg(long, value_name = "SECS", default_value_t = 0)]

@@ -565,5 +565,18 @@ fn idle_connections_are_closed_with_idle_timeout_and_busy_ones_kept() {
     stop.store(true, Ordering::Relaxed);
     let calls = busy.join().expect("the busy client failed");
     assert!(calls > 0);
+    // A client silent halfway through a request (its WRITE's payload cut
+    // short) is idle too: it was held until the 30 s payload timeout
+    // (session 30's verify pass).
+    let mut half = Client::connect(&Address::Tcp(tcp.clone()), "").unwrap();
+    half.writer
+        .queue(CMD_WRITE, 0, 7, 0, 4096, &[0x5A; 100])
+        .unwrap();
+    half.writer.flush().unwrap();
+    srv.wait_for_log("halfway through a request (--idle-timeout)");
+    assert!(
+        half.call(CMD_READ, 0, 0, 4096, &[]).is_err(),
+        "the connection silent mid-request still answers"
+    );
     srv.stop_cleanly();
 }
