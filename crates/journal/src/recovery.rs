@@ -117,8 +117,8 @@ pub struct Scan {
     /// the mark: where the damage was (`CorruptMiddle` or `TornTail`).
     /// `txns` then start after the mark.
     pub home_damage: Option<ScanEnd>,
-    /// When the scan ends [`ScanEnd::CorruptMiddle`]: the home blocks that
-    /// verified revoke blocks of the failed transaction or of later ones
+    /// The home blocks that verified revoke blocks of the transaction the
+    /// walk stopped at (damaged, torn, or not there) or of later ones
     /// revoke. [`replay_plan`] replays no copy of them. A revoke block is
     /// written only once the home data it protects (a direct write's) is
     /// durable (ARCHITECTURE 23), so the home holds that block newer than
@@ -453,9 +453,11 @@ fn scan_from(
     let mut survey = survey_log(region, sb, sequence, find, &mut |n| progress(walked + n))?;
     out.blocks_read += u64::from(sb.max_len - sb.first);
     (out.end, out.unreadable) = decide(failure, &survey, sequence);
-    if matches!(out.end, ScanEnd::CorruptMiddle { .. }) {
-        out.late_revokes = std::mem::take(&mut survey.late_revokes);
-    }
+    // Whatever ended the walk (damage, a torn tail, the end): a revoke on
+    // disk means its direct write is home (session 31's damage pass: a
+    // torn or pipelined tail ignored them, and an older copy was replayed
+    // over an acknowledged FUA direct write).
+    out.late_revokes = std::mem::take(&mut survey.late_revokes);
     // IMPORTANT: the next transaction written must carry a sequence that
     // exists nowhere in the log area, or a stale block of an old lap could
     // pass for part of it at the next recovery.
@@ -1350,6 +1352,30 @@ mod tests {
         let s = scan(&region, &mut |_| {}).unwrap();
         assert!(s.late_revokes.is_empty(), "{:?}", s.end);
         assert_eq!(replay_plan(&s.txns, &s.late_revokes).0.len(), 1);
+    }
+
+    /// A revoke in a transaction recovery discards as a torn tail (its
+    /// commit block damaged) still cancels the copies before it: its direct
+    /// write is home (session 31's damage pass: the old copy was replayed
+    /// next to the acknowledged direct write's other blocks).
+    #[test]
+    fn a_revoke_in_a_torn_last_transaction_still_cancels_older_copies() {
+        let (region, sb) = journal();
+        let mut t = sb.clone();
+        write_txn(&region, &t, &vec![1; BS]); // 40: home 9
+        t.start += 3;
+        t.sequence += 1;
+        write_txn_with(&region, &t, &[], &[9]); // 41: revoke block, commit
+        damage(&region, t.start + 1); // 41's commit block
+        let s = scan(&region, &mut |_| {}).unwrap();
+        assert_eq!(sequences(&s), vec![40]);
+        assert!(
+            matches!(s.end, ScanEnd::TornTail { sequence: 41, .. }),
+            "{:?}",
+            s.end
+        );
+        assert_eq!(s.late_revokes, vec![9]);
+        assert!(replay_plan(&s.txns, &s.late_revokes).0.is_empty());
     }
 
     /// The same with the descriptor of the first transaction after the mark
