@@ -1378,8 +1378,9 @@ pub fn check(a: CheckArgs) -> anyhow::Result<()> {
                     pos,
                     reason,
                 } => {
-                    outln!("CORRUPT: transaction {sequence} (block {pos}): {reason}")?;
                     if let Some(at) = scan.unreadable {
+                        // A device error, exit 1 (README), not corruption.
+                        outln!("UNREADABLE: transaction {sequence} (block {pos}): {reason}")?;
                         // Session 31's fault pass: "cannot be replayed by any
                         // open" sent the operator to a rescue that discarded
                         // transactions still on the medium.
@@ -1391,8 +1392,9 @@ pub fn check(a: CheckArgs) -> anyhow::Result<()> {
                              read-only open serves the volume with the transactions before it; \
                              `jbdev journal rescue --force` would discard the rest for good"
                         )?;
-                        std::process::exit(EXIT_CORRUPT);
+                        std::process::exit(1);
                     }
+                    outln!("CORRUPT: transaction {sequence} (block {pos}): {reason}")?;
                     outln!(
                         "a read-write open will refuse this volume; a read-only open serves it \
                          with the transactions before {sequence} replayed (copy out what you \
@@ -1784,7 +1786,9 @@ fn dump_log(ins: &Inspection, jsb: &format::JournalSuperblock, all: bool) -> any
     let mut walked = 0u64;
     let usable = u64::from(len - first);
     while walked < usable {
-        let block = ins.read_journal_block(pos)?;
+        let block = ins.read_journal_block(pos).with_context(|| {
+            format!("reading journal block {pos} (an I/O error, not damage found in it)")
+        })?;
         walked += 1;
         let Some(view) = format::decode_log_block(&block, seed) else {
             if !all {

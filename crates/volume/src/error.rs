@@ -35,6 +35,10 @@ pub enum VolumeError {
     /// The journal is damaged in a way recovery cannot repair.
     #[error("corrupt journal: {0}")]
     CorruptJournal(String),
+    /// A journal block recovery needs could not be read (an I/O error):
+    /// not damage, the transactions from it on may replay once it reads.
+    #[error("{0}")]
+    UnreadableJournal(String),
     /// The journal found belongs to another volume (its uuid differs):
     /// the wrong `--journal`, or a recorded path that now names another
     /// volume's journal ([`crate::foreign_journal`] says which).
@@ -167,7 +171,10 @@ impl VolumeError {
             Self::ReadOnly => libc::EROFS,
             Self::Aborted { cause_errno, .. } if is_no_space(*cause_errno) => libc::ENOSPC,
             Self::StoreFull { .. } => libc::ENOSPC,
-            Self::Aborted { .. } | Self::JournalFileLost(_) | Self::Internal(_) => libc::EIO,
+            Self::Aborted { .. }
+            | Self::JournalFileLost(_)
+            | Self::UnreadableJournal(_)
+            | Self::Internal(_) => libc::EIO,
             Self::Closed => libc::EBADF,
         }
     }

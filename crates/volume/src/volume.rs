@@ -1091,8 +1091,13 @@ impl Volume {
                 (scan.unreadable, opts.read_only, opts.discard_after_damage)
             {
                 // Not damage found: the medium may still hold everything.
-                return Err(VolumeError::CorruptJournal(format!(
-                    "{end}; refusing a read-write open: journal block {at} could not be read \
+                let why = match &scan.end {
+                    ScanEnd::CorruptMiddle { reason, .. } => reason.as_str(),
+                    _ => "",
+                };
+                return Err(VolumeError::UnreadableJournal(format!(
+                    "the journal cannot be read where transaction {sequence} goes on ({why}); \
+                     refusing a read-write open: journal block {at} could not be read \
                      (an I/O error, not damage found in it), so transaction {sequence} and the \
                      later ones may still be intact: once the device reads it again, an open \
                      replays every committed transaction. Meanwhile a read-only open serves \
@@ -1109,8 +1114,15 @@ impl Volume {
                 )));
             }
             if !opts.read_only {
+                let end = match scan.unreadable {
+                    Some(at) => format!(
+                        "journal block {at}, in transaction {sequence}, could not be read \
+                         (an I/O error)"
+                    ),
+                    None => end.clone(),
+                };
                 tracing::warn!(
-                    "{end}: replaying the {} transaction(s) before the damage and discarding \
+                    "{end}: replaying the {} transaction(s) before it and discarding \
                      transaction {sequence} and every later one, as asked",
                     scan.txns.len()
                 );

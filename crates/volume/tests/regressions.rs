@@ -829,7 +829,8 @@ fn unreadable_journal_sector_refuses_read_write_but_read_only_rescues() {
         // (session 31's fault pass: the advice led to a rescue that
         // discarded acknowledged writes still on the medium).
         Err(e) => assert!(
-            e.to_string().contains("unreadable")
+            matches!(e, VolumeError::UnreadableJournal(_))
+                && e.to_string().contains("unreadable")
                 && e.to_string().contains("could not be read")
                 && !e.to_string().contains("cannot be replayed by any open"),
             "{e}"
