@@ -1381,17 +1381,7 @@ pub fn check(a: CheckArgs) -> anyhow::Result<()> {
                     if let Some(at) = scan.unreadable {
                         // A device error, exit 1 (README), not corruption.
                         outln!("UNREADABLE: transaction {sequence} (block {pos}): {reason}")?;
-                        // Session 31's fault pass: "cannot be replayed by any
-                        // open" sent the operator to a rescue that discarded
-                        // transactions still on the medium.
-                        outln!(
-                            "journal block {at} could not be read (an I/O error, not damage \
-                             found in it): transaction {sequence} and the later ones may still be \
-                             intact, and an open replays them all once the device reads it \
-                             again (retry; or copy the device, e.g. with ddrescue, first). A \
-                             read-only open serves the volume with the transactions before it; \
-                             `jbdev journal rescue --force` would discard the rest for good"
-                        )?;
+                        outln!("{}", jbdev_volume::unreadable_journal_advice(at, *sequence))?;
                         std::process::exit(1);
                     }
                     outln!("CORRUPT: transaction {sequence} (block {pos}): {reason}")?;
@@ -1654,15 +1644,14 @@ fn journal_rescue(
             );
         }
     }
-    if let (Some(at), false) = (scan.as_ref().and_then(|s| s.unreadable), force) {
-        anyhow::bail!(
-            "{}: journal block {at} could not be read (an I/O error, not damage found in it): \
-             the transactions from it on may still be intact on the medium, and an open \
-             replays them all once the device reads it again. Nothing was changed. Retry \
-             later, or copy the device first (e.g. with ddrescue); --force discards them for \
-             good, as for damage",
-            path.display()
-        );
+    if let Some(s) = scan.as_ref().filter(|_| !force) {
+        if let (Some(at), ScanEnd::CorruptMiddle { sequence, .. }) = (s.unreadable, &s.end) {
+            anyhow::bail!(
+                "{}: nothing was changed: {}",
+                path.display(),
+                jbdev_volume::unreadable_journal_advice(at, *sequence)
+            );
+        }
     }
     let Some((sequence, pos, reason)) = scan.and_then(|s| match s.end {
         ScanEnd::CorruptMiddle {

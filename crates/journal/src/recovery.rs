@@ -866,49 +866,28 @@ fn for_each_log_block(
 /// The decision table (see the module documentation), and the block
 /// whose read error decided it, if one did ([`Scan::unreadable`]).
 fn decide(failure: Bad, survey: &Survey, sequence: u32) -> (ScanEnd, Option<u32>) {
-    if failure.unreadable {
-        let at = failure.pos;
-        return (
-            ScanEnd::CorruptMiddle {
-                sequence,
-                pos: at,
-                reason: failure.reason,
-            },
-            Some(at),
-        );
-    }
-    // The survey's unreadable block decides the end exactly when no later
-    // transaction does (the second rule below).
-    let unreadable = match (survey.later_at, &survey.unreadable) {
-        (None, Some((at, _))) => Some(*at),
-        _ => None,
+    let middle = |pos: u32, reason: String| ScanEnd::CorruptMiddle {
+        sequence,
+        pos,
+        reason,
     };
-    (decide_readable(failure, survey, sequence), unreadable)
-}
-
-/// [`decide`] for a walk that did not end at a read error.
-fn decide_readable(failure: Bad, survey: &Survey, sequence: u32) -> ScanEnd {
+    if failure.unreadable {
+        return (middle(failure.pos, failure.reason), Some(failure.pos));
+    }
     if let Some((at, later)) = survey.later_at {
-        return ScanEnd::CorruptMiddle {
-            sequence,
-            pos: failure.pos,
-            reason: format!(
-                "{} (transaction {later} found at block {at})",
-                failure.reason
-            ),
-        };
+        let why = format!(
+            "{} (transaction {later} found at block {at})",
+            failure.reason
+        );
+        return (middle(failure.pos, why), None);
     }
     if let Some((at, e)) = &survey.unreadable {
         // A later transaction could hide in the block we cannot read.
-        return ScanEnd::CorruptMiddle {
-            sequence,
-            pos: *at,
-            reason: format!(
-                "journal block {at} is unreadable ({e}); the end of the log cannot be proven"
-            ),
-        };
+        let why =
+            format!("journal block {at} is unreadable ({e}); the end of the log cannot be proven");
+        return (middle(*at, why), Some(*at));
     }
-    if let (true, Some(at)) = (failure.at_boundary, survey.own_commit_at) {
+    let end = if let (true, Some(at)) = (failure.at_boundary, survey.own_commit_at) {
         // Discarded all the same (nothing later proves it durable), but
         // said: "the log ends cleanly" hid a transaction whose first block
         // was damaged (session 23's adversarial pass).
@@ -928,7 +907,8 @@ fn decide_readable(failure: Bad, survey: &Survey, sequence: u32) -> ScanEnd {
             pos: failure.pos,
             reason: failure.reason,
         }
-    }
+    };
+    (end, None)
 }
 
 /// Passes 2 and 3 (planning): the revoke table and, per home block, the copy

@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use jbdev_device::{open_device, AlignedBuf, BlockDevice, FlushCoalescer};
+use jbdev_device::{open_device, AlignedBuf, BlockDevice};
 use jbdev_journal::format::JournalSuperblock;
 use jbdev_journal::JournalRegion;
 
@@ -123,13 +123,7 @@ pub fn inspect_volume(
             }
         }
     };
-    let region = JournalRegion::new(
-        jdev,
-        Arc::new(FlushCoalescer::new()),
-        joff,
-        bs,
-        (jlen / u64::from(bs)) as u32,
-    )?;
+    let region = crate::volume::journal_region_at(jdev, joff, jlen, bs)?;
     let journal_superblock = region
         .read_superblock()
         .map_err(|e| JournalSuperblockError {

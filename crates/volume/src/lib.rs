@@ -44,7 +44,8 @@ pub use volume::{
     check_replay_plan, default_journal_bytes, describe_scan_end, file_format_would_create,
     foreign_journal, format_layout, home_behind_journal, journal_behind_home, journal_target,
     refusal_by_superblocks, relative_recorded_journal, scan_journal, session_mismatch,
-    stale_journal, CreateTarget, Extent, ExtentState, FormatLayout, JournalAt, JournalProbe,
-    ProgressTicker, RecoveryReport, SessionMismatch, Stats, TargetRole, TouchedBlocks, Transaction,
-    TxnExtents, Volume, WriteFlags, MIN_JOURNAL_BLOCKS, TXN_HELD_FACTOR,
+    stale_journal, unreadable_journal_advice, CreateTarget, Extent, ExtentState, FormatLayout,
+    JournalAt, JournalProbe, ProgressTicker, RecoveryReport, SessionMismatch, Stats, TargetRole,
+    TouchedBlocks, Transaction, TxnExtents, Volume, WriteFlags, MIN_JOURNAL_BLOCKS,
+    TXN_HELD_FACTOR,
 };

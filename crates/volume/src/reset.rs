@@ -12,9 +12,8 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use jbdev_device::{open_device, BlockDevice, FlushCoalescer};
+use jbdev_device::{open_device, BlockDevice};
 use jbdev_journal::recovery::ScanEnd;
-use jbdev_journal::JournalRegion;
 
 use crate::superblock::{JournalLocation, VolumeSuperblock};
 use crate::volume::{
@@ -110,7 +109,7 @@ fn reset(
     } = &sb.journal
     else {
         refuse_unused_journal_path(path, journal)?;
-        return reset_device(dev, None, force, pass, None);
+        return reset_device(dev, &sb, None, force, pass, None);
     };
     let (jp, _) = external_journal_path(path, path_hint, journal)?;
     // Only a missing journal is created, and an existing one is extended
@@ -181,8 +180,8 @@ fn reset(
         } else {
             crate::JournalAt::Recorded(&jp)
         };
-        let mut r =
-            reset_device(dev, Some(opened.device), force, pass, Some(at)).map_err(|e| match e {
+        let mut r = reset_device(dev, &sb, Some(opened.device), force, pass, Some(at)).map_err(
+            |e| match e {
                 // Name the journal the refusal is about: found by the path the
                 // volume recorded, it may be another volume's (a copy's
                 // original), and --force would discard what that one holds.
@@ -197,7 +196,8 @@ fn reset(
                     }
                 )),
                 e => e,
-            })?;
+            },
+        )?;
         r.location = jp.display().to_string();
         r.created = created.is_some();
         if r.created {
@@ -225,21 +225,22 @@ pub fn reset_journal_device(
     journal: Option<Arc<dyn BlockDevice>>,
     force: bool,
 ) -> Result<JournalReset> {
-    read_volume_superblock(dev.as_ref(), "the volume device")?;
-    reset_device(dev, journal, force, Pass::Write, None)
+    let sb = read_volume_superblock(dev.as_ref(), "the volume device")?;
+    reset_device(dev, &sb, journal, force, Pass::Write, None)
 }
 
+/// The reset of the volume on `dev`, whose superblock the caller read
+/// (`sb`: once, so a damaged first copy is warned of once).
 fn reset_device(
     dev: Arc<dyn BlockDevice>,
+    sb: &VolumeSuperblock,
     journal: Option<Arc<dyn BlockDevice>>,
     force: bool,
     pass: Pass,
     at: Option<crate::JournalAt<'_>>,
 ) -> Result<JournalReset> {
-    // Its callers read it first (and warned of a damaged first copy).
-    let (sb, _) = crate::volume::read_volume_superblock_copy(dev.as_ref(), "the volume device")?;
     if pass == Pass::Write {
-        crate::volume::refuse_unknown_ro_compat(&sb, false)?;
+        crate::volume::refuse_unknown_ro_compat(sb, false)?;
     }
     let bs = sb.block_size;
     let (jdev, joff, jlen, location) = match (&sb.journal, journal) {
@@ -275,7 +276,7 @@ fn reset_device(
         JournalLocation::Internal { .. } => crate::JournalAt::Internal,
         JournalLocation::External { .. } => crate::JournalAt::Device,
     });
-    let previous = describe_old_journal(&jdev, joff, jlen, &sb, at)?;
+    let previous = describe_old_journal(&jdev, joff, jlen, sb, at)?;
     match &previous {
         Old::Refused { why, .. } if !force => {
             return Err(VolumeError::InvalidArgument(why.clone()));
@@ -332,13 +333,7 @@ fn describe_old_journal(
     at: crate::JournalAt<'_>,
 ) -> Result<Old> {
     let (bs, uuid) = (sb.block_size, sb.journal_uuid());
-    let region = JournalRegion::new(
-        jdev.clone(),
-        Arc::new(FlushCoalescer::new()),
-        joff,
-        bs,
-        (jlen / u64::from(bs)) as u32,
-    )?;
+    let region = crate::volume::journal_region_at(jdev.clone(), joff, jlen, bs)?;
     let scan = match crate::volume::scan_journal(&region, sb, &mut |_| {}) {
         Ok(scan) => scan,
         Err(jbdev_journal::JournalError::Device(e)) => {
@@ -543,7 +538,7 @@ fn region_is_zero(jdev: &Arc<dyn BlockDevice>, joff: u64, jlen: u64) -> Result<b
 /// records no checkpoint mark (the tail cannot be known), and a log whose
 /// transaction after the mark has no first block to start from.
 pub fn rebuild_journal_superblock(path: &Path) -> Result<String> {
-    use jbdev_journal::format::{FormatError, JournalSuperblock};
+    use jbdev_journal::format::FormatError;
     use jbdev_journal::JournalError;
     let dopts = jbdev_device::OpenOptions {
         exclusive: true,
@@ -564,14 +559,7 @@ pub fn rebuild_journal_superblock(path: &Path) -> Result<String> {
         ));
     };
     let bs = sb.block_size;
-    let jblocks = (len_bytes / u64::from(bs)) as u32;
-    let region = JournalRegion::new(
-        dev.clone(),
-        Arc::new(FlushCoalescer::new()),
-        offset_bytes,
-        bs,
-        jblocks,
-    )?;
+    let region = crate::volume::journal_region_at(dev.clone(), offset_bytes, len_bytes, bs)?;
     let lost = match region.read_superblock() {
         Ok(_) => {
             return Err(VolumeError::InvalidArgument(
@@ -597,9 +585,8 @@ pub fn rebuild_journal_superblock(path: &Path) -> Result<String> {
              replaces the journal, dropping what only its log holds)"
         )));
     }
-    let mut template = JournalSuperblock::new(bs, jblocks, sb.uuid);
-    template.max_transaction = (jblocks / 4).max(3);
-    template.session = sb.journal_session;
+    let mut template =
+        crate::volume::fresh_journal_superblock(&region, sb.uuid, sb.journal_session);
     // The deepest pipeline any writer may have used: a commit block's
     // overlap is checked against it.
     template.pipeline_depth = jbdev_journal::recovery::MAX_PIPELINE_DEPTH;

@@ -539,6 +539,41 @@ pub(crate) fn write_volume_superblock(dev: &dyn BlockDevice, vsb: &VolumeSuperbl
     Ok(())
 }
 
+/// The journal region of `len_bytes` at `off` of `dev`, with blocks of
+/// `bs` bytes and a flush coalescer of its own: for the commands that work
+/// on a journal without a running volume (format, inspection, reset,
+/// rescue).
+pub(crate) fn journal_region_at(
+    dev: Arc<dyn BlockDevice>,
+    off: u64,
+    len_bytes: u64,
+    bs: u32,
+) -> Result<JournalRegion> {
+    let blocks = (len_bytes / u64::from(bs)) as u32;
+    Ok(JournalRegion::new(
+        dev,
+        Arc::new(FlushCoalescer::new()),
+        off,
+        bs,
+        blocks,
+    )?)
+}
+
+/// A clean journal superblock for all of `region`: jbd2's transaction cap
+/// of a quarter of the journal, this volume's journal `uuid`, the session
+/// stamp `session`.
+pub(crate) fn fresh_journal_superblock(
+    region: &JournalRegion,
+    uuid: [u8; 16],
+    session: u32,
+) -> JournalSuperblock {
+    let blocks = region.len_blocks();
+    let mut jsb = JournalSuperblock::new(region.block_size(), blocks, uuid);
+    jsb.max_transaction = (blocks / 4).max(3);
+    jsb.session = session;
+    jsb
+}
+
 /// Writes an empty journal of `journal_bytes` at `joff` of `jdev`, for a
 /// volume whose journal uuid is `uuid`, and flushes it: zeroes over the
 /// whole log (not a hole punch: a dump of a fresh journal shows nothing
@@ -553,14 +588,7 @@ pub(crate) fn write_empty_journal(
     uuid: [u8; 16],
     session: u32,
 ) -> Result<()> {
-    let jblocks = (journal_bytes / u64::from(bs)) as u32;
-    let region = JournalRegion::new(
-        jdev.clone(),
-        Arc::new(FlushCoalescer::new()),
-        joff,
-        bs,
-        jblocks,
-    )?;
+    let region = journal_region_at(jdev.clone(), joff, journal_bytes, bs)?;
     let zeros = AlignedBuf::zeroed(1 << 20);
     let mut done = 0u64;
     while done < journal_bytes {
@@ -568,10 +596,8 @@ pub(crate) fn write_empty_journal(
         jdev.write_at(&zeros[..n], joff + done, IoPriority::Urgent)?;
         done += n as u64;
     }
-    let mut jsb = JournalSuperblock::new(bs, jblocks, uuid);
+    let mut jsb = fresh_journal_superblock(&region, uuid, session);
     jsb.users = vec![uuid];
-    jsb.max_transaction = (jblocks / 4).max(3);
-    jsb.session = session;
     region.write_superblock_full(&jsb)?;
     jdev.flush()?;
     Ok(())
@@ -1086,23 +1112,18 @@ impl Volume {
         }
         let was_clean = scan.end == ScanEnd::CleanJournal;
         let end = describe_scan_end(&scan.end);
-        if let ScanEnd::CorruptMiddle { sequence, .. } = scan.end {
+        if let ScanEnd::CorruptMiddle {
+            sequence,
+            ref reason,
+            ..
+        } = scan.end
+        {
             if let (Some(at), false, false) =
                 (scan.unreadable, opts.read_only, opts.discard_after_damage)
             {
-                // Not damage found: the medium may still hold everything.
-                let why = match &scan.end {
-                    ScanEnd::CorruptMiddle { reason, .. } => reason.as_str(),
-                    _ => "",
-                };
                 return Err(VolumeError::UnreadableJournal(format!(
-                    "the journal cannot be read where transaction {sequence} goes on ({why}); \
-                     refusing a read-write open: journal block {at} could not be read \
-                     (an I/O error, not damage found in it), so transaction {sequence} and the \
-                     later ones may still be intact: once the device reads it again, an open \
-                     replays every committed transaction. Meanwhile a read-only open serves \
-                     the volume with the transactions before it replayed. `jbdev journal \
-                     rescue --force` would discard the rest for good"
+                    "transaction {sequence}: {reason}; refusing a read-write open: {}",
+                    unreadable_journal_advice(at, sequence)
                 )));
             }
             if !opts.read_only && !opts.discard_after_damage {
@@ -2094,6 +2115,22 @@ pub fn describe_scan_end(end: &ScanEnd) -> String {
             format!("transaction {sequence} at journal block {pos} is corrupt: {reason}")
         }
     }
+}
+
+/// What to say of a log that ends at block `at` of transaction `sequence`
+/// because the block could not be read ([`recovery::Scan::unreadable`]):
+/// not damage, so nothing is lost yet. The read-write refusal, `check` and
+/// `journal rescue` say it (session 31's fault pass: "cannot be replayed by
+/// any open" sent an operator to a rescue that discarded acknowledged
+/// writes still on the medium).
+pub fn unreadable_journal_advice(at: u32, sequence: u32) -> String {
+    format!(
+        "journal block {at} could not be read (an I/O error, not damage found in it): \
+         transaction {sequence} and the later ones may still be intact, and an open replays \
+         them all once the device reads it again (retry, or copy the device first, e.g. with \
+         ddrescue). A read-only open serves the volume with the transactions before it; \
+         `jbdev journal rescue --force` discards the rest for good"
+    )
 }
 
 /// Threads that replay a journal at once (each with its own batches of
