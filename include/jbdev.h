@@ -287,6 +287,11 @@ typedef struct jbdev_stats {
   // them durable (plain writes no flush or FUA covered yet): readable
   // until `jbdev_close`, lost then.
   uint64_t salvage_uncommitted_blocks;
+  // Fields from here on were added in version 4 (check `struct_size`,
+  // or `JBDEV_STATS_HAS`).
+  // Journaled writes that waited so that a large (direct) write's
+  // revoke of one of their blocks reaches the journal before their copy.
+  uint64_t revoke_order_waits;
 } jbdev_stats;
 
 #ifdef __cplusplus

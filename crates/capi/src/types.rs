@@ -220,6 +220,11 @@ pub struct jbdev_stats {
     /// them durable (plain writes no flush or FUA covered yet): readable
     /// until `jbdev_close`, lost then.
     pub salvage_uncommitted_blocks: u64,
+    /// Fields from here on were added in version 4 (check `struct_size`,
+    /// or `JBDEV_STATS_HAS`).
+    /// Journaled writes that waited so that a large (direct) write's
+    /// revoke of one of their blocks reaches the journal before their copy.
+    pub revoke_order_waits: u64,
 }
 
 /// Size of version 1 of each struct: the smallest `struct_size` accepted.
@@ -379,6 +384,7 @@ impl jbdev_stats {
             salvaged_blocks: s.salvaged_blocks,
             store_full_attempts: s.store_full_attempts,
             salvage_uncommitted_blocks: s.salvage_uncommitted_blocks,
+            revoke_order_waits: s.revoke_order_waits,
         }
     }
 }

@@ -1039,6 +1039,13 @@ impl Collector_ {
         )?;
         family(
             enc,
+            "jbdev_revoke_order_waits",
+            "Journaled writes that waited so that a large write's revoke of their block reaches the journal first.",
+            MetricType::Counter,
+            &counter(|s| s.revoke_order_waits),
+        )?;
+        family(
+            enc,
             "jbdev_paced_writes",
             "Journaled writes that paused because the log was filling faster than the checkpoint empties it (--write-pacing).",
             MetricType::Counter,

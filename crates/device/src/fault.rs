@@ -42,6 +42,9 @@
 //! * [`FaultDevice::fail_read`] (one transient read error) and
 //!   [`FaultDevice::set_unreadable`] (a bad range: every read touching it
 //!   fails until [`FaultDevice::clear_unreadable`]).
+//! * [`FaultDevice::hold_writes`]: writes overlapping a byte range wait
+//!   (before they take effect) until the hold is released, so a test can
+//!   stop a layer above half-way through a write and act meanwhile.
 //! * Power domains: devices made with [`FaultDevice::new_in_domain`] share
 //!   one power supply — `crash_after_ops` counts the mutating ops of all of
 //!   them, and the cut hits all of them at the same moment (a volume and its
@@ -279,6 +282,60 @@ pub struct FaultDevice {
     next_queue: std::sync::atomic::AtomicU64,
     /// Seeds the completion order of queues (see [`FaultDevice::set_queue_seed`]).
     queue_seed: std::sync::atomic::AtomicU64,
+    /// [`FaultDevice::hold_writes`]: the hold writes wait at, if any.
+    hold: Mutex<Option<std::sync::Arc<WriteHold>>>,
+}
+
+/// Writes overlapping a byte range wait at it until [`WriteHold::release`]
+/// ([`FaultDevice::hold_writes`]).
+pub struct WriteHold {
+    from: u64,
+    to: u64,
+    /// (released, writes that have reached it)
+    state: Mutex<(bool, u64)>,
+    cv: parking_lot::Condvar,
+}
+
+impl WriteHold {
+    /// Writes that have reached the hold so far (waiting now or released).
+    pub fn reached(&self) -> u64 {
+        self.state.lock().1
+    }
+
+    /// Waits until a write has reached the hold, at most `limit`; true if
+    /// one did.
+    pub fn wait_reached(&self, limit: std::time::Duration) -> bool {
+        let deadline = std::time::Instant::now() + limit;
+        let mut st = self.state.lock();
+        while st.1 == 0 {
+            if self.cv.wait_until(&mut st, deadline).timed_out() {
+                return st.1 > 0;
+            }
+        }
+        true
+    }
+
+    /// Lets every held write (and every later one) go on.
+    pub fn release(&self) {
+        self.state.lock().0 = true;
+        self.cv.notify_all();
+    }
+
+    /// Waits here while the hold lasts if `[offset, offset + len)` meets it.
+    fn pass(&self, offset: u64, len: u64) {
+        if offset >= self.to || offset + len <= self.from {
+            return;
+        }
+        let mut st = self.state.lock();
+        if st.0 {
+            return;
+        }
+        st.1 += 1;
+        self.cv.notify_all();
+        while !st.0 {
+            self.cv.wait(&mut st);
+        }
+    }
 }
 
 /// What happens to a mutating operation before it touches the images.
@@ -368,7 +425,23 @@ impl FaultDevice {
             size_bytes,
             next_queue: std::sync::atomic::AtomicU64::new(0),
             queue_seed: std::sync::atomic::AtomicU64::new(0),
+            hold: Mutex::new(None),
         }
+    }
+
+    /// From now on, writes (and write-zeroes) overlapping `[offset, offset +
+    /// len)` wait, before they take effect, until the returned hold is
+    /// released. Replaces an earlier hold (writes already waiting at it
+    /// keep waiting for its release).
+    pub fn hold_writes(&self, offset: u64, len: u64) -> std::sync::Arc<WriteHold> {
+        let hold = std::sync::Arc::new(WriteHold {
+            from: offset,
+            to: offset + len,
+            state: Mutex::new((false, 0)),
+            cv: parking_lot::Condvar::new(),
+        });
+        *self.hold.lock() = Some(hold.clone());
+        hold
     }
 
     /// After `n` more mutating operations (write, write_zeroes, flush)
@@ -617,6 +690,10 @@ impl FaultDevice {
     ) -> (Result<()>, Option<u64>) {
         if let Err(e) = check_request(self.size_bytes, self.sector_size, offset, len) {
             return (Err(e), None);
+        }
+        let hold = self.hold.lock().clone();
+        if let Some(hold) = hold {
+            hold.pass(offset, len);
         }
         let mut st = self.state.lock();
         let queued_id = queue.map(|q| {

@@ -131,6 +131,13 @@ pub enum Source {
 }
 
 impl Shard {
+    /// Whether a direct write in flight covers `lba` while the log holds a
+    /// copy of it (or a revoke): that direct write will add a revoke for
+    /// the block once its home I/O is done.
+    pub fn direct_over_logged(&self, lba: Lba) -> bool {
+        self.map.contains_key(&lba) && self.pending.iter().any(|p| p.start <= lba && lba < p.end)
+    }
+
     /// The current content of `lba` as a read right now would return it.
     pub fn source(&self, lba: Lba, block_size: usize) -> Source {
         let journaled = self.map.get(&lba).and_then(|e| e.newest.as_ref());

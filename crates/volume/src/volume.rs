@@ -135,6 +135,11 @@ pub struct Stats {
     pub device_flushes: u64,
     /// Times a writer found the journal full and waited for space.
     pub log_space_waits: u64,
+    /// Journaled writes that waited so that a direct write's revoke of
+    /// one of their blocks reaches the log before their copy: for the
+    /// direct write's home I/O, or for the commit of its revoke
+    /// (ARCHITECTURE 23).
+    pub revoke_order_waits: u64,
     /// The checkpoint's last attempt found the backing store full
     /// ([`VolumeError::StoreFull`]): writes fail with `ENOSPC` once the
     /// journal is full, until space is freed.
@@ -1968,6 +1973,7 @@ impl Volume {
             commits_pipelined: s.chained_commits,
             device_flushes,
             log_space_waits: s.log_space_waits,
+            revoke_order_waits: s.revoke_order_waits,
             store_full,
             store_full_attempts,
             paced_writes: s.paced_writes,

@@ -13,6 +13,7 @@
 mod common;
 
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use jbdev_device::fault::FaultDevice;
 use jbdev_volume::{OpenOptions, Volume, WriteFlags};
@@ -101,6 +102,63 @@ fn a_revoke_superseded_in_its_own_transaction_still_precedes_the_newer_copy() {
     vol.flush().expect("flush");
     dev.cut_power();
     drop(vol);
+    revoke_precedes_the_newer_copy(&dev, x, &direct[3 * BS as usize..4 * BS as usize], &newest);
+}
+
+/// A journaled copy A of a block, then a direct write over it with FUA and
+/// a journaled copy L of the same block that arrives while the direct
+/// write's home I/O is in flight. L once went into the log at once, so the
+/// direct write found a newer copy of the block and added no revoke for it
+/// (replay must not cancel the newer copy); with L's transaction damaged,
+/// recovery put A back next to the direct write's other blocks (the racing
+/// case left open in session 31). L now waits for the direct write and
+/// logs its copy after the revoke.
+#[test]
+fn a_journaled_write_racing_a_direct_write_logs_its_copy_after_the_revoke() {
+    let dev = common::formatted_fault_device(DATA, JOURNAL);
+    let image = dev.live_image();
+    let data_offset = u64::from_le_bytes(image[40..48].try_into().expect("8 bytes"));
+    assert!(
+        data_offset >= BS + JOURNAL,
+        "home after the journal: {data_offset}"
+    );
+    let vol = Volume::open_device(dev.clone(), None, &opts()).expect("open");
+    let off = 32 * BS;
+    let x = off + 3 * BS;
+    let direct = pattern(BIG, 2);
+    let newest = pattern(BS as usize, 3);
+    vol.write_at(&pattern(BS as usize, 1), x, WriteFlags::FUA)
+        .expect("journaled A");
+    let hold = dev.hold_writes(data_offset + off, BIG as u64);
+    std::thread::scope(|s| {
+        let d = s.spawn(|| vol.write_at(&direct, off, WriteFlags::FUA));
+        assert!(
+            hold.wait_reached(Duration::from_secs(60)),
+            "the direct write never reached its home I/O"
+        );
+        let l = s.spawn(|| vol.write_at(&newest, x, WriteFlags::FUA));
+        // L runs as far as it can while the direct write is held: to its
+        // end (the old order) or into its wait for the direct write.
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !l.is_finished() && vol.stats().revoke_order_waits == 0 {
+            assert!(Instant::now() < deadline, "L neither finished nor waited");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        hold.release();
+        d.join().expect("direct thread").expect("direct write");
+        l.join().expect("L thread").expect("journaled L");
+    });
+    assert_eq!(vol.stats().direct_writes, 1, "one direct write");
+    dev.cut_power();
+    drop(vol);
+    revoke_precedes_the_newer_copy(&dev, x, &direct[3 * BS as usize..4 * BS as usize], &newest);
+}
+
+/// Checks the durable log of `dev`: two transactions hold copies of block
+/// `x` (A, then L), and a direct write's revoke is logged between them; with
+/// L's transaction damaged, the block reads the direct write's `direct`
+/// (or `newest`, L), never A.
+fn revoke_precedes_the_newer_copy(dev: &FaultDevice, x: u64, direct: &[u8], newest: &[u8]) {
     let mut image = dev.durable_image();
 
     let scan = jbdev_volume::journal::recovery::scan(
@@ -154,9 +212,8 @@ fn a_revoke_superseded_in_its_own_transaction_still_precedes_the_newer_copy() {
     .expect("read-only rescue");
     let mut back = vec![0u8; BS as usize];
     ro.read_at(&mut back, x).expect("read");
-    let want = &direct[3 * BS as usize..4 * BS as usize];
     assert!(
-        back == want || back == newest,
+        back == direct || back == newest,
         "block {home} read A back after L's transaction was damaged"
     );
 }

@@ -310,6 +310,9 @@ pub struct StatsInner {
     /// Commits written while an older commit was in flight.
     pub chained_commits: u64,
     pub log_space_waits: u64,
+    /// Journaled writes that waited for a direct write's revoke of their
+    /// block to reach the log first (ARCHITECTURE 23).
+    pub revoke_order_waits: u64,
     /// Journaled writes that paused (`Engine::pace`), and the time they slept.
     pub paced_writes: u64,
     pub pace_sleep_us: u64,
@@ -698,6 +701,7 @@ impl Engine {
                 direct_writes_uncopied: 0,
                 chained_commits: 0,
                 log_space_waits: 0,
+                revoke_order_waits: 0,
                 paced_writes: 0,
                 pace_sleep_us: 0,
                 bulk_read_yields: 0,

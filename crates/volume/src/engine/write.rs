@@ -188,7 +188,32 @@ impl Engine {
                 if nowait {
                     return Ok(Joined::WouldBlock);
                 }
+                self.stats.lock().revoke_order_waits += 1;
                 self.wait_commit(tid)?;
+                reads_due = true;
+                pre_read.clear();
+                continue;
+            }
+            // IMPORTANT: the same for a direct write still in flight over a
+            // block with an older copy in the log: its revoke is not there
+            // yet, and a copy published now would be newer than it, so the
+            // direct write would add no revoke for the block at all (replay
+            // must not cancel the newer copy) — and with the newer copy's
+            // transaction damaged, the older copy would come back next to
+            // the direct write's other blocks. Wait for the direct write to
+            // add its revoke (the rule above then commits it first).
+            let direct_pending = lbas.iter().any(|&b| {
+                let sh = &guards[guard_of(&guards, b)].1;
+                sh.direct_over_logged(b)
+            });
+            if direct_pending {
+                drop(guards);
+                drop(stripe);
+                if nowait {
+                    return Ok(Joined::WouldBlock);
+                }
+                self.stats.lock().revoke_order_waits += 1;
+                self.wait_direct_writes(&lbas)?;
                 reads_due = true;
                 pre_read.clear();
                 continue;
@@ -258,6 +283,27 @@ impl Engine {
             drop(guards);
             drop(stripe);
             return Ok(Joined::In(tid));
+        }
+    }
+
+    /// Waits until no direct write in flight covers a block of `lbas` that
+    /// has an older copy in the log (see `journal_ops`). A direct write
+    /// leaves its pending state after its home I/O (many milliseconds for
+    /// the large writes that go direct), so polling every 100 us costs
+    /// little. A stream of overlapping direct writes with no gap between
+    /// them would keep the writer waiting, as it waits for any writer
+    /// ahead of it.
+    fn wait_direct_writes(&self, lbas: &[Lba]) -> Result<()> {
+        loop {
+            self.check_writable()?;
+            let busy = lbas.iter().any(|&b| {
+                let sh = self.overlay.lock_block(b);
+                sh.direct_over_logged(b)
+            });
+            if !busy {
+                return Ok(());
+            }
+            std::thread::sleep(Duration::from_micros(100));
         }
     }
 
