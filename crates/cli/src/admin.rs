@@ -1120,15 +1120,20 @@ fn journal_superblock_or_exit(
         journal,
         first.starts_with(&format::JBD2_MAGIC.to_be_bytes()),
     ) {
-        let what = if first.starts_with(&jbdev_volume::superblock::VOLUME_MAGIC) {
-            "a jbdev volume"
+        let (what, hint) = if first.starts_with(&jbdev_volume::superblock::VOLUME_MAGIC) {
+            ("a jbdev volume", "the wrong --journal?")
+        } else if first.iter().all(|&b| b == 0) {
+            (
+                "no jbdev journal",
+                "its first block is all zeroes: the wrong --journal, or this volume's journal \
+                 with its superblock lost (a `jbdev journal reset` cut short leaves this; \
+                 running it again with --force replaces the journal, dropping what only its \
+                 log holds)",
+            )
         } else {
-            "no jbdev journal"
+            ("no jbdev journal", "the wrong --journal?")
         };
-        anyhow::bail!(
-            "--journal {} is {what} ({e}): the wrong --journal?",
-            j.display()
-        );
+        anyhow::bail!("--journal {} is {what} ({e}): {hint}", j.display());
     }
     // An intact superblock (its checksum held) with features this jbdev
     // does not know: not damage.
@@ -1139,7 +1144,19 @@ fn journal_superblock_or_exit(
         );
     }
     outln!("journal superblock: CORRUPT: {e}")?;
-    if matches!(ins.superblock.journal, JournalLocation::Internal { .. }) {
+    let sb = &ins.superblock;
+    let internal = matches!(sb.journal, JournalLocation::Internal { .. });
+    if internal && sb.checkpoint_sequence == 0 && sb.checkpoint_mark_session == 0 {
+        // What `journal rescue` needs is missing: say the step that works
+        // (session 32's crash pass: an interrupted `journal reset --force`
+        // clears the mark first, and rescue then refused).
+        outln!(
+            "every open refuses the volume; the volume records no checkpoint mark, so where \
+             the log begins cannot be known and the superblock cannot be rebuilt; `jbdev \
+             journal reset --force` replaces the journal, dropping what only its log holds (a \
+             `journal reset --force` cut short leaves this state: run it again)"
+        )?;
+    } else if internal {
         outln!(
             "every open refuses the volume; `jbdev journal rescue` rebuilds this superblock \
              from the volume superblock's checkpoint mark and the log (where the volume \

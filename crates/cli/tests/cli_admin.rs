@@ -2503,3 +2503,60 @@ fn a_relative_recorded_journal_path_is_never_reset_in_the_current_directory() {
     );
     assert!(jnl.exists());
 }
+
+/// What a `journal reset` cut short leaves is put right by running it again
+/// (session 32's crash pass): an external journal file created but not yet
+/// sized (0 bytes) was refused as "the wrong --journal?" without --force;
+/// and `check` of a volume whose journal superblock and checkpoint mark a
+/// `journal reset --force` had already cleared advised `journal rescue`,
+/// which cannot rebuild it without the mark.
+#[test]
+fn a_journal_reset_cut_short_is_put_right_by_running_it_again() {
+    // An empty file where the external journal was lost.
+    let (_dir, img, jnl) = external_16m();
+    let (i, j) = (img.to_str().unwrap(), jnl.to_str().unwrap());
+    std::fs::File::create(&jnl).unwrap();
+    let o = jbdev(&["check", i]);
+    assert_clean_error(&o, "check with an empty journal file");
+    assert!(text(&o).contains("run that reset again"), "{}", text(&o));
+    let o = jbdev(&["journal", "reset", i, "--journal", j]);
+    assert!(o.status.success(), "reset again: {}", text(&o));
+    assert!(text(&o).contains("an empty file"), "{}", text(&o));
+    let o = jbdev(&["check", i]);
+    assert!(o.status.success(), "{}", text(&o));
+
+    // An internal journal with its superblock and the volume's checkpoint
+    // mark cleared, as a `journal reset --force` leaves them part-way.
+    let dir = tempfile::tempdir().unwrap();
+    let img = dir.path().join("v.img");
+    let i = img.to_str().unwrap();
+    format_16m(i, &[]);
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&img)
+        .unwrap();
+    let mut block = vec![0u8; 4096];
+    f.read_exact_at(&mut block, 0).unwrap();
+    let (mut sb, _) =
+        jbdev_volume::superblock::VolumeSuperblock::decode_block(&block).expect("superblock");
+    sb.checkpoint_sequence = 0;
+    sb.checkpoint_mark_session = 0;
+    sb.encode_block(&mut block);
+    f.write_all_at(&block, 0).unwrap();
+    f.write_all_at(&[0u8; 4096], 4096).unwrap();
+    drop(f);
+    let o = jbdev(&["check", i]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(
+        text(&o).contains("reset --force") && !text(&o).contains("journal rescue"),
+        "check names the step that works: {}",
+        text(&o)
+    );
+    let o = jbdev(&["journal", "rescue", i]);
+    assert_clean_error(&o, "rescue without a checkpoint mark");
+    let o = jbdev(&["journal", "reset", i, "--force"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let o = jbdev(&["check", i]);
+    assert!(o.status.success(), "{}", text(&o));
+}

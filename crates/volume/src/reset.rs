@@ -151,8 +151,13 @@ fn reset(
         // cannot grow: reset_journal_device refuses it).
         let truncated =
             held < *len_bytes && (opened.watch.is_some() || jbdev_device::is_rbd_target(&jp));
+        // An empty file holds nothing to lose: it is what a reset cut short
+        // right after creating the journal file leaves (session 32's crash
+        // pass), so it is made whole as a missing one would be, without
+        // --force.
+        let empty = crate::volume::external::empty_file(opened.watch.as_ref());
         if truncated {
-            if !force {
+            if !force && !empty {
                 if !is_journal_of(opened.device.as_ref(), *uuid) {
                     return Err(VolumeError::InvalidArgument(format!(
                         "{} is not this volume's journal (it holds {held} bytes, less than the \
@@ -169,7 +174,11 @@ fn reset(
                 return Ok(JournalReset {
                     location: jp.display().to_string(),
                     created: false,
-                    previous: "a truncated journal file".into(),
+                    previous: if empty {
+                        "an empty file (0 bytes)".into()
+                    } else {
+                        "a truncated journal file".into()
+                    },
                 });
             }
             drop(opened);
@@ -202,6 +211,8 @@ fn reset(
         r.created = created.is_some();
         if r.created {
             r.previous = "missing".into();
+        } else if truncated && empty {
+            r.previous = "an empty file (0 bytes; it was extended)".into();
         } else if truncated {
             r.previous = format!(
                 "a truncated journal file ({held} of the journal's {len_bytes} bytes; it \

@@ -20,7 +20,7 @@ use crate::overlay::{BlockRef, CallerBuf, DirectData, Overlay, Source, Version};
 use crate::superblock::{JournalLocation, SuperblockCopy, VolumeSuperblock, BACKUP_OFFSET};
 use crate::{FormatOptions, JournalPlacement, OpenOptions, Result, VolumeError};
 
-mod external;
+pub(crate) mod external;
 mod session;
 mod watch;
 
@@ -544,6 +544,41 @@ pub(crate) fn write_volume_superblock(dev: &dyn BlockDevice, vsb: &VolumeSuperbl
     Ok(())
 }
 
+/// Zeroes block 0 of `dev` — a volume superblock there and its second
+/// copy (bytes 512..1024) — and flushes: the first step of a format over
+/// what may be an older volume. A format interrupted after it leaves no
+/// volume superblock, which every command reports as such (and `format`
+/// redoes); one interrupted while the old superblock still stood, after
+/// the data area was zeroed or the journal rewritten, left the old volume
+/// looking whole over zeroed data (session 32's crash pass).
+/// Refuses a device a volume of `bs`-byte blocks and `needed` bytes in
+/// all does not fit on.
+fn format_fits(dev: &dyn BlockDevice, bs: u32, needed: u64) -> Result<()> {
+    if dev.logical_block_size() > bs {
+        return Err(VolumeError::InvalidArgument(format!(
+            "block size {bs} is smaller than the device's {}-byte logical block size",
+            dev.logical_block_size()
+        )));
+    }
+    if dev.size_bytes() < needed {
+        return Err(VolumeError::InvalidArgument(format!(
+            "the device holds {} bytes but the volume needs {needed} (superblock + journal + data)",
+            dev.size_bytes()
+        )));
+    }
+    Ok(())
+}
+
+fn invalidate_volume_superblock(dev: &dyn BlockDevice, bs: u32) -> Result<()> {
+    let len = (bs as usize).max(1024);
+    let buf = AlignedBuf::zeroed(len);
+    let task = "clearing the old volume superblock, block 0";
+    dev.write_at(&buf, 0, IoPriority::Urgent)
+        .map_err(|e| e.doing(task))?;
+    dev.flush().map_err(|e| e.doing(task))?;
+    Ok(())
+}
+
 /// The journal region of `len_bytes` at `off` of `dev`, with blocks of
 /// `bs` bytes and a flush coalescer of its own: for the commands that work
 /// on a journal without a running volume (format, inspection, reset,
@@ -727,6 +762,10 @@ impl Volume {
             // of the old one's data, where `grow` zeroes such bytes). A
             // block device keeps what it holds, as documented.
             let fresh = held[home].created.is_some() || rbd_created.iter().any(|c| c == path);
+            if !fresh {
+                format_fits(dev.as_ref(), fopts.block_size, needed)?;
+                invalidate_volume_superblock(dev.as_ref(), fopts.block_size)?;
+            }
             if !fresh && !held[home].is_block_device {
                 let end = (data_offset + fopts.size_bytes).min(dev.size_bytes());
                 if end > data_offset {
@@ -919,18 +958,7 @@ impl Volume {
     ) -> Result<()> {
         let (journal_bytes, needed, data_offset) = plan_layout(fopts)?;
         let bs = u64::from(fopts.block_size);
-        if u64::from(dev.logical_block_size()) > bs {
-            return Err(VolumeError::InvalidArgument(format!(
-                "block size {bs} is smaller than the device's {}-byte logical block size",
-                dev.logical_block_size()
-            )));
-        }
-        if dev.size_bytes() < needed {
-            return Err(VolumeError::InvalidArgument(format!(
-                "the device holds {} bytes but the volume needs {needed} (superblock + journal + data)",
-                dev.size_bytes()
-            )));
-        }
+        format_fits(dev.as_ref(), fopts.block_size, needed)?;
         let uuid = *uuid::Uuid::new_v4().as_bytes();
         let (location, jdev, joff) = match (&fopts.journal, journal) {
             (JournalPlacement::Internal, _) => (
@@ -965,9 +993,10 @@ impl Volume {
                 ))
             }
         };
+        // IMPORTANT: an older volume's superblock goes first and the new
+        // one last, so an interrupted format never looks like a volume.
+        invalidate_volume_superblock(dev.as_ref(), bs as u32)?;
         write_empty_journal(&jdev, joff, journal_bytes, bs as u32, uuid, 0)?;
-        // IMPORTANT: the volume superblock goes last, so an interrupted
-        // format never looks like a volume.
         let vsb = VolumeSuperblock {
             uuid,
             block_size: bs as u32,

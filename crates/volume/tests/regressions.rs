@@ -1314,3 +1314,56 @@ fn block_status_at_most_returns_the_first_extents_whole() {
         tail[..2]
     );
 }
+
+/// A format over an existing volume cut short by a power loss at any of its
+/// writes or flushes never leaves the old volume's superblock in front of a
+/// journal or data area it already changed: the image is the old volume
+/// untouched, or holds no superblock of the old volume at all (session 32's
+/// crash pass: an interrupted `format --force` left the old superblock over
+/// a rewritten journal — "another volume's journal" — or, with the data
+/// area zeroed first, the old volume opening over zeroed data).
+#[test]
+fn a_format_over_a_volume_cut_short_never_leaves_the_old_superblock_over_changes() {
+    let dev = fault_volume();
+    let vol = Volume::open_device(dev.clone(), None, &quiet()).expect("open");
+    let old_uuid = vol.superblock().uuid;
+    for i in 0..8u64 {
+        vol.write_at(
+            &stamped(i + 1, i * BS, BS as usize),
+            i * BS,
+            WriteFlags::FUA,
+        )
+        .expect("write");
+    }
+    // The old volume, its log still to be replayed.
+    let base = crash(&dev, vol);
+    let holds_old = |img: &[u8]| {
+        [0usize, 512]
+            .iter()
+            .any(|&at| &img[at..at + 8] == b"JBDEVVOL" && img[at + 16..at + 32] == old_uuid)
+    };
+    assert!(holds_old(&base), "the old superblock at the start");
+    let mut f = FormatOptions::new(DATA);
+    f.journal_bytes = Some(JOURNAL);
+    let mut cut_short = 0;
+    for n in 0u64.. {
+        assert!(n < 1000, "format never completed");
+        let d = on_image(base.clone());
+        d.crash_after_ops(n);
+        let done = Volume::format_device(d.clone(), None, &f).is_ok();
+        let img = d.durable_image();
+        if done {
+            assert!(
+                !holds_old(&img),
+                "a finished format kept the old superblock"
+            );
+            break;
+        }
+        cut_short += 1;
+        assert!(
+            img == base || !holds_old(&img),
+            "a format cut short at op {n} left the old volume's superblock over changed blocks"
+        );
+    }
+    assert!(cut_short >= 3, "cut short at {cut_short} points only");
+}

@@ -90,7 +90,11 @@ pub(crate) fn open_external_journal(
                 jp.display(),
                 o.device.size_bytes(),
                 uuid::Uuid::from_bytes(uuid).hyphenated(),
-                if recorded {
+                if empty_file(o.watch.as_ref()) {
+                    "an empty file, as a `jbdev journal reset` cut short right after creating \
+                     it leaves: run that reset again (it holds nothing to lose), or give \
+                     --journal the path of this volume's own journal"
+                } else if recorded {
                     "the path recorded at format time now names something else (a device \
                      renumbered after a reboot?): give --journal the path of this volume's own"
                 } else {
@@ -353,4 +357,10 @@ pub fn file_format_would_create(p: &Path) -> Option<PathBuf> {
         }
     }
     None
+}
+
+/// Whether `file` (an opened regular file) holds no bytes at all: by its
+/// own length, which the device rounds down to whole sectors.
+pub(crate) fn empty_file(file: Option<&std::fs::File>) -> bool {
+    file.is_some_and(|f| f.metadata().is_ok_and(|m| m.len() == 0))
 }
