@@ -1146,7 +1146,7 @@ fn journal_superblock_or_exit(
     outln!("journal superblock: CORRUPT: {e}")?;
     let sb = &ins.superblock;
     let internal = matches!(sb.journal, JournalLocation::Internal { .. });
-    if internal && sb.checkpoint_sequence == 0 && sb.checkpoint_mark_session == 0 {
+    if internal && sb.checkpoint_mark().is_none() {
         // What `journal rescue` needs is missing: say the step that works
         // (session 32's crash pass: an interrupted `journal reset --force`
         // clears the mark first, and rescue then refused).

@@ -232,7 +232,8 @@ pub fn scan(region: &JournalRegion, progress: &mut dyn FnMut(u64)) -> Result<Sca
 
 /// [`scan`] of a journal whose home already holds every transaction up to
 /// `mark` (the volume's checkpoint mark, FORMAT.md `checkpoint_sequence`;
-/// 0 for none), if the journal's uuid is `uuid`.
+/// `None` for none: a mark of 0 is transaction 0, which a journal reaches
+/// when its sequence wraps), if the journal's uuid is `uuid`.
 ///
 /// Damage in such a transaction loses nothing (its blocks are home, and so
 /// are those of every transaction before it): where the walk stops at
@@ -252,18 +253,18 @@ pub fn scan(region: &JournalRegion, progress: &mut dyn FnMut(u64)) -> Result<Sca
 pub fn scan_past_mark(
     region: &JournalRegion,
     uuid: [u8; 16],
-    mark: u32,
+    mark: Option<u32>,
     progress: &mut dyn FnMut(u64),
 ) -> Result<Scan> {
     let sb = region.read_superblock()?;
     check_geometry(&sb, region)?;
-    let resume = mark.wrapping_add(1);
+    let resume = mark.unwrap_or(0).wrapping_add(1);
     let (first, survey) = scan_from(region, &sb, Some(resume), progress)?;
     let failed = match &first.end {
         ScanEnd::CorruptMiddle { sequence, .. } | ScanEnd::TornTail { sequence, .. } => *sequence,
         _ => return Ok(first),
     };
-    if sb.uuid != uuid || mark == 0 || !not_before(mark, failed) {
+    if !mark.is_some_and(|m| sb.uuid == uuid && not_before(m, failed)) {
         return Ok(first);
     }
     let later = survey.max_sequence.is_some_and(|m| not_before(m, resume));
@@ -1168,7 +1169,7 @@ mod tests {
         );
         assert!(plain.home_damage.is_none());
 
-        let past = scan_past_mark(&region, sb.uuid, 42, &mut |_| {}).unwrap();
+        let past = scan_past_mark(&region, sb.uuid, Some(42), &mut |_| {}).unwrap();
         assert_eq!(sequences(&past), vec![43], "{:?}", past.end);
         assert_eq!(past.end, ScanEnd::End);
         assert!(matches!(
@@ -1180,19 +1181,19 @@ mod tests {
         assert_eq!(replay_plan(&past.txns, &past.late_revokes).0.len(), 1);
 
         // Everything home: nothing to replay, and no damage to refuse.
-        let all = scan_past_mark(&region, sb.uuid, 43, &mut |_| {}).unwrap();
+        let all = scan_past_mark(&region, sb.uuid, Some(43), &mut |_| {}).unwrap();
         assert!(all.txns.is_empty());
         assert_eq!(all.end, ScanEnd::End);
         assert!(all.home_damage.is_some());
         assert!(all.next_sequence >= 44);
 
         // The damage after the mark, or another journal's mark: as `scan`.
-        for (uuid, mark) in [(sb.uuid, 40), (sb.uuid, 0), ([9; 16], 42)] {
+        for (uuid, mark) in [(sb.uuid, Some(40)), (sb.uuid, None), ([9; 16], Some(42))] {
             let s = scan_past_mark(&region, uuid, mark, &mut |_| {}).unwrap();
             assert_eq!(
                 (sequences(&s), &s.end),
                 (vec![40], &plain.end),
-                "mark {mark}"
+                "mark {mark:?}"
             );
             assert!(s.home_damage.is_none());
         }
@@ -1220,7 +1221,7 @@ mod tests {
         let (region, sb, data) = four_txns();
         damage(&region, data[0]);
         damage(&region, data[1] - 1); // transaction 41's descriptor
-        let s = scan_past_mark(&region, sb.uuid, 40, &mut |_| {}).unwrap();
+        let s = scan_past_mark(&region, sb.uuid, Some(40), &mut |_| {}).unwrap();
         assert!(s.txns.is_empty());
         assert!(
             matches!(s.end, ScanEnd::CorruptMiddle { sequence: 41, .. }),
@@ -1374,7 +1375,7 @@ mod tests {
         region
             .write_blocks(desc, &[IoSlice::new(&b)], IoPriority::Urgent)
             .unwrap();
-        let s = scan_past_mark(&region, sb.uuid, 40, &mut |_| {}).unwrap();
+        let s = scan_past_mark(&region, sb.uuid, Some(40), &mut |_| {}).unwrap();
         assert!(s.txns.is_empty());
         match &s.end {
             ScanEnd::CorruptMiddle {
@@ -1390,7 +1391,7 @@ mod tests {
         // With the descriptor unrecognisable, the commit block is the
         // transaction's nearest block: named as such.
         damage(&region, desc);
-        let s = scan_past_mark(&region, sb.uuid, 40, &mut |_| {}).unwrap();
+        let s = scan_past_mark(&region, sb.uuid, Some(40), &mut |_| {}).unwrap();
         match &s.end {
             ScanEnd::CorruptMiddle {
                 sequence: 41,

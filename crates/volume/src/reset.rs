@@ -300,7 +300,7 @@ fn reset_device(
         // The checkpoint mark names a transaction of the old journal: gone
         // first (a crash before the new journal is written leaves the old
         // one with no mark, as a volume from before marks).
-        if sb.checkpoint_sequence != 0 || sb.checkpoint_mark_session != 0 {
+        if sb.checkpoint_mark().is_some() {
             let mut cleared = sb.clone();
             cleared.checkpoint_sequence = 0;
             cleared.checkpoint_mark_session = 0;
@@ -588,14 +588,13 @@ pub fn rebuild_journal_superblock(path: &Path) -> Result<String> {
     // its home writes durable; a crash in between with this superblock
     // lost too would skip transactions the home lacks (a double fault;
     // `scan_past_mark` trusts the mark the same way).
-    let mark = sb.checkpoint_sequence;
-    if mark == 0 && sb.checkpoint_mark_session == 0 {
+    let Some(mark) = sb.checkpoint_mark() else {
         return Err(VolumeError::CorruptJournal(format!(
             "journal superblock: {lost}; the volume records no checkpoint mark, so where its \
              log begins cannot be known, and it is not rebuilt (`jbdev journal reset --force` \
              replaces the journal, dropping what only its log holds)"
         )));
-    }
+    };
     let mut template =
         crate::volume::fresh_journal_superblock(&region, sb.uuid, sb.journal_session);
     // The deepest pipeline any writer may have used: a commit block's

@@ -249,6 +249,19 @@ impl VolumeSuperblock {
         }
     }
 
+    /// The checkpoint mark, if one is recorded: `checkpoint_sequence`, or
+    /// `None` when both it and `checkpoint_mark_session` are 0 (a jbdev
+    /// before session 21, or a journal reset since). A sequence of 0 with
+    /// the session set is a mark like any other: transaction 0 once the
+    /// journal's sequence has wrapped past 2^32, or the one before a fresh
+    /// journal's first (session 32's limits pass: taken for "none", it let
+    /// an old copy of the journal ending before transaction 0 replay over
+    /// newer home blocks).
+    pub fn checkpoint_mark(&self) -> Option<u32> {
+        (self.checkpoint_sequence != 0 || self.checkpoint_mark_session != 0)
+            .then_some(self.checkpoint_sequence)
+    }
+
     /// Encoded size: one 512-byte sector, so it is written atomically on
     /// every device jbdev supports.
     pub const ENCODED_LEN: usize = 512;

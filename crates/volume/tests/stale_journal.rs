@@ -634,3 +634,52 @@ fn a_replaying_open_leaves_a_mark_the_next_crash_agrees_with() {
         opens_with(&hc, &jc, &[(0, 0x11)]);
     }
 }
+
+/// The same across the wrap of the journal's sequence (session 32's limits
+/// pass): the checkpoint records transaction 0 as `checkpoint_sequence =
+/// 0`, which was read as "no mark", so an old copy of the journal ending
+/// before it was replayed over the newer home blocks, with `check` clean.
+#[test]
+fn an_old_copy_ending_before_transaction_0_after_a_wrap_is_refused() {
+    let (home, jnl) = devices();
+    // The journal's next transaction is 2^32 - 2.
+    let mut image = jnl.durable_image();
+    let mut jsb =
+        jbdev_volume::journal::format::JournalSuperblock::decode(&image[..BS as usize]).unwrap();
+    jsb.sequence = u32::MAX - 1;
+    jsb.encode(&mut image[..BS as usize]);
+    let jnl = Arc::new(FaultDevice::from_image(image, SECTOR as u32));
+    let (old, new) = (
+        stamped(1, 5 * BS, BS as usize),
+        stamped(2, 5 * BS, BS as usize),
+    );
+    let v = open_with(&home, &jnl, &quiet_open_options()).unwrap();
+    v.write_at(&old, 5 * BS, WriteFlags::FUA).unwrap();
+    let old_copy = jnl.durable_image();
+    v.write_at(&new, 5 * BS, WriteFlags::FUA).unwrap();
+    v.write_at(&stamped(3, 6 * BS, BS as usize), 6 * BS, WriteFlags::FUA)
+        .unwrap();
+    v.close().unwrap();
+    let restored = Arc::new(FaultDevice::from_image(old_copy, SECTOR as u32));
+    match open_with(&home, &restored, &quiet_open_options()) {
+        Ok(v) => panic!(
+            "a stale journal was accepted after the wrap; block 5 reads {}",
+            if read_block(&v, 5) == old {
+                "the old copy: rolled back"
+            } else {
+                "the new copy"
+            }
+        ),
+        Err(e) => {
+            let e = e.to_string();
+            assert!(e.contains("stale"), "{e}");
+        }
+    }
+    opens_with_block(&home, &jnl, 5, &new);
+}
+
+fn opens_with_block(home: &Arc<FaultDevice>, jnl: &Arc<FaultDevice>, b: u64, want: &[u8]) {
+    let v = open_with(home, jnl, &quiet_open_options()).unwrap();
+    assert_eq!(read_block(&v, b), want, "block {b}");
+    v.close().unwrap();
+}

@@ -198,7 +198,7 @@ pub fn stale_journal(sb: &VolumeSuperblock, jsb: &JournalSuperblock) -> Option<S
 /// clean close changes no stamp; a reset writes the volume's own; so no
 /// crash or legitimate step leaves a clean journal behind its home.
 pub fn journal_behind_home(sb: &VolumeSuperblock, scan: &recovery::Scan) -> Option<String> {
-    let (mark, jsb) = (sb.checkpoint_sequence, &scan.superblock);
+    let jsb = &scan.superblock;
     if jsb.uuid != sb.journal_uuid() {
         return None;
     }
@@ -207,7 +207,8 @@ pub fn journal_behind_home(sb: &VolumeSuperblock, scan: &recovery::Scan) -> Opti
     }
     // A log cut short by damage in a transaction the home holds is not an
     // old copy: [`scan_journal`] went on past the mark.
-    if mark == 0 || jsb.is_clean() || scan.home_damage.is_some() {
+    let mark = sb.checkpoint_mark()?;
+    if jsb.is_clean() || scan.home_damage.is_some() {
         return None;
     }
     // The newest transaction the log holds (or, for an empty log, the one
@@ -288,7 +289,7 @@ pub fn scan_journal(
     sb: &VolumeSuperblock,
     progress: &mut dyn FnMut(u64),
 ) -> jbdev_journal::Result<recovery::Scan> {
-    recovery::scan_past_mark(region, sb.journal_uuid(), sb.checkpoint_sequence, progress)
+    recovery::scan_past_mark(region, sb.journal_uuid(), sb.checkpoint_mark(), progress)
 }
 
 /// Every refusal of a journal that its superblock and the volume's tell
@@ -338,7 +339,7 @@ pub fn home_behind_journal(sb: &VolumeSuperblock, jsb: &JournalSuperblock) -> Op
     if jsb.uuid != sb.journal_uuid() {
         return None;
     }
-    let (vs, js, mark) = (sb.journal_session, jsb.session, sb.checkpoint_sequence);
+    let (vs, js) = (sb.journal_session, jsb.session);
     let advice = "Opening it would mix the two: blocks neither the old state nor the new one. \
                   Put back the home and journal taken at the same moment (a snapshot of \
                   both), or the current home; `jbdev journal reset --force` keeps this home \
@@ -359,7 +360,8 @@ pub fn home_behind_journal(sb: &VolumeSuperblock, jsb: &JournalSuperblock) -> Op
     // mark covers, so the mark is at least the transaction before the log.
     // Trusted only when this session's open set it and stamped the
     // journal (a crash inside an open leaves the stamps apart).
-    if mark == 0 || sb.checkpoint_mark_session != vs || js != vs {
+    let mark = sb.checkpoint_mark()?;
+    if sb.checkpoint_mark_session != vs || js != vs {
         return None;
     }
     // The transaction before the log's first (for a clean journal, the last
