@@ -77,6 +77,35 @@ fn a_copy_between_two_revokes_is_not_replayed_over_the_second_direct_write() {
     );
 }
 
+/// A volume on a fault device whose log holds copy A of block `x`, inside
+/// the range at `off` of a direct write of `direct`; `newest` is a newer
+/// copy L of `x`.
+struct Scene {
+    dev: Arc<FaultDevice>,
+    vol: Volume,
+    off: u64,
+    x: u64,
+    direct: Vec<u8>,
+    newest: Vec<u8>,
+}
+
+fn scene() -> Scene {
+    let dev = common::formatted_fault_device(DATA, JOURNAL);
+    let vol = Volume::open_device(dev.clone(), None, &opts()).expect("open");
+    let off = 32 * BS;
+    let x = off + 3 * BS;
+    vol.write_at(&pattern(BS as usize, 1), x, WriteFlags::FUA)
+        .expect("journaled A");
+    Scene {
+        dev,
+        vol,
+        off,
+        x,
+        direct: pattern(BIG, 2),
+        newest: pattern(BS as usize, 3),
+    }
+}
+
 /// A journaled copy A of a block, then a direct write over it without FUA
 /// (its revoke waits in the running transaction), then a journaled copy L
 /// of the same block, then a flush. The revoke and L once went into the
@@ -87,14 +116,14 @@ fn a_copy_between_two_revokes_is_not_replayed_over_the_second_direct_write() {
 /// in a transaction before L's.
 #[test]
 fn a_revoke_superseded_in_its_own_transaction_still_precedes_the_newer_copy() {
-    let dev = common::formatted_fault_device(DATA, JOURNAL);
-    let vol = Volume::open_device(dev.clone(), None, &opts()).expect("open");
-    let off = 32 * BS;
-    let x = off + 3 * BS;
-    let direct = pattern(BIG, 2);
-    let newest = pattern(BS as usize, 3);
-    vol.write_at(&pattern(BS as usize, 1), x, WriteFlags::FUA)
-        .expect("journaled A");
+    let Scene {
+        dev,
+        vol,
+        off,
+        x,
+        direct,
+        newest,
+    } = scene();
     vol.write_at(&direct, off, WriteFlags::NONE)
         .expect("direct, no FUA");
     vol.write_at(&newest, x, WriteFlags::FUA)
@@ -115,20 +144,20 @@ fn a_revoke_superseded_in_its_own_transaction_still_precedes_the_newer_copy() {
 /// logs its copy after the revoke.
 #[test]
 fn a_journaled_write_racing_a_direct_write_logs_its_copy_after_the_revoke() {
-    let dev = common::formatted_fault_device(DATA, JOURNAL);
+    let Scene {
+        dev,
+        vol,
+        off,
+        x,
+        direct,
+        newest,
+    } = scene();
     let image = dev.live_image();
     let data_offset = u64::from_le_bytes(image[40..48].try_into().expect("8 bytes"));
     assert!(
         data_offset >= BS + JOURNAL,
         "home after the journal: {data_offset}"
     );
-    let vol = Volume::open_device(dev.clone(), None, &opts()).expect("open");
-    let off = 32 * BS;
-    let x = off + 3 * BS;
-    let direct = pattern(BIG, 2);
-    let newest = pattern(BS as usize, 3);
-    vol.write_at(&pattern(BS as usize, 1), x, WriteFlags::FUA)
-        .expect("journaled A");
     let hold = dev.hold_writes(data_offset + off, BIG as u64);
     std::thread::scope(|s| {
         let d = s.spawn(|| vol.write_at(&direct, off, WriteFlags::FUA));
