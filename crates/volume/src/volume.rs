@@ -76,8 +76,9 @@ impl Stats {
             let uncommitted = match self.salvage_uncommitted_blocks {
                 0 => String::new(),
                 n => format!(
-                    "; {n} block(s) of plain writes no flush or FUA had covered were not \
-                     committed and are lost"
+                    "; {n} block(s) of writes no commit had made durable (plain writes no \
+                     flush or FUA had covered, or FUA writes whose commit failed, never \
+                     acknowledged) are lost"
                 ),
             };
             format!(

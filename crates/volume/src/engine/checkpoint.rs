@@ -487,8 +487,9 @@ impl Engine {
         if uncommitted > 0 {
             tracing::warn!(
                 "{uncommitted} block(s) of writes no commit had made durable (plain writes that no \
-                 flush or FUA covered yet) cannot be salvaged: they stay readable until the \
-                 volume is closed, and are lost then"
+                 flush or FUA covered yet, or FUA writes whose commit failed, which were never \
+                 acknowledged) cannot be salvaged: they stay readable until the volume is \
+                 closed, and are lost then"
             );
         }
         let stopped = |why: String| {

@@ -174,11 +174,15 @@ impl Engine {
             // overlapping direct writes fail: the second cannot know what
             // the first had raised it from.)
             let store_full = !in_log && is_no_space(e.errno());
+            // A trim or write-zeroes is named as such (a failed large TRIM
+            // was logged as a failed write: session 31's fault pass).
+            let what = if data.is_some() {
+                "direct write to the home location"
+            } else {
+                "zeroing (trim or write-zeroes) of the home location"
+            };
             if !store_full {
-                self.home_write_failed(
-                    format!("direct write to the home location failed: {e}"),
-                    e.errno(),
-                );
+                self.home_write_failed(format!("{what} failed: {e}"), e.errno());
             }
             drop(home_guard);
             for &(s, _) in &shard_versions {
@@ -188,7 +192,7 @@ impl Engine {
             }
             if store_full {
                 let err = VolumeError::StoreFull {
-                    reason: format!("direct write to the home location failed: {e}"),
+                    reason: format!("{what} failed: {e}"),
                     closing: false,
                     cause_errno: e.errno(),
                 };
