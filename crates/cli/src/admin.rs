@@ -1169,6 +1169,16 @@ fn journal_superblock_or_exit(
 /// An inspection's error, with what a path that is not a volume holds when
 /// that is a jbdev journal (`info`, `journal dump`; `check` says it its way).
 fn not_a_volume_hint(path: &std::path::Path, e: jbdev_volume::VolumeError) -> anyhow::Error {
+    not_a_volume_hint_doing(path, e, "reading")
+}
+
+/// [`not_a_volume_hint`] of a command that `doing` says (a `journal
+/// reset` refused by a read-only file system did not fail "reading").
+fn not_a_volume_hint_doing(
+    path: &std::path::Path,
+    e: jbdev_volume::VolumeError,
+    doing: &str,
+) -> anyhow::Error {
     let p = path.display();
     // Only a readable store without a volume superblock is looked at again
     // (for a journal): after any other error a second open would fail the
@@ -1183,7 +1193,7 @@ fn not_a_volume_hint(path: &std::path::Path, e: jbdev_volume::VolumeError) -> an
         // It names the journal and says what to do; "reading" the volume
         // is not what failed.
         None if matches!(e, jbdev_volume::VolumeError::WrongJournal(_)) => anyhow::Error::new(e),
-        None => anyhow::Error::new(e).context(format!("reading {p}")),
+        None => anyhow::Error::new(e).context(format!("{doing} {p}")),
     }
 }
 
@@ -1765,7 +1775,7 @@ fn journal_reset(
     opts: &jbdev_volume::ResetOptions,
 ) -> anyhow::Result<()> {
     let r = jbdev_volume::reset_journal_with(path, journal, opts)
-        .map_err(|e| not_a_volume_hint(path, e))?;
+        .map_err(|e| not_a_volume_hint_doing(path, e, "resetting the journal of"))?;
     outln!(
         "{}: new empty journal ({}{}); it held: {}",
         path.display(),
