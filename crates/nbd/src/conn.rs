@@ -587,14 +587,17 @@ fn execute(conn: &ConnShared, req: &Request, cmd: Command) -> Vec<Part> {
             // With NO_HOLE the range must stay allocated, which may mean
             // writing zero blocks (no ZERO_RANGE on tmpfs, BLKZEROOUT
             // without offload): never promised fast.
-            if fast && (no_hole || !b.zeroes_are_fast(offset, length)) {
+            // Nothing to zero is fast whatever the flags (a zero-length
+            // request was refused with FAST_ZERO and served without it:
+            // session 32's differential pass).
+            if length == 0 {
+                Ok(ok_reply(cookie))
+            } else if fast && (no_hole || !b.zeroes_are_fast(offset, length)) {
                 b.rejected(req.kind, ENOTSUP);
                 Err(BackendError::new(
                     ENOTSUP,
                     "zeroing this range would write data",
                 ))
-            } else if length == 0 {
-                Ok(ok_reply(cookie))
             } else {
                 b.write_zeroes(offset, length, fua, no_hole)
                     .map(|_| ok_reply(cookie))

@@ -397,6 +397,18 @@ fn structured_reads_send_holes_and_block_status_matches() {
     );
     assert_eq!(chunks_or_simple(&mut s), 0);
     assert!(mem.snapshot().iter().all(|&b| b == 0));
+    // Nothing to zero is fast, NO_HOLE or not (it was ENOTSUP with NO_HOLE
+    // and served without FAST_ZERO).
+    send(
+        &mut s,
+        CMD_WRITE_ZEROES,
+        CMD_FLAG_FAST_ZERO | CMD_FLAG_NO_HOLE,
+        8,
+        4096,
+        0,
+        &[],
+    );
+    assert_eq!(chunks_or_simple(&mut s), 0, "zero-length FAST_ZERO");
     send(&mut s, CMD_DISC, 0, 7, 0, 0, &[]);
     let mut rest = Vec::new();
     let _ = s.read_to_end(&mut rest);
