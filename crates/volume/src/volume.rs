@@ -631,7 +631,15 @@ pub(crate) fn write_empty_journal(
 ) -> Result<()> {
     let region = journal_region_at(jdev.clone(), joff, journal_bytes, bs)?;
     let zeros = AlignedBuf::zeroed(1 << 20);
-    let mut done = 0u64;
+    // IMPORTANT: an old journal superblock goes first, and durably: a power
+    // loss while the log is being zeroed then leaves no superblock (which
+    // `check` names, and this command redoes), never the old one over a
+    // log of which some blocks were zeroed and others not — replay of what
+    // is left, older copies without the revokes that cancelled them
+    // (session 32's crash pass saw a reset leave part of a log replayable).
+    jdev.write_at(&zeros[..bs as usize], joff, IoPriority::Urgent)?;
+    jdev.flush()?;
+    let mut done = u64::from(bs);
     while done < journal_bytes {
         let n = (journal_bytes - done).min(zeros.len() as u64) as usize;
         jdev.write_at(&zeros[..n], joff + done, IoPriority::Urgent)?;

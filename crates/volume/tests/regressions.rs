@@ -1419,3 +1419,53 @@ fn the_checkpoint_mark_is_never_durable_before_the_home_writes_it_vouches_for() 
     }
     assert!(checked > 0, "no crash image held the new mark");
 }
+
+/// A `journal reset --force` cut short by a power loss while it zeroes the
+/// old log never leaves the old journal superblock over a log it has
+/// partly zeroed (session 32's crash pass: part of the old log stayed
+/// replayable). Each crash image holds the old superblock with the old log
+/// whole, no superblock, or the new, clean one.
+#[test]
+fn a_reset_cut_short_never_leaves_the_old_superblock_over_a_partly_zeroed_log() {
+    let dev = fault_volume();
+    let vol = Volume::open_device(dev.clone(), None, &quiet()).expect("open");
+    for i in 0..12u64 {
+        vol.write_at(
+            &stamped(i + 1, i * BS, BS as usize),
+            i * BS,
+            WriteFlags::FUA,
+        )
+        .expect("write");
+    }
+    let base = crash(&dev, vol);
+    let old_jsb = JournalSuperblock::decode(&base[JOURNAL_OFF as usize..DATA_OFF as usize])
+        .expect("old journal superblock");
+    assert!(!old_jsb.is_clean(), "the old log needs replay");
+    let log = (JOURNAL_OFF + BS) as usize..DATA_OFF as usize;
+    let mut images = 0;
+    for n in 0u64.. {
+        assert!(n < 1000, "the reset never finished");
+        let d = on_image(base.clone());
+        d.crash_after_ops(n);
+        let done = jbdev_volume::reset_journal_device(d.clone(), None, true).is_ok();
+        for seed in 0..8u64 {
+            let img = d.crash_image(seed);
+            images += 1;
+            let Ok(jsb) = JournalSuperblock::decode(&img[JOURNAL_OFF as usize..DATA_OFF as usize])
+            else {
+                continue;
+            };
+            if jsb.is_clean() {
+                continue;
+            }
+            assert!(
+                jsb.sequence == old_jsb.sequence && img[log.clone()] == base[log.clone()],
+                "cut at op {n}, image {seed}: the old superblock over a changed log"
+            );
+        }
+        if done {
+            break;
+        }
+    }
+    assert!(images > 8, "cut short nowhere");
+}
