@@ -584,8 +584,10 @@ pub fn rebuild_journal_superblock(path: &Path) -> Result<String> {
     };
     // Set by a checkpoint (a non-zero sequence) or by a read-write open
     // (its session stamp beside it; a fresh volume's first open sets 0).
-    // The checkpoint writes the mark only once the flush made its home
-    // writes durable (`scan_past_mark` trusts the mark the same way).
+    // IMPORTANT: the checkpoint writes the mark before the flush that makes
+    // its home writes durable; a crash in between with this superblock
+    // lost too would skip transactions the home lacks (a double fault;
+    // `scan_past_mark` trusts the mark the same way).
     let Some(mark) = sb.checkpoint_mark() else {
         return Err(VolumeError::CorruptJournal(format!(
             "journal superblock: {lost}; the volume records no checkpoint mark, so where its \

