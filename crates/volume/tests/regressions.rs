@@ -1315,6 +1315,23 @@ fn block_status_at_most_returns_the_first_extents_whole() {
     );
 }
 
+/// The image of a volume cut off by a power loss after `writes` FUA
+/// writes of one block each (its log still to be replayed), and its uuid.
+fn crashed_with_log(writes: u64) -> (Vec<u8>, [u8; 16]) {
+    let dev = fault_volume();
+    let vol = Volume::open_device(dev.clone(), None, &quiet()).expect("open");
+    let uuid = vol.superblock().uuid;
+    for i in 0..writes {
+        vol.write_at(
+            &stamped(i + 1, i * BS, BS as usize),
+            i * BS,
+            WriteFlags::FUA,
+        )
+        .expect("write");
+    }
+    (crash(&dev, vol), uuid)
+}
+
 /// A format over an existing volume cut short by a power loss at any of its
 /// writes or flushes never leaves the old volume's superblock in front of a
 /// journal or data area it already changed: the image is the old volume
@@ -1324,19 +1341,8 @@ fn block_status_at_most_returns_the_first_extents_whole() {
 /// area zeroed first, the old volume opening over zeroed data).
 #[test]
 fn a_format_over_a_volume_cut_short_never_leaves_the_old_superblock_over_changes() {
-    let dev = fault_volume();
-    let vol = Volume::open_device(dev.clone(), None, &quiet()).expect("open");
-    let old_uuid = vol.superblock().uuid;
-    for i in 0..8u64 {
-        vol.write_at(
-            &stamped(i + 1, i * BS, BS as usize),
-            i * BS,
-            WriteFlags::FUA,
-        )
-        .expect("write");
-    }
     // The old volume, its log still to be replayed.
-    let base = crash(&dev, vol);
+    let (base, old_uuid) = crashed_with_log(8);
     let holds_old = |img: &[u8]| {
         [0usize, 512]
             .iter()
@@ -1374,17 +1380,7 @@ fn a_format_over_a_volume_cut_short_never_leaves_the_old_superblock_over_changes
 /// whole, no superblock, or the new, clean one.
 #[test]
 fn a_reset_cut_short_never_leaves_the_old_superblock_over_a_partly_zeroed_log() {
-    let dev = fault_volume();
-    let vol = Volume::open_device(dev.clone(), None, &quiet()).expect("open");
-    for i in 0..12u64 {
-        vol.write_at(
-            &stamped(i + 1, i * BS, BS as usize),
-            i * BS,
-            WriteFlags::FUA,
-        )
-        .expect("write");
-    }
-    let base = crash(&dev, vol);
+    let (base, _) = crashed_with_log(12);
     let old_jsb = JournalSuperblock::decode(&base[JOURNAL_OFF as usize..DATA_OFF as usize])
         .expect("old journal superblock");
     assert!(!old_jsb.is_clean(), "the old log needs replay");
