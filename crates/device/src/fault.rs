@@ -297,11 +297,6 @@ pub struct WriteHold {
 }
 
 impl WriteHold {
-    /// Writes that have reached the hold so far (waiting now or released).
-    pub fn reached(&self) -> u64 {
-        self.state.lock().1
-    }
-
     /// Waits until a write has reached the hold, at most `limit`; true if
     /// one did.
     pub fn wait_reached(&self, limit: std::time::Duration) -> bool {

@@ -781,7 +781,8 @@ impl Volume {
                     dev.write_zeroes(data_offset, end - data_offset)?;
                 }
             }
-            Self::format_device(dev.clone(), jdev.clone(), fopts)?;
+            // (Its old superblock, if any, was cleared above.)
+            Self::format_device_with(dev.clone(), jdev.clone(), fopts, false)?;
             // (A fresh journal needs no replay: only its record of this
             // home, `journal: None`, matters here.)
             let origin = HomeOrigin::of(path, home_file.as_ref(), dev.as_ref());
@@ -965,6 +966,18 @@ impl Volume {
         journal: Option<Arc<dyn BlockDevice>>,
         fopts: &FormatOptions,
     ) -> Result<()> {
+        Self::format_device_with(dev, journal, fopts, true)
+    }
+
+    /// [`Volume::format_device`]; `clear_old`: first clear a volume
+    /// superblock `dev` may hold (false where the caller did, or made
+    /// `dev` itself).
+    fn format_device_with(
+        dev: Arc<dyn BlockDevice>,
+        journal: Option<Arc<dyn BlockDevice>>,
+        fopts: &FormatOptions,
+        clear_old: bool,
+    ) -> Result<()> {
         let (journal_bytes, needed, data_offset) = plan_layout(fopts)?;
         let bs = u64::from(fopts.block_size);
         format_fits(dev.as_ref(), fopts.block_size, needed)?;
@@ -1004,7 +1017,9 @@ impl Volume {
         };
         // IMPORTANT: an older volume's superblock goes first and the new
         // one last, so an interrupted format never looks like a volume.
-        invalidate_volume_superblock(dev.as_ref(), bs as u32)?;
+        if clear_old {
+            invalidate_volume_superblock(dev.as_ref(), bs as u32)?;
+        }
         write_empty_journal(&jdev, joff, journal_bytes, bs as u32, uuid, 0)?;
         let vsb = VolumeSuperblock {
             uuid,

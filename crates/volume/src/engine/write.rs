@@ -171,49 +171,38 @@ impl Engine {
                 g.binary_search_by_key(&Overlay::shard_of(b), |(s, _)| *s)
                     .expect("shard locked")
             };
-            // IMPORTANT: a block whose revoke (a direct write's) waits in the
-            // running transaction cannot take a newer copy in it: by jbd2's
-            // rule the revoke would cancel that copy too, so the commit drops
-            // it — and if that transaction is later damaged, recovery puts
-            // back a copy older than the direct write. Commit the revoke
-            // first; the copy goes into the next transaction.
-            let revoke_pending = lbas.iter().any(|&b| {
+            // IMPORTANT: a direct write's revoke must reach the log before
+            // any newer copy of its block (ARCHITECTURE 23), so a block may
+            // make this write wait:
+            // * its revoke waits in the running transaction: by jbd2's rule
+            //   it would cancel a copy in the same transaction too, so the
+            //   commit drops it — and if that transaction is later damaged,
+            //   recovery puts back a copy older than the direct write.
+            //   Commit the revoke first; the copy goes into the next one.
+            // * a direct write in flight covers it while the log holds an
+            //   older copy: its revoke is not there yet, and a copy
+            //   published now would be newer, so the direct write would add
+            //   no revoke for the block at all. Wait for the direct write
+            //   (then the case above applies).
+            let order_wait = lbas.iter().find_map(|&b| {
                 let sh = &guards[guard_of(&guards, b)].1;
-                sh.map.get(&b).and_then(|e| e.tomb_tid) == Some(stripe.tid)
+                if sh.map.get(&b).and_then(|e| e.tomb_tid) == Some(stripe.tid) {
+                    Some(OrderWait::Commit(stripe.tid))
+                } else {
+                    sh.direct_over_logged(b).then_some(OrderWait::DirectWrite)
+                }
             });
-            if revoke_pending {
-                let tid = stripe.tid;
+            if let Some(wait) = order_wait {
                 drop(guards);
                 drop(stripe);
                 if nowait {
                     return Ok(Joined::WouldBlock);
                 }
                 self.stats.lock().revoke_order_waits += 1;
-                self.wait_commit(tid)?;
-                reads_due = true;
-                pre_read.clear();
-                continue;
-            }
-            // IMPORTANT: the same for a direct write still in flight over a
-            // block with an older copy in the log: its revoke is not there
-            // yet, and a copy published now would be newer than it, so the
-            // direct write would add no revoke for the block at all (replay
-            // must not cancel the newer copy) — and with the newer copy's
-            // transaction damaged, the older copy would come back next to
-            // the direct write's other blocks. Wait for the direct write to
-            // add its revoke (the rule above then commits it first).
-            let direct_pending = lbas.iter().any(|&b| {
-                let sh = &guards[guard_of(&guards, b)].1;
-                sh.direct_over_logged(b)
-            });
-            if direct_pending {
-                drop(guards);
-                drop(stripe);
-                if nowait {
-                    return Ok(Joined::WouldBlock);
+                match wait {
+                    OrderWait::Commit(tid) => self.wait_commit(tid)?,
+                    OrderWait::DirectWrite => self.wait_direct_writes(&lbas)?,
                 }
-                self.stats.lock().revoke_order_waits += 1;
-                self.wait_direct_writes(&lbas)?;
                 reads_due = true;
                 pre_read.clear();
                 continue;
@@ -635,4 +624,13 @@ pub(super) fn covers_block(pieces: &[(Lba, usize, usize)], bs: usize) -> bool {
         reach = reach.max(hi);
     }
     reach >= bs
+}
+
+/// What a journaled write waits for so that a direct write's revoke of one
+/// of its blocks reaches the log before its copy (`Engine::journal_ops`).
+enum OrderWait {
+    /// The commit of this transaction, which holds the revoke.
+    Commit(Tid),
+    /// A direct write in flight, which has yet to add the revoke.
+    DirectWrite,
 }
