@@ -440,7 +440,7 @@ fn render(host: &str, prev: &Scrape, now: &Scrape) -> String {
     }
     let _ = writeln!(
         out,
-        "{:<30} {:>9} {:>9} {:>10} {:>10} {:>8} {:>10} {:>11}  state",
+        "{:<30} {:>9} {:>9} {:>10} {:>10} {:>8} {:>10} {:>11} {:>12}  state",
         "volume",
         "commits/s",
         "txn blks",
@@ -448,7 +448,8 @@ fn render(host: &str, prev: &Scrape, now: &Scrape) -> String {
         "commit p99",
         "journal",
         "ckpt lag",
-        "sync/commit"
+        "sync/commit",
+        "full waits/s"
     );
     let durability = rate("jbdev_nbd_durability_requests_total", &[]);
     let mut notes = Vec::new();
@@ -468,7 +469,7 @@ fn render(host: &str, prev: &Scrape, now: &Scrape) -> String {
         notes.extend(note);
         let _ = writeln!(
             out,
-            "{:<30} {:>9} {:>9} {:>10} {:>10} {:>8} {:>10} {:>11}  {state}",
+            "{:<30} {:>9} {:>9} {:>10} {:>10} {:>8} {:>10} {:>11} {:>12}  {state}",
             shorten(&printable(&v), 30),
             num(commits, 0),
             num(per_commit(blocks).or(commits.map(|_| 0.0)), 1),
@@ -486,6 +487,9 @@ fn render(host: &str, prev: &Scrape, now: &Scrape) -> String {
                 num(sum(now, "jbdev_checkpoint_lag_blocks", &[vol]), 0)
             ),
             num(per_commit(durability), 1),
+            // Writers that found the journal full: a journal too small for
+            // the load, or a checkpoint that cannot keep up.
+            num(rate("jbdev_log_space_waits_total", &[vol]), 0),
         );
     }
     for n in notes {
@@ -646,8 +650,10 @@ mod tests {
             format!(
                 "jbdev_nbd_requests_total{{export=\"\",command=\"write\"}} {n}\n\
                  jbdev_commits_total{{volume=\"/v\"}} {}\n\
-                 jbdev_nbd_durability_requests_total{{export=\"\",kind=\"fua\"}} {n}\n",
-                n / 4
+                 jbdev_nbd_durability_requests_total{{export=\"\",kind=\"fua\"}} {n}\n\
+                 jbdev_log_space_waits_total{{volume=\"/v\"}} {}\n",
+                n / 4,
+                n * 3
             )
         };
         let t0 = Instant::now();
@@ -659,6 +665,7 @@ mod tests {
         assert!(r.contains(" 200 "), "{r}"); // 400 writes over 2 s
         assert!(r.contains(" 50 "), "{r}"); // 100 commits over 2 s
         assert!(r.contains("4.0"), "{r}"); // 4 syncs per commit
+        assert!(r.contains(" 600 "), "{r}"); // 1200 waits for log space over 2 s
         assert!(r.contains("/v"), "{r}");
     }
 }
