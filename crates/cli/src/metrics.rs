@@ -1040,7 +1040,7 @@ impl Collector_ {
         family(
             enc,
             "jbdev_revoke_order_waits",
-            "Journaled writes that waited so that a large write's revoke of their block reaches the journal first.",
+            "Journaled writes that waited so that a large write's revoke of their block reaches the journal first, and large writes that waited for such a write.",
             MetricType::Counter,
             &counter(|s| s.revoke_order_waits),
         )?;

@@ -119,6 +119,12 @@ pub struct Shard {
     pub map: HashMap<Lba, Entry>,
     pub version: u64,
     pub pending: Vec<Pending>,
+    /// Blocks of journaled writes waiting for a direct write in flight to
+    /// add its revoke (`Engine::wait_direct_writes`): a direct write that
+    /// arrives meanwhile over one of them waits until that writer has
+    /// logged its copy (ARCHITECTURE 23), so a stream of direct writes
+    /// cannot keep it waiting. A block appears once per waiting writer.
+    pub waiting: Vec<Lba>,
 }
 
 /// Where the current content of a block is.

@@ -152,13 +152,7 @@ fn a_journaled_write_racing_a_direct_write_logs_its_copy_after_the_revoke() {
         direct,
         newest,
     } = scene();
-    let image = dev.live_image();
-    let data_offset = u64::from_le_bytes(image[40..48].try_into().expect("8 bytes"));
-    assert!(
-        data_offset >= BS + JOURNAL,
-        "home after the journal: {data_offset}"
-    );
-    let hold = dev.hold_writes(data_offset + off, BIG as u64);
+    let hold = hold_home(&dev, off);
     std::thread::scope(|s| {
         let d = s.spawn(|| vol.write_at(&direct, off, WriteFlags::FUA));
         assert!(
@@ -181,6 +175,87 @@ fn a_journaled_write_racing_a_direct_write_logs_its_copy_after_the_revoke() {
     dev.cut_power();
     drop(vol);
     revoke_precedes_the_newer_copy(&dev, x, &direct[3 * BS as usize..4 * BS as usize], &newest);
+}
+
+/// A journaled write L waits for a direct write D1 in flight over its block
+/// (as above); a second direct write D2 over the block that arrives
+/// meanwhile waits for L, rather than L waiting for D2 too. L used to wait
+/// for every overlapping direct write in flight, so a stream of them with
+/// no gap kept it waiting (up to about a second in session 32's verify
+/// pass). D2 then goes after L: newest everywhere, also after a crash.
+#[test]
+fn a_direct_write_arriving_while_a_journaled_write_waits_goes_after_it() {
+    let Scene {
+        dev,
+        vol,
+        off,
+        x,
+        direct,
+        newest,
+    } = scene();
+    let second = pattern(BIG, 5);
+    let hold = hold_home(&dev, off);
+    // A bound on an event that takes microseconds, not a timing check.
+    let waits_reach = |n: u64| {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while vol.stats().revoke_order_waits < n {
+            if Instant::now() > deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        true
+    };
+    let (l_waited, d2_waited) = std::thread::scope(|s| {
+        let d1 = s.spawn(|| vol.write_at(&direct, off, WriteFlags::FUA));
+        assert!(
+            hold.wait_reached(Duration::from_secs(60)),
+            "the first direct write never reached its home I/O"
+        );
+        let l = s.spawn(|| vol.write_at(&newest, x, WriteFlags::FUA));
+        let l_waited = waits_reach(1);
+        let d2 = s.spawn(|| vol.write_at(&second, off, WriteFlags::FUA));
+        let d2_waited = waits_reach(2);
+        // Released whatever happened, so the threads end and a failure
+        // reports instead of hanging.
+        hold.release();
+        d1.join().expect("D1 thread").expect("first direct write");
+        l.join().expect("L thread").expect("journaled L");
+        d2.join().expect("D2 thread").expect("second direct write");
+        (l_waited, d2_waited)
+    });
+    assert!(l_waited, "L never waited for the first direct write");
+    assert!(
+        d2_waited,
+        "the second direct write went in ahead of L (L waited for it too)"
+    );
+    let mut back = vec![0u8; BIG];
+    vol.read_at(&mut back, off).expect("read");
+    assert!(back == second, "the second direct write is the newest");
+    dev.cut_power();
+    drop(vol);
+    let vol = Volume::open_device(
+        Arc::new(FaultDevice::from_image(dev.durable_image(), SECTOR)),
+        None,
+        &opts(),
+    )
+    .expect("recovery");
+    vol.read_at(&mut back, off).expect("read after recovery");
+    assert!(
+        back == second,
+        "the second direct write is the newest after recovery"
+    );
+}
+
+/// Holds writes to the home of `[off, off + BIG)` on `dev`.
+fn hold_home(dev: &FaultDevice, off: u64) -> Arc<jbdev_device::fault::WriteHold> {
+    let image = dev.live_image();
+    let data_offset = u64::from_le_bytes(image[40..48].try_into().expect("8 bytes"));
+    assert!(
+        data_offset >= BS + JOURNAL,
+        "home after the journal: {data_offset}"
+    );
+    dev.hold_writes(data_offset + off, BIG as u64)
 }
 
 /// Checks the durable log of `dev`: two transactions hold copies of block

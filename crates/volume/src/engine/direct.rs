@@ -57,7 +57,36 @@ impl Engine {
         if start >= end {
             return Ok(());
         }
+        self.wait_for_waiting_writers(start, end)?;
         self.direct_under(self.home.lock.read(), start, end, data, zeroing, sync)
+    }
+
+    /// Waits while a journaled writer waits, for direct writes already in
+    /// flight, to log a copy of a block of `[start, end)` (`Shard::waiting`,
+    /// ARCHITECTURE 23). Registering now would make that writer wait for
+    /// this write too, and a stream of overlapping direct writes could keep
+    /// it waiting for ever; after it, this write's revoke follows its copy
+    /// as for any older copy. Waiters wait only for direct writes that
+    /// registered before them, so this wait ends. Holds no lock while it
+    /// sleeps.
+    fn wait_for_waiting_writers(&self, start: Lba, end: Lba) -> Result<()> {
+        let mut counted = false;
+        while self.order_waiters.load(Ordering::SeqCst) > 0 {
+            let busy = Overlay::shards_for_range(start, end).iter().any(|&s| {
+                let sh = self.overlay.lock(s);
+                sh.waiting.iter().any(|&b| start <= b && b < end)
+            });
+            if !busy {
+                break;
+            }
+            if !counted {
+                counted = true;
+                self.stats.lock().revoke_order_waits += 1;
+            }
+            std::thread::sleep(Duration::from_micros(100));
+            self.check_writable()?;
+        }
+        Ok(())
     }
 
     /// Journal credits a direct write of `[start, end)` reserves for its

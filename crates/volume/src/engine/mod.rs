@@ -61,7 +61,7 @@
 
 use std::collections::{BTreeMap, VecDeque};
 use std::io::IoSlice;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -311,7 +311,8 @@ pub struct StatsInner {
     pub chained_commits: u64,
     pub log_space_waits: u64,
     /// Journaled writes that waited for a direct write's revoke of their
-    /// block to reach the log first (ARCHITECTURE 23).
+    /// block to reach the log first, and direct writes that waited for such
+    /// a journaled write to log its copy (ARCHITECTURE 23).
     pub revoke_order_waits: u64,
     /// Journaled writes that paused (`Engine::pace`), and the time they slept.
     pub paced_writes: u64,
@@ -401,6 +402,9 @@ pub struct Engine {
     stripes: Box<[CachePadded<Mutex<Stripe>>]>,
     /// Ids of pending direct writes in the overlay.
     pending_id: AtomicU64,
+    /// Journaled writers registered in `Shard::waiting` (so a direct write
+    /// looks there only when one is).
+    order_waiters: AtomicUsize,
     /// Direct writes that found the store full: at most one log line per
     /// `direct::STORE_FULL_LOG_EVERY`.
     store_full_log: crate::ratelimit::RateLimit,
@@ -662,6 +666,7 @@ impl Engine {
             pool: BufPool::new(bs, 64 << 20),
             stripes,
             pending_id: AtomicU64::new(1),
+            order_waiters: AtomicUsize::new(0),
             store_full_log: crate::ratelimit::RateLimit::new(direct::STORE_FULL_LOG_EVERY),
             sync: StateSync {
                 st: Mutex::new(st),

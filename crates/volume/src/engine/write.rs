@@ -118,6 +118,9 @@ impl Engine {
         fill_and_seal(&mut buf, ops, &lbas, self.bs, |i| !partial[i]);
         let mut pre_read: SmallVec<[(usize, u64); 4]> = SmallVec::new();
         let mut reads_due = true;
+        // Registered once this write has waited for a direct write; dropped
+        // (unregistered) on return, after the copy is published.
+        let mut waiting: Option<WaitingWriter<'_>> = None;
         loop {
             // Phase 1, no locks held across I/O: read home content of partial
             // blocks that have no newer copy, remembering the shard version.
@@ -201,7 +204,12 @@ impl Engine {
                 self.stats.lock().revoke_order_waits += 1;
                 match wait {
                     OrderWait::Commit(tid) => self.wait_commit(tid)?,
-                    OrderWait::DirectWrite => self.wait_direct_writes(&lbas)?,
+                    OrderWait::DirectWrite => {
+                        if waiting.is_none() {
+                            waiting = Some(WaitingWriter::register(self, &lbas));
+                        }
+                        self.wait_direct_writes(&lbas)?
+                    }
                 }
                 reads_due = true;
                 pre_read.clear();
@@ -279,9 +287,10 @@ impl Engine {
     /// has an older copy in the log (see `journal_ops`). A direct write
     /// leaves its pending state after its home I/O (many milliseconds for
     /// the large writes that go direct), so polling every 100 us costs
-    /// little. A stream of overlapping direct writes with no gap between
-    /// them would keep the writer waiting, as it waits for any writer
-    /// ahead of it.
+    /// little. The caller is registered as waiting (`WaitingWriter`), so
+    /// direct writes that arrive later over its blocks wait for it
+    /// (`Engine::wait_for_waiting_writers`): it waits only for those
+    /// already in flight, not for a stream of new ones.
     fn wait_direct_writes(&self, lbas: &[Lba]) -> Result<()> {
         loop {
             self.check_writable()?;
@@ -624,6 +633,38 @@ pub(super) fn covers_block(pieces: &[(Lba, usize, usize)], bs: usize) -> bool {
         reach = reach.max(hi);
     }
     reach >= bs
+}
+
+/// A journaled writer's blocks in `Shard::waiting` while it waits for the
+/// direct writes in flight over them; removed on drop.
+struct WaitingWriter<'a> {
+    engine: &'a Engine,
+    lbas: SmallVec<[Lba; 8]>,
+}
+
+impl<'a> WaitingWriter<'a> {
+    fn register(engine: &'a Engine, lbas: &[Lba]) -> Self {
+        for &b in lbas {
+            engine.overlay.lock_block(b).waiting.push(b);
+        }
+        engine.order_waiters.fetch_add(1, Ordering::SeqCst);
+        WaitingWriter {
+            engine,
+            lbas: lbas.into(),
+        }
+    }
+}
+
+impl Drop for WaitingWriter<'_> {
+    fn drop(&mut self) {
+        for &b in &self.lbas {
+            let mut sh = self.engine.overlay.lock_block(b);
+            if let Some(i) = sh.waiting.iter().position(|&w| w == b) {
+                sh.waiting.swap_remove(i);
+            }
+        }
+        self.engine.order_waiters.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 /// What a journaled write waits for so that a direct write's revoke of one
