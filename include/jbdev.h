@@ -46,7 +46,8 @@
  *    durable once a JBDEV_WRITE_FUA write, a later jbdev_flush() or a FUA
  *    transaction commit returns. Every single write up to
  *    jbdev_max_transaction_bytes(), and every transaction, is all-or-nothing
- *    across a crash.
+ *    across a crash, unless direct_write_threshold_bytes was lowered to at
+ *    most its size (see jbdev_write()).
  *  - Option structs carry their own size: fill them with the _init
  *    function, then change fields, so programs built against this header
  *    keep working with later library versions. jbdev_stats grows by
@@ -178,8 +179,11 @@ typedef struct jbdev_open_options {
   // A transaction nobody waits for is committed after this long, in
   // milliseconds (at least 1; 0 is refused with -EINVAL).
   uint64_t commit_interval_ms;
-  // Aligned writes at least this large go straight home instead of
-  // through the journal; `UINT64_MAX` journals everything that fits.
+  // Writes at least this large, at any alignment, send their whole blocks
+  // straight home instead of through the journal (old or new per sector
+  // until durable; their partial first and last blocks are journaled);
+  // `UINT64_MAX` (the default) journals every write that fits in a
+  // transaction, all-or-nothing.
   uint64_t direct_write_threshold_bytes;
   // Journal file or device of a volume formatted with an external
   // journal, when it is not at the path recorded at format time (NULL:
@@ -290,7 +294,8 @@ typedef struct jbdev_stats {
   // Fields from here on were added in version 4 (check `struct_size`,
   // or `JBDEV_STATS_HAS`).
   // Journaled writes that waited so that a large (direct) write's
-  // revoke of one of their blocks reaches the journal before their copy.
+  // revoke of one of their blocks reaches the journal before their copy,
+  // and large writes that waited for such a journaled write.
   uint64_t revoke_order_waits;
 } jbdev_stats;
 
@@ -439,6 +444,9 @@ int jbdev_read(const struct jbdev_volume *vol, void *buf, size_t len, uint64_t o
 // a larger one is accepted but is not atomic: it goes straight to its home
 // location, so a crash before it returns (or, without FUA, before the next
 // flush) can leave any mix of its old and new sectors, as on a plain disk.
+// So does one of at least a lowered `direct_write_threshold_bytes`, at any
+// alignment: its whole blocks go straight home (old or new per sector
+// until durable), only its partial first and last blocks are journaled.
 // Returns 0 or a negative errno: -EROFS, -EINVAL, -EBADF, -ENOSPC (the
 // range reaches past the end, whatever `len`, or the backing store is
 // full: no abort;
@@ -489,8 +497,10 @@ int jbdev_txn_begin(const struct jbdev_volume *vol, struct jbdev_txn **out);
 // The data is copied; `buf` may be reused at once. Nothing is visible until
 // commit. Returns 0 or a negative errno (-ENOSPC past the end, -EFBIG when
 // the transaction would then touch more blocks than one atomic transaction
-// holds: extents of `jbdev_max_transaction_bytes` in all, at any
-// alignment, always fit, and blocks written twice count once; -EFBIG too
+// holds, `jbdev_max_transaction_bytes` / block size + 1 distinct blocks:
+// one extent of `jbdev_max_transaction_bytes` fits at any alignment, and
+// blocks written twice count once, but several unaligned extents of that
+// many bytes in all may touch more blocks and not fit; -EFBIG too
 // when it would then keep more than four times that in memory until the
 // commit: a write that covers earlier extents replaces them, but writes
 // that overlap earlier ones only in part are each kept whole); the

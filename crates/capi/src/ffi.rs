@@ -589,6 +589,9 @@ pub unsafe extern "C" fn jbdev_read(
 /// a larger one is accepted but is not atomic: it goes straight to its home
 /// location, so a crash before it returns (or, without FUA, before the next
 /// flush) can leave any mix of its old and new sectors, as on a plain disk.
+/// So does one of at least a lowered `direct_write_threshold_bytes`, at any
+/// alignment: its whole blocks go straight home (old or new per sector
+/// until durable), only its partial first and last blocks are journaled.
 /// Returns 0 or a negative errno: -EROFS, -EINVAL, -EBADF, -ENOSPC (the
 /// range reaches past the end, whatever `len`, or the backing store is
 /// full: no abort;
@@ -711,8 +714,10 @@ pub unsafe extern "C" fn jbdev_txn_begin(
 /// The data is copied; `buf` may be reused at once. Nothing is visible until
 /// commit. Returns 0 or a negative errno (-ENOSPC past the end, -EFBIG when
 /// the transaction would then touch more blocks than one atomic transaction
-/// holds: extents of `jbdev_max_transaction_bytes` in all, at any
-/// alignment, always fit, and blocks written twice count once; -EFBIG too
+/// holds, `jbdev_max_transaction_bytes` / block size + 1 distinct blocks:
+/// one extent of `jbdev_max_transaction_bytes` fits at any alignment, and
+/// blocks written twice count once, but several unaligned extents of that
+/// many bytes in all may touch more blocks and not fit; -EFBIG too
 /// when it would then keep more than four times that in memory until the
 /// commit: a write that covers earlier extents replaces them, but writes
 /// that overlap earlier ones only in part are each kept whole); the

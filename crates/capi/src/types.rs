@@ -109,8 +109,11 @@ pub struct jbdev_open_options {
     /// A transaction nobody waits for is committed after this long, in
     /// milliseconds (at least 1; 0 is refused with -EINVAL).
     pub commit_interval_ms: u64,
-    /// Aligned writes at least this large go straight home instead of
-    /// through the journal; `UINT64_MAX` journals everything that fits.
+    /// Writes at least this large, at any alignment, send their whole blocks
+    /// straight home instead of through the journal (old or new per sector
+    /// until durable; their partial first and last blocks are journaled);
+    /// `UINT64_MAX` (the default) journals every write that fits in a
+    /// transaction, all-or-nothing.
     pub direct_write_threshold_bytes: u64,
     /// Journal file or device of a volume formatted with an external
     /// journal, when it is not at the path recorded at format time (NULL:
@@ -223,7 +226,8 @@ pub struct jbdev_stats {
     /// Fields from here on were added in version 4 (check `struct_size`,
     /// or `JBDEV_STATS_HAS`).
     /// Journaled writes that waited so that a large (direct) write's
-    /// revoke of one of their blocks reaches the journal before their copy.
+    /// revoke of one of their blocks reaches the journal before their copy,
+    /// and large writes that waited for such a journaled write.
     pub revoke_order_waits: u64,
 }
 

@@ -284,6 +284,14 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
     if named.is_empty() {
         usage_bail!("nothing to serve: give a volume PATH or --export NAME=PATH (create one with `jbdev format PATH --size 1G`)");
     }
+    // Refused before anything is opened (a journal replayed, a lock
+    // broken): usage errors, as a repeated name is.
+    for e in &named {
+        if let Err(why) = jbdev_nbd::export::check_export_strings(&e.name, &e.description) {
+            usage_bail!("{why}");
+        }
+    }
+    let journals = journal_of_each_volume(&named)?;
 
     // Listeners before any volume is opened: a `--listen` or `--metrics`
     // that cannot be bound must fail before a `--break-lock` breaks a
@@ -333,8 +341,11 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
         // Every volume is checked before any lock is broken: a serve that
         // ends up refused must not have fenced a live holder on the way.
         for ExportSpec { path, journal, .. } in &named {
+            let named_journal = std::fs::canonicalize(path)
+                .ok()
+                .and_then(|k| journals.get(&k).cloned().flatten());
             let opts = OpenOptions {
-                journal_path: journal.clone(),
+                journal_path: named_journal.or(journal.clone()),
                 ..opts.clone()
             };
             Volume::check_openable(path, &opts)
@@ -362,8 +373,10 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
         let vol = match by_path.get(&key) {
             Some(v) => v.clone(),
             None => {
+                // The journal any export of this volume named.
+                let journal = journals.get(&key).cloned().flatten().or(journal.clone());
                 let opts = OpenOptions {
-                    journal_path: journal.clone(),
+                    journal_path: journal,
                     ..opts.clone()
                 };
                 let v = Arc::new(Volume::open(path, &opts).map_err(|e| {
@@ -653,8 +666,59 @@ const CLOSE_LIMIT: Duration = Duration::from_secs(60);
 /// shutdown grace time: the store is then most likely what holds it.
 const FLUSH_LIMIT: Duration = Duration::from_secs(10);
 
+/// The journal each volume file is opened with, by canonical path: the one
+/// an export of it names (`,journal=`), so two exports of one file may name
+/// it once. Two that name different journals are refused before anything
+/// is opened (session 33's multi-export pass: the second was ignored
+/// without a word, even when it named another volume's journal). Paths
+/// that do not resolve (RBD images, missing files) are left to the open.
+fn journal_of_each_volume(
+    named: &[ExportSpec],
+) -> anyhow::Result<HashMap<PathBuf, Option<PathBuf>>> {
+    let canonical = |p: &Path| std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf());
+    let mut journals: HashMap<PathBuf, (Option<PathBuf>, &str)> = HashMap::new();
+    for e in named {
+        if jbdev_device::is_rbd_target(&e.path) {
+            continue;
+        }
+        let Ok(key) = std::fs::canonicalize(&e.path) else {
+            continue;
+        };
+        let (journal, by) = journals.entry(key).or_insert((None, &e.name));
+        match (&*journal, &e.journal) {
+            (Some(a), Some(b)) if canonical(a) != canonical(b) => {
+                let name = |n: &str| {
+                    if n.is_empty() {
+                        "the default export".to_string()
+                    } else {
+                        format!("export {n:?}")
+                    }
+                };
+                usage_bail!(
+                    "{} and {} serve the same volume {} but name different journals ({} and \
+                     {}): give its journal once, or the same one",
+                    name(by),
+                    name(&e.name),
+                    e.path.display(),
+                    a.display(),
+                    b.display()
+                );
+            }
+            (None, Some(b)) => {
+                *journal = Some(b.clone());
+                *by = &e.name;
+            }
+            _ => {}
+        }
+    }
+    Ok(journals.into_iter().map(|(k, (j, _))| (k, j)).collect())
+}
+
 fn close_volumes(volumes: Vec<(PathBuf, Arc<Volume>)>) -> anyhow::Result<()> {
-    let mut result = Ok(());
+    // Every volume's failure is reported, not only the last one's: each
+    // says what became of its acknowledged writes (salvaged, kept in the
+    // journal, copied aside).
+    let mut failures: Vec<anyhow::Error> = Vec::new();
     for (path, vol) in volumes {
         // Worker threads drop their last references just after their final
         // reply is sent; give them a moment before settling for a flush.
@@ -695,23 +759,29 @@ fn close_volumes(volumes: Vec<(PathBuf, Arc<Volume>)>) -> anyhow::Result<()> {
         };
         match done {
             Some(Ok(())) => {}
-            Some(Err(e)) => {
-                result = Err(e).with_context(|| format!("closing {shown}"));
-            }
-            None => {
-                result = Err(anyhow::anyhow!(
-                    "{shown} was not closed (see above); exiting without its final \
-                     flush. Writes acknowledged as durable are in its journal, \
-                     which the next open replays; writes not yet flushed may be lost, as \
-                     in a crash"
-                ));
-            }
+            Some(Err(e)) => failures.push(e.context(format!("closing {shown}"))),
+            None => failures.push(anyhow::anyhow!(
+                "{shown} was not closed (see above); exiting without its final \
+                 flush. Writes acknowledged as durable are in its journal, \
+                 which the next open replays; writes not yet flushed may be lost, as \
+                 in a crash"
+            )),
         }
     }
-    if result.is_ok() {
-        tracing::info!("all volumes flushed and closed");
+    match failures.len() {
+        0 => {
+            tracing::info!("all volumes flushed and closed");
+            Ok(())
+        }
+        1 => Err(failures.remove(0)),
+        n => {
+            let all: Vec<String> = failures.iter().map(|e| format!("{e:#}")).collect();
+            Err(anyhow::anyhow!(
+                "{n} volumes failed to close:\n- {}",
+                all.join("\n- ")
+            ))
+        }
     }
-    result
 }
 
 /// What a close has left to do, as [`within`] reads it.

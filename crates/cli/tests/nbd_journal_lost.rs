@@ -78,3 +78,55 @@ fn a_deleted_external_journal_loses_nothing_and_the_volume_serves_again_after_a_
         "the copy is not what was acknowledged"
     );
 }
+
+/// Two volumes whose journals are both lost fail to close, and the stop
+/// reports both: what became of each one's acknowledged writes (session
+/// 33's multi-export pass: only the last volume's close error was shown,
+/// the first one's salvage outcome was dropped).
+#[test]
+fn every_volume_that_fails_to_close_is_reported() {
+    let dir = TempDir::new("two-journals-lost");
+    let mut exports = Vec::new();
+    let mut journals = Vec::new();
+    for n in ["a", "b"] {
+        let (img, jnl) = (
+            dir.path(&format!("v{n}.img")),
+            dir.path(&format!("j{n}.jnl")),
+        );
+        format_with_journal(&img, &jnl, "16M", "4M");
+        exports.push(format!("{n}={}", img.display()));
+        journals.push(jnl);
+    }
+    let args = [
+        "--export",
+        exports[0].as_str(),
+        "--export",
+        exports[1].as_str(),
+    ];
+    let mut srv = ServerProc::start(&args, None);
+    for j in &journals {
+        std::fs::remove_file(j).unwrap();
+    }
+    assert!(
+        poll_until(std::time::Duration::from_secs(60), || srv
+            .log_text()
+            .matches("salvage complete")
+            .count()
+            >= 2),
+        "both salvages: {}",
+        srv.log_text()
+    );
+    srv.signal("TERM");
+    let st = srv.wait_exit(std::time::Duration::from_secs(60));
+    assert!(st.is_some_and(|s| !s.success()), "{st:?}");
+    srv.wait_for_log("jbdev: error:");
+    let log = srv.log_text();
+    let (_, last) = log.split_once("jbdev: error:").expect("the error");
+    assert!(last.contains("2 volumes failed to close"), "{last}");
+    for n in ["va.img", "vb.img"] {
+        assert!(
+            last.contains(&format!("closing {}", dir.path(n).display())),
+            "{n} not reported: {last}"
+        );
+    }
+}

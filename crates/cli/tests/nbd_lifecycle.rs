@@ -181,6 +181,10 @@ fn conflicting_or_zero_flags_are_refused_before_serving() {
     let p = psk.to_str().unwrap();
     let e = format!("e={i}");
     let typo = format!("e={i},descr=typo");
+    let long_name = format!("{}={i}", "n".repeat(5000));
+    let (j1, j2) = (dir.path("j1.jnl"), dir.path("j2.jnl"));
+    let journal_a = format!("a={i},journal={}", j1.display());
+    let journal_b = format!("b={i},journal={}", j2.display());
     for (args, want) in [
         (
             vec![
@@ -250,6 +254,26 @@ fn conflicting_or_zero_flags_are_refused_before_serving() {
         (
             vec!["--export", &typo, "--listen", "127.0.0.1:0"],
             "unknown key \"descr\" (the keys are journal, description",
+        ),
+        // Refused before anything is opened (session 33's multi-export
+        // pass: after every volume was opened and replayed, exit 1, with the
+        // whole 5000-byte name in the message).
+        (
+            vec!["--export", &long_name, "--listen", "127.0.0.1:0"],
+            "export name \"nnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnn\"... (5000 bytes) is longer than 4096 bytes",
+        ),
+        // Two exports of one volume naming two journals: the second was
+        // ignored without a word (the same pass).
+        (
+            vec![
+                "--export",
+                &journal_a,
+                "--export",
+                &journal_b,
+                "--listen",
+                "127.0.0.1:0",
+            ],
+            "serve the same volume",
         ),
     ] {
         assert_serve_usage_error(&args, want);

@@ -314,7 +314,7 @@ static WRITE_ERRORS: jbdev_volume::ratelimit::RateLimit =
 /// errno, and the operator had nothing (session 29's pass: an unaligned
 /// write whose edge block could not be read left the server's log empty).
 /// A client's own mistake (out of range, too large, read-only) is not
-/// logged: its reply says it.
+/// logged: its reply says it (`client_message`).
 fn write_error(e: jbdev_volume::VolumeError) -> BackendError {
     use jbdev_volume::VolumeError as V;
     let clients_mistake = matches!(
@@ -323,7 +323,6 @@ fn write_error(e: jbdev_volume::VolumeError) -> BackendError {
             | V::TooLarge { .. }
             | V::TransactionTooBig { .. }
             | V::ReadOnly
-            | V::InvalidArgument(_)
             | V::Closed
     );
     if !clients_mistake {
@@ -357,7 +356,35 @@ pub fn map_volume_error(e: jbdev_volume::VolumeError) -> BackendError {
         e if jbdev_volume::is_no_space(e.errno()) => proto::ENOSPC,
         _ => proto::EIO,
     };
-    BackendError::new(errno, e.to_string())
+    BackendError::new(errno, client_message(&e, errno))
+}
+
+/// What a client is told of a failure. A mistake of its own (out of range,
+/// too large, read-only) is described; a failure of the server's storage
+/// only by its kind: the volume's error names host paths, the server's pid
+/// and the operator's commands (`cp /proc/PID/fd/N ...`), which are the
+/// server's log's to show (the failure is logged there), never a client's.
+fn client_message(e: &jbdev_volume::VolumeError, errno: u32) -> String {
+    use jbdev_volume::VolumeError as V;
+    match e {
+        V::OutOfRange { .. }
+        | V::TooLarge { .. }
+        | V::TransactionTooBig { .. }
+        | V::ReadOnly
+        | V::Closed => e.to_string(),
+        V::Aborted { .. } | V::JournalFileLost(_) => "the volume's journal was aborted after a \
+            failure of the server's storage: writes fail until the server reopens the volume \
+            (details in the server's log)"
+            .into(),
+        _ if errno == proto::ENOSPC => {
+            "the server's storage is full (details in the server's log)".into()
+        }
+        _ if errno == proto::EPERM => {
+            "the server's storage refuses writes (details in the server's log)".into()
+        }
+        _ if errno == proto::EINVAL => "invalid request (details in the server's log)".into(),
+        _ => "I/O error on the server's storage (details in the server's log)".into(),
+    }
 }
 
 impl Backend for VolumeBackend {
@@ -454,7 +481,19 @@ impl Backend for VolumeBackend {
         let extents = self
             .volume
             .block_status_at_most(offset, length, max_extents)
-            .map_err(map_volume_error)?;
+            .map_err(|e| {
+                // Logged as a failed read is: the client's reply does not
+                // say what failed.
+                if let Some(held) = self.read_errors.pass(std::time::Instant::now()) {
+                    let more = self.read_errors.held_note(held, "read error(s)");
+                    tracing::warn!(
+                        "block status of {length} bytes at offset {offset} failed (errno {}): \
+                         {e}{more}",
+                        e.errno()
+                    );
+                }
+                map_volume_error(e)
+            })?;
         Ok(extents
             .into_iter()
             .map(|e| Extent {
@@ -646,6 +685,57 @@ mod tests {
         assert_eq!(map_volume_error(dev(5)).errno, proto::EIO);
         assert_eq!(map_volume_error(dev(28)).errno, proto::ENOSPC);
         assert_eq!(map_volume_error(V::ReadOnly).errno, proto::EPERM);
+    }
+
+    /// Session 33's multi-export pass: a client's error reply carried the
+    /// volume's error text, with host paths, the server's pid and a
+    /// `cp /proc/PID/fd/N PATH` command for the operator.
+    #[test]
+    fn a_client_is_told_what_failed_but_no_path() {
+        use jbdev_volume::VolumeError as V;
+        let secret = "/srv/private/vol.img";
+        let failures = [
+            V::Device(jbdev_device::DeviceError::Io {
+                op: "write",
+                what: secret.into(),
+                error: std::io::Error::from_raw_os_error(5),
+            }),
+            V::Device(jbdev_device::DeviceError::Io {
+                op: "write",
+                what: secret.into(),
+                error: std::io::Error::from_raw_os_error(28),
+            }),
+            V::Aborted {
+                reason: format!("writing {secret} failed"),
+                cause_errno: 5,
+            },
+            V::JournalFileLost(format!("cp /proc/7/fd/6 {secret}")),
+            V::StoreFull {
+                reason: format!("writing {secret}"),
+                closing: false,
+                cause_errno: 28,
+            },
+            V::Internal(format!("panic in {secret}")),
+        ];
+        for e in failures {
+            let shown = e.to_string();
+            assert!(shown.contains(secret), "the test's premise: {shown}");
+            let reply = map_volume_error(e);
+            for leak in ["/srv", "/proc", "pid", "cp "] {
+                assert!(!reply.message.contains(leak), "{}", reply.message);
+            }
+            assert!(reply.message.contains("server's log"), "{}", reply.message);
+        }
+        let mistake = map_volume_error(V::OutOfRange {
+            offset: 4096,
+            len: 512,
+            size: 4096,
+        });
+        assert!(
+            mistake.message.contains("past the end"),
+            "{}",
+            mistake.message
+        );
     }
 
     #[test]

@@ -39,6 +39,35 @@ impl Export {
     }
 }
 
+/// Whether an export's name and description can be sent to clients: at
+/// most 4096 bytes each (the protocol's string limit; a LIST reply carries
+/// both in one 32-bit-sized pair), no NUL. A server checks this before it
+/// opens anything.
+pub fn check_export_strings(name: &str, description: &str) -> Result<(), String> {
+    let shown = |s: &str| {
+        // A name too long to send is too long to print whole.
+        let head: String = s.chars().take(40).collect();
+        if head.len() < s.len() {
+            format!("{head:?}... ({} bytes)", s.len())
+        } else {
+            format!("{s:?}")
+        }
+    };
+    if name.len() > crate::proto::MAX_STRING_BYTES || name.contains('\0') {
+        return Err(format!(
+            "export name {} is longer than 4096 bytes or contains NUL",
+            shown(name)
+        ));
+    }
+    if description.len() > crate::proto::MAX_STRING_BYTES || description.contains('\0') {
+        return Err(format!(
+            "description of export {} is longer than 4096 bytes or contains NUL",
+            shown(name)
+        ));
+    }
+    Ok(())
+}
+
 /// The exports of a server; the first one is also the default export (the
 /// empty name).
 pub struct ExportSet {
@@ -55,21 +84,7 @@ impl ExportSet {
             if exports[..i].iter().any(|o| o.name == e.name) {
                 return Err(format!("export name {:?} given twice", e.name));
             }
-            if e.name.len() > crate::proto::MAX_STRING_BYTES || e.name.contains('\0') {
-                return Err(format!(
-                    "export name {:?} is not a valid NBD string",
-                    e.name
-                ));
-            }
-            // A LIST reply carries name and description in one 32-bit-sized
-            // string pair; keep both within the protocol's string limit.
-            if e.description.len() > crate::proto::MAX_STRING_BYTES || e.description.contains('\0')
-            {
-                return Err(format!(
-                    "description of export {:?} is longer than 4096 bytes or contains NUL",
-                    e.name
-                ));
-            }
+            check_export_strings(&e.name, &e.description)?;
         }
         Ok(Self {
             exports: exports.into_iter().map(Arc::new).collect(),
