@@ -138,7 +138,8 @@ pub struct Stats {
     pub log_space_waits: u64,
     /// Journaled writes that waited so that a direct write's revoke of
     /// one of their blocks reaches the log before their copy: for the
-    /// direct write's home I/O, or for the commit of its revoke
+    /// direct write's home I/O, or for the commit of its revoke; and direct
+    /// writes that waited for such a journaled write to log its copy
     /// (ARCHITECTURE 23).
     pub revoke_order_waits: u64,
     /// The checkpoint's last attempt found the backing store full
@@ -756,7 +757,8 @@ impl Volume {
             let jdev = jheld.map(|j| held[j].device.clone());
             let watch = jheld.and_then(|j| {
                 let o = &mut held[j];
-                o.watch.take().map(|file| WatchedJournal {
+                let file = o.watch.take().or_else(|| block_device_watch(&o.path));
+                file.map(|file| WatchedJournal {
                     file,
                     path: o.path.clone(),
                     home: path.to_path_buf(),
@@ -791,7 +793,9 @@ impl Volume {
             // created volume went on acknowledging writes with its journal
             // file deleted).
             if !oopts.read_only {
-                let home_watch = home_file.map(|f| WatchedHome::new(f, path, vol.superblock()));
+                let home_watch = home_file
+                    .or_else(|| block_device_watch(path))
+                    .map(|f| WatchedHome::new(f, path, vol.superblock()));
                 vol.watch_files(watch, home_watch)?;
             }
             Ok(vol)
@@ -889,18 +893,21 @@ impl Volume {
                 origin.journal = given.is_none().then(|| jp.clone());
                 (
                     Some(jdev),
-                    file.map(|file| WatchedJournal {
-                        file,
-                        path: jp,
-                        home: path.to_path_buf(),
-                        region_end: *len_bytes,
-                    }),
+                    file.or_else(|| block_device_watch(&jp))
+                        .map(|file| WatchedJournal {
+                            file,
+                            path: jp,
+                            home: path.to_path_buf(),
+                            region_end: *len_bytes,
+                        }),
                 )
             }
         };
         let vol = Self::open_device_from(dev, jdev, opts, Some(&origin))?;
         if !opts.read_only {
-            let home_watch = home_file.map(|f| WatchedHome::new(f, path, vol.superblock()));
+            let home_watch = home_file
+                .or_else(|| block_device_watch(path))
+                .map(|f| WatchedHome::new(f, path, vol.superblock()));
             vol.watch_files(watch, home_watch)?;
         }
         Ok(vol)

@@ -62,15 +62,25 @@ impl WatchedHome {
                  then `jbdev check {h}`",
                 self.end, self.end
             ),
+            JournalFileProblem::Shrunk { len } => format!(
+                "the device {h} shrank while the volume was open: it holds {len} bytes, below \
+                 the volume's end at byte {}: writes are refused from now on (committed writes \
+                 stay in the journal, which the next open replays), and whatever the device \
+                 kept past its new end is out of reach. Grow it back to at least {} bytes (a \
+                 loop device: enlarge its file, then `losetup -c {h}`), then open the volume \
+                 again (`jbdev check {h}` first)",
+                self.end, self.end
+            ),
         }
     }
 }
 
 /// [`JournalFileProblem`] of a watched file whose content must reach byte
-/// `end`, from one `fstat` of its descriptor; `None` while nothing is wrong
-/// (or the `fstat` failed: logged).
+/// `end`, from one `fstat` of its descriptor (and, for a block device, its
+/// size in sysfs); `None` while nothing is wrong (or the `fstat` failed:
+/// logged).
 fn file_problem(file: &std::fs::File, path: &Path, end: u64) -> Option<JournalFileProblem> {
-    use std::os::unix::fs::MetadataExt;
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
     let md = match file.metadata() {
         Ok(md) => md,
         Err(e) => {
@@ -78,6 +88,14 @@ fn file_problem(file: &std::fs::File, path: &Path, end: u64) -> Option<JournalFi
             return None;
         }
     };
+    if md.file_type().is_block_device() {
+        // A device node removed from /dev is no loss: the device stays.
+        // Shrunk (a loop device's file cut and `losetup -c`, a reduced
+        // volume), writes past its end failed with ENOSPC and were
+        // reported as a full store: "free space" (session 33's pass).
+        let len = block_device_bytes(md.rdev())?;
+        return (len < end).then_some(JournalFileProblem::Shrunk { len });
+    }
     if md.nlink() == 0 {
         Some(JournalFileProblem::Deleted)
     } else if md.len() < end {
@@ -85,6 +103,32 @@ fn file_problem(file: &std::fs::File, path: &Path, end: u64) -> Option<JournalFi
     } else {
         None
     }
+}
+
+/// A descriptor (`O_PATH`) to watch the block device at `path` by
+/// ([`file_problem`]); None for anything else (files come with theirs from
+/// `open_device`) or if it cannot be opened (then unwatched, as before).
+pub(crate) fn block_device_watch(path: &Path) -> Option<std::fs::File> {
+    use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_PATH | libc::O_CLOEXEC)
+        .open(path)
+        .ok()?;
+    f.metadata()
+        .ok()?
+        .file_type()
+        .is_block_device()
+        .then_some(f)
+}
+
+/// The size in bytes of the block device `rdev`, from
+/// `/sys/dev/block/MAJOR:MINOR/size` (in 512-byte units, whatever the
+/// device's logical block size); None if it cannot be read.
+fn block_device_bytes(rdev: u64) -> Option<u64> {
+    let (major, minor) = (libc::major(rdev), libc::minor(rdev));
+    let text = std::fs::read_to_string(format!("/sys/dev/block/{major}:{minor}/size")).ok()?;
+    text.trim().parse::<u64>().ok()?.checked_mul(512)
 }
 
 /// How often an open volume checks that its external journal file is still
@@ -112,6 +156,10 @@ pub(crate) enum JournalFileProblem {
     /// the cut is gone already (its superblock too if the cut is inside
     /// the first block), and writes there only extend a sparse file.
     Truncated { len: u64 },
+    /// A block device that now holds `len` bytes, below the end: what it
+    /// kept past its new end is out of reach (gone, if whatever shrank it
+    /// dropped it), and writes there fail.
+    Shrunk { len: u64 },
 }
 
 impl WatchedJournal {
@@ -133,6 +181,11 @@ impl WatchedJournal {
             JournalFileProblem::Truncated { len } => format!(
                 "the external journal file {j} was truncated while the volume was open: it \
                  holds {len} bytes, below the journal's end at byte {}",
+                self.region_end
+            ),
+            JournalFileProblem::Shrunk { len } => format!(
+                "the external journal device {j} shrank while the volume was open: it holds \
+                 {len} bytes, below the journal's end at byte {}",
                 self.region_end
             ),
         }
@@ -163,6 +216,13 @@ impl WatchedJournal {
                     h = self.home.display()
                 )
             }
+            JournalFileProblem::Shrunk { .. } => format!(
+                "{what}: writes are refused from now on. Committed writes not yet written home \
+                 (every write a flush or FUA acknowledged) are now written there from memory: \
+                 once the log says \"salvage complete\", every one is on the volume (plain \
+                 writes no flush covered yet are not). {}",
+                self.next_step(p)
+            ),
             JournalFileProblem::Truncated { .. } => format!(
                 "{what}: writes are refused from now on. Committed writes not yet written home \
                  (every write a flush or FUA acknowledged) are now written there from memory: \
@@ -288,6 +348,15 @@ impl WatchedJournal {
             JournalFileProblem::Truncated { .. } => format!(
                 "to open the volume again, {}",
                 truncated_journal_advice(&self.home, &self.path, self.region_end)
+            ),
+            JournalFileProblem::Shrunk { .. } => format!(
+                "to open the volume again, grow {} back to at least {} bytes (a loop device: \
+                 enlarge its file, then `losetup -c`) and open it (`jbdev check {}` first), or \
+                 give it a new journal with `jbdev journal reset --force {}`",
+                self.path.display(),
+                self.region_end,
+                self.home.display(),
+                self.home.display()
             ),
         }
     }
