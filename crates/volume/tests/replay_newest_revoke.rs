@@ -79,15 +79,8 @@ fn a_copy_between_two_revokes_is_not_replayed_over_the_second_direct_write() {
 
 /// A volume on a fault device whose log holds copy A of block `x`, inside
 /// the range at `off` of a direct write of `direct`; `newest` is a newer
-/// copy L of `x`.
-struct Scene {
-    dev: Arc<FaultDevice>,
-    vol: Volume,
-    off: u64,
-    x: u64,
-    direct: Vec<u8>,
-    newest: Vec<u8>,
-}
+/// copy L of `x`: (device, volume, off, x, direct, newest).
+struct Scene(Arc<FaultDevice>, Volume, u64, u64, Vec<u8>, Vec<u8>);
 
 fn scene() -> Scene {
     let dev = common::formatted_fault_device(DATA, JOURNAL);
@@ -96,14 +89,7 @@ fn scene() -> Scene {
     let x = off + 3 * BS;
     vol.write_at(&pattern(BS as usize, 1), x, WriteFlags::FUA)
         .expect("journaled A");
-    Scene {
-        dev,
-        vol,
-        off,
-        x,
-        direct: pattern(BIG, 2),
-        newest: pattern(BS as usize, 3),
-    }
+    Scene(dev, vol, off, x, pattern(BIG, 2), pattern(BS as usize, 3))
 }
 
 /// A journaled copy A of a block, then a direct write over it without FUA
@@ -116,14 +102,7 @@ fn scene() -> Scene {
 /// in a transaction before L's.
 #[test]
 fn a_revoke_superseded_in_its_own_transaction_still_precedes_the_newer_copy() {
-    let Scene {
-        dev,
-        vol,
-        off,
-        x,
-        direct,
-        newest,
-    } = scene();
+    let Scene(dev, vol, off, x, direct, newest) = scene();
     vol.write_at(&direct, off, WriteFlags::NONE)
         .expect("direct, no FUA");
     vol.write_at(&newest, x, WriteFlags::FUA)
@@ -144,14 +123,7 @@ fn a_revoke_superseded_in_its_own_transaction_still_precedes_the_newer_copy() {
 /// logs its copy after the revoke.
 #[test]
 fn a_journaled_write_racing_a_direct_write_logs_its_copy_after_the_revoke() {
-    let Scene {
-        dev,
-        vol,
-        off,
-        x,
-        direct,
-        newest,
-    } = scene();
+    let Scene(dev, vol, off, x, direct, newest) = scene();
     let hold = hold_home(&dev, off);
     std::thread::scope(|s| {
         let d = s.spawn(|| vol.write_at(&direct, off, WriteFlags::FUA));
@@ -185,14 +157,7 @@ fn a_journaled_write_racing_a_direct_write_logs_its_copy_after_the_revoke() {
 /// pass). D2 then goes after L: newest everywhere, also after a crash.
 #[test]
 fn a_direct_write_arriving_while_a_journaled_write_waits_goes_after_it() {
-    let Scene {
-        dev,
-        vol,
-        off,
-        x,
-        direct,
-        newest,
-    } = scene();
+    let Scene(dev, vol, off, x, direct, newest) = scene();
     let second = pattern(BIG, 5);
     let hold = hold_home(&dev, off);
     // A bound on an event that takes microseconds, not a timing check.
