@@ -927,6 +927,19 @@ impl Volume {
         }
         let (stop, stopped) = std::sync::mpsc::channel::<()>();
         let (journal, home) = (journal.map(Arc::new), home.map(Arc::new));
+        // Asked at once by a write that fails with ENOSPC (`Engine::shrunk`).
+        let (pj, ph) = (journal.clone(), home.clone());
+        let _ = self.engine.shrink_probe.set(Box::new(move |of_journal| {
+            if of_journal {
+                let w = pj.as_ref()?;
+                let p = w.problem()?;
+                matches!(p, JournalFileProblem::Shrunk { .. }).then(|| w.abort_message(&p))
+            } else {
+                let w = ph.as_ref()?;
+                let p = w.problem()?;
+                matches!(p, JournalFileProblem::Shrunk { .. }).then(|| w.abort_message(&p))
+            }
+        }));
         let (j, h) = (journal.clone(), home.clone());
         let engine = Arc::downgrade(&self.engine);
         let t = std::thread::Builder::new()

@@ -64,6 +64,16 @@ fn a_block_device_that_shrinks_aborts_the_volume_saying_so() {
     let block = vec![7u8; 4096];
     vol.write_at(&block, 0, WriteFlags::FUA).expect("a write");
     resize(&backing, &dev, 16 << 20);
+    // At once, before the watch's next look (every 250 ms): a write too
+    // large for a transaction goes home directly, past the new end, and
+    // fails with ENOSPC there, which was taken for a full store (session
+    // 33's verify pass).
+    let big = vec![9u8; 2 << 20];
+    let at_once = vol
+        .write_at(&big, 24 << 20, WriteFlags::NONE)
+        .expect_err("a write past the device's new end")
+        .to_string();
+    assert!(at_once.contains("shrank"), "{at_once}");
     // The watch looks every 250 ms; a bound on that, not a timing check.
     let deadline = Instant::now() + Duration::from_secs(30);
     let err = loop {

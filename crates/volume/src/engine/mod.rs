@@ -408,6 +408,11 @@ pub struct Engine {
     /// Direct writes that found the store full: at most one log line per
     /// `direct::STORE_FULL_LOG_EVERY`.
     store_full_log: crate::ratelimit::RateLimit,
+    /// Whether the home device (false) or the external journal's (true)
+    /// shrank below the volume's end, as the file watch would find it now,
+    /// with the watch's message (set by `Volume::watch_files`; see
+    /// [`Engine::shrunk`]).
+    pub(crate) shrink_probe: OnceLock<ShrinkProbe>,
     sync: StateSync,
     hints: Hints,
     abort: AbortFlag,
@@ -519,6 +524,9 @@ struct AbortFlag {
     /// is salvaged, the journal keeps what it holds.
     home_failed: AtomicBool,
 }
+
+/// The file watch's look at a device now: its message if it shrank.
+pub(crate) type ShrinkProbe = Box<dyn Fn(bool) -> Option<String> + Send + Sync>;
 
 /// Why the journal aborted: what every later request's error says.
 #[derive(Clone, Debug)]
@@ -668,6 +676,7 @@ impl Engine {
             pending_id: AtomicU64::new(1),
             order_waiters: AtomicUsize::new(0),
             store_full_log: crate::ratelimit::RateLimit::new(direct::STORE_FULL_LOG_EVERY),
+            shrink_probe: OnceLock::new(),
             sync: StateSync {
                 st: Mutex::new(st),
                 kick: Condvar::new(),
@@ -925,9 +934,30 @@ impl Engine {
             && !self.abort.home_failed.load(Ordering::Acquire)
     }
 
+    /// The file watch's message if the home device (`journal` false) or the
+    /// external journal's device shrank below the volume's end (None if
+    /// not, or if it is no block device). A write that failed with ENOSPC
+    /// asks: past the new end of a shrunk device it is no full store, and
+    /// the watch, which looks every 250 ms, may not have seen it yet
+    /// (session 33's verify pass: "free space on it" until it did).
+    pub(crate) fn shrunk(&self, journal: bool) -> Option<String> {
+        self.shrink_probe.get().and_then(|probe| probe(journal))
+    }
+
     /// [`Engine::abort_with`] for a caller that holds the state lock:
     /// records the first reason, raises the flag and wakes every waiter.
     fn record_abort(&self, st: &mut JState, cause: AbortCause) {
+        let cause = match cause {
+            // A write past the end of a device that shrank, not a full
+            // store (a journal write, or a home write on the same device).
+            AbortCause::Failed(_, errno) if crate::error::is_no_space(errno) => {
+                match self.shrunk(true).or_else(|| self.shrunk(false)) {
+                    Some(msg) => AbortCause::JournalFileLost(msg),
+                    None => cause,
+                }
+            }
+            cause => cause,
+        };
         match &cause {
             AbortCause::Failed(why, errno) if crate::error::is_no_space(*errno) => {
                 // The one abort an operator can fix without a new device.
