@@ -22,17 +22,39 @@ pub trait StreamControl: Send + Sync {
     /// Shuts the stream down both ways: a pending read sees end-of-stream,
     /// further writes fail.
     fn shutdown(&self);
+
+    /// Bytes written to the socket that the peer has not taken yet (the
+    /// send queue), if the stream can tell: it falls as the client reads.
+    fn unsent_bytes(&self) -> Option<u64> {
+        None
+    }
+}
+
+/// The socket's send queue (`SIOCOUTQ`: for TCP the bytes not yet
+/// acknowledged, for a unix socket those the peer has not read).
+#[allow(unsafe_code)] // one ioctl: std has no safe call for it
+fn send_queue_bytes(fd: std::os::unix::io::RawFd) -> Option<u64> {
+    let mut n: libc::c_int = 0;
+    // SAFETY: TIOCOUTQ (= SIOCOUTQ) writes one int through the pointer.
+    let r = unsafe { libc::ioctl(fd, libc::TIOCOUTQ, &mut n) };
+    (r == 0).then(|| u64::try_from(n).ok()).flatten()
 }
 
 impl StreamControl for TcpStream {
     fn shutdown(&self) {
         let _ = TcpStream::shutdown(self, Shutdown::Both);
     }
+    fn unsent_bytes(&self) -> Option<u64> {
+        send_queue_bytes(std::os::unix::io::AsRawFd::as_raw_fd(self))
+    }
 }
 
 impl StreamControl for UnixStream {
     fn shutdown(&self) {
         let _ = UnixStream::shutdown(self, Shutdown::Both);
+    }
+    fn unsent_bytes(&self) -> Option<u64> {
+        send_queue_bytes(std::os::unix::io::AsRawFd::as_raw_fd(self))
     }
 }
 
