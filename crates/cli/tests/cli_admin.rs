@@ -2560,3 +2560,74 @@ fn a_journal_reset_cut_short_is_put_right_by_running_it_again() {
     let o = jbdev(&["check", i]);
     assert!(o.status.success(), "{}", text(&o));
 }
+
+/// A volume held by a live process whose main thread has exited (it called
+/// `pthread_exit`; its other thread keeps the descriptor and the lock) is
+/// refused at once as held. Session 33's timing pass: the zombie main
+/// thread made it look dead ("the lock is left by pid N, which has
+/// exited"), `grow` waited 20 s for the kernel to release the lock, then
+/// blamed "a slow or stalled device". Skipped without a C compiler.
+#[test]
+fn a_holder_whose_main_thread_has_exited_is_alive() {
+    let dir = tempfile::tempdir().unwrap();
+    let (src, exe) = (dir.path().join("h.c"), dir.path().join("h"));
+    std::fs::write(
+        &src,
+        "#include <pthread.h>\n#include <sys/file.h>\n#include <fcntl.h>\n\
+         #include <unistd.h>\n#include <stdio.h>\n\
+         static void *t(void *a) { (void)a; sleep(120); return 0; }\n\
+         int main(int c, char **v) { (void)c; int fd = open(v[1], O_RDWR);\n\
+         if (fd < 0 || flock(fd, LOCK_EX)) { perror(\"lock\"); return 1; }\n\
+         pthread_t th; pthread_create(&th, 0, t, 0);\n\
+         printf(\"locked\\n\"); fflush(stdout); pthread_exit(0); }\n",
+    )
+    .unwrap();
+    let built = Command::new("cc")
+        .arg("-o")
+        .arg(&exe)
+        .arg(&src)
+        .arg("-lpthread")
+        .status();
+    if !built.is_ok_and(|s| s.success()) {
+        println!("SKIP: no C compiler");
+        return;
+    }
+    let img = dir.path().join("v.img");
+    let img_s = img.to_str().unwrap();
+    let o = jbdev(&["format", "--size", "16M", img_s]);
+    assert!(o.status.success(), "{}", text(&o));
+    let mut holder = Command::new(&exe)
+        .arg(&img)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(holder.stdout.take().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    assert_eq!(line.trim(), "locked");
+    // Until its main thread is a zombie (bounded: it exits right after).
+    let stat = format!("/proc/{}/stat", holder.id());
+    let zombie = || {
+        std::fs::read_to_string(&stat)
+            .is_ok_and(|s| s.rsplit_once(") ").is_some_and(|(_, r)| r.starts_with('Z')))
+    };
+    for _ in 0..1000 {
+        if zombie() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    assert!(zombie(), "the holder's main thread did not exit");
+    let o = jbdev(&["grow", "--size", "32M", img_s]);
+    let _ = holder.kill();
+    let _ = holder.wait();
+    assert!(!o.status.success(), "grow of a held volume: {}", text(&o));
+    assert!(
+        text(&o).contains("already open") && !text(&o).contains("has exited"),
+        "{}",
+        text(&o)
+    );
+}

@@ -54,10 +54,16 @@ fn live_processes_with_open(
         let Some(pid) = p.file_name().to_str().and_then(|s| s.parse::<i64>().ok()) else {
             continue;
         };
-        if (pid == me && !with_self) || !pid_alive(pid) {
+        if pid == me && !with_self {
             continue;
         }
-        let Ok(fds) = std::fs::read_dir(p.path().join("fd")) else {
+        // A process whose main thread has exited keeps its descriptors in
+        // its other threads: their fd table, not the leader's (empty).
+        let Some(task) = live_task(pid) else {
+            continue;
+        };
+        let Ok(fds) = std::fs::read_dir(p.path().join("task").join(task.to_string()).join("fd"))
+        else {
             continue;
         };
         if fds
@@ -149,7 +155,29 @@ pub(crate) fn pid_alive(pid: i64) -> bool {
     if pid < 0 {
         return true; // an OFD lock: no owner to ask about
     }
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+    live_task(pid).is_some()
+}
+
+/// A thread of process `pid` that has not exited: the main thread if it
+/// runs, else any other (a process whose main thread called
+/// `pthread_exit` is a zombie leader with live threads that still hold
+/// its files and locks: session 33's timing pass saw such a holder taken
+/// for dead, waited for, then blamed on a stalled device).
+fn live_task(pid: i64) -> Option<i64> {
+    if task_alive(&format!("/proc/{pid}/stat")) {
+        return Some(pid);
+    }
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .ok()?
+        .flatten()
+        .filter_map(|t| t.file_name().to_str()?.parse::<i64>().ok())
+        .find(|tid| task_alive(&format!("/proc/{pid}/task/{tid}/stat")))
+}
+
+/// Whether the task whose `stat` file is at `path` exists and has not
+/// exited (not a zombie, not dead).
+fn task_alive(path: &str) -> bool {
+    match std::fs::read_to_string(path) {
         // The state follows the parenthesised command name.
         Ok(stat) => !matches!(
             stat.rsplit_once(')')
