@@ -502,8 +502,10 @@ int jbdev_txn_begin(const struct jbdev_volume *vol, struct jbdev_txn **out);
 // blocks written twice count once, but several unaligned extents of that
 // many bytes in all may touch more blocks and not fit; -EFBIG too
 // when it would then keep more than four times that in memory until the
-// commit: a write that covers earlier extents replaces them, but writes
-// that overlap earlier ones only in part are each kept whole); the
+// commit, counting each write's bytes plus 64 (with a 64 MiB journal,
+// about a million writes of a byte or two): a write that covers earlier extents replaces
+// them, but writes that overlap earlier ones only in part are each kept
+// whole); the
 // transaction stays usable after an error, without the refused extent.
 //
 // # Safety

@@ -379,21 +379,6 @@ pub fn iov_len_mut(bufs: &[IoSliceMut<'_>]) -> u64 {
     bufs.iter().map(|b| b.len() as u64).sum()
 }
 
-/// Gives the heap's free pages back to the kernel (glibc's `malloc_trim`;
-/// nothing elsewhere). Buffers a load freed go back to malloc, whose
-/// per-thread arenas keep free memory for reuse and return only the top of
-/// the main heap by themselves: a server that drained a burst of random
-/// writes sat at 156 MiB, not 21 MiB, until `malloc_trim` (session 26's
-/// pass). For a caller that is idle: it walks every arena.
-pub fn release_free_heap() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: malloc_trim takes no pointers and may be called from any
-    // thread at any time.
-    unsafe {
-        libc::malloc_trim(0);
-    }
-}
-
 #[cfg(test)]
 mod zero_tests {
     #[test]

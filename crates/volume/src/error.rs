@@ -65,9 +65,11 @@ pub enum VolumeError {
     /// transaction are each kept whole (one that covers an earlier extent
     /// replaces it, and costs nothing more).
     #[error(
-        "the transaction would hold {held} bytes of writes until its commit, more than the \
-         {max} it may ({max_extents} extents at most): its writes overlap each other in part, \
-         and each is kept whole; commit it, or write each range once"
+        "the transaction would keep {held} bytes until its commit (its writes' data, plus 64 \
+         bytes for each write), more than the {max} it may: at most {max_extents} writes, \
+         fewer the more data they carry; commit it, or use fewer, larger writes (a write that \
+         covers earlier ones whole replaces them; writes that overlap earlier ones only in part \
+         are each kept whole)"
     )]
     TransactionTooBig {
         /// Bytes of write data (and extents, 64 bytes each) it would hold.

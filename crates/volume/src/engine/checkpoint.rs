@@ -124,7 +124,7 @@ impl Engine {
                             drop(st);
                             self.pool.trim();
                             self.home.direct_bufs.lock().clear();
-                            jbdev_device::release_free_heap();
+                            jbdev_device::heap::release_free_memory();
                             st = self.state();
                         }
                     }
