@@ -434,18 +434,40 @@ async fn write_batch(
         // full socket becomes writable again only once about half of its
         // send queue has gone, which on loopback (several MiB, autotuned)
         // can take a steady reader longer than the timeout: the queue
-        // falling says it reads (session 33's timing pass: clients taking
-        // 1.2-1.6 MiB per 3 s timeout were dropped as taking nothing).
+        // falling by the floor's worth says it reads (session 33's timing
+        // pass: clients taking 1.2-1.6 MiB per 3 s timeout were dropped as
+        // taking nothing). Less is not enough: a client's kernel takes
+        // about 124 KiB into its receive buffer without the client reading
+        // (counted as progress, it bought a client that never reads a
+        // second timeout: the session's second verify pass).
         let queued = sink.control.unsent_bytes();
         let n = match tokio::time::timeout(sink.send_timeout, w.write_vectored(&rest[..take])).await
         {
-            Err(_) => match (queued, sink.control.unsent_bytes()) {
-                (Some(before), Some(now)) if now < before => {
-                    progress.wrote((before - now) as usize)?;
-                    continue;
+            Err(_) => {
+                let taken = match (queued, sink.control.unsent_bytes()) {
+                    (Some(before), Some(now)) => Some(before.saturating_sub(now)),
+                    _ => None,
+                };
+                match taken {
+                    // This timeout's window is met; the next starts now
+                    // (counting the bytes into the window too would let a
+                    // client through at half the floor).
+                    Some(t) if t >= MIN_SEND_PROGRESS_BYTES => {
+                        progress.start();
+                        continue;
+                    }
+                    Some(t) if t > 0 => {
+                        return Err(io::Error::new(
+                            io::ErrorKind::TimedOut,
+                            format!(
+                                "client took {t} bytes of replies in the send timeout, less \
+                                 than {MIN_SEND_PROGRESS_BYTES}"
+                            ),
+                        ))
+                    }
+                    _ => return Err(send_timed_out()),
                 }
-                _ => return Err(send_timed_out()),
-            },
+            }
             Ok(Ok(n)) => n,
             Ok(Err(e)) if e.kind() == io::ErrorKind::Interrupted => continue,
             Ok(Err(e)) => return Err(e),
