@@ -291,7 +291,7 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
             usage_bail!("{why}");
         }
     }
-    let journals = journal_of_each_volume(&named)?;
+    agree_on_journals(&mut named)?;
 
     // Listeners before any volume is opened: a `--listen` or `--metrics`
     // that cannot be bound must fail before a `--break-lock` breaks a
@@ -341,11 +341,8 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
         // Every volume is checked before any lock is broken: a serve that
         // ends up refused must not have fenced a live holder on the way.
         for ExportSpec { path, journal, .. } in &named {
-            let named_journal = std::fs::canonicalize(path)
-                .ok()
-                .and_then(|k| journals.get(&k).cloned().flatten());
             let opts = OpenOptions {
-                journal_path: named_journal.or(journal.clone()),
+                journal_path: journal.clone(),
                 ..opts.clone()
             };
             Volume::check_openable(path, &opts)
@@ -373,10 +370,8 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
         let vol = match by_path.get(&key) {
             Some(v) => v.clone(),
             None => {
-                // The journal any export of this volume named.
-                let journal = journals.get(&key).cloned().flatten().or(journal.clone());
                 let opts = OpenOptions {
-                    journal_path: journal,
+                    journal_path: journal.clone(),
                     ..opts.clone()
                 };
                 let v = Arc::new(Volume::open(path, &opts).map_err(|e| {
@@ -666,18 +661,16 @@ const CLOSE_LIMIT: Duration = Duration::from_secs(60);
 /// shutdown grace time: the store is then most likely what holds it.
 const FLUSH_LIMIT: Duration = Duration::from_secs(10);
 
-/// The journal each volume file is opened with, by canonical path: the one
-/// an export of it names (`,journal=`), so two exports of one file may name
-/// it once. Two that name different journals are refused before anything
-/// is opened (session 33's multi-export pass: the second was ignored
-/// without a word, even when it named another volume's journal). Paths
-/// that do not resolve (RBD images, missing files) are left to the open.
-fn journal_of_each_volume(
-    named: &[ExportSpec],
-) -> anyhow::Result<HashMap<PathBuf, Option<PathBuf>>> {
+/// Gives every export of one volume file (by canonical path) the journal
+/// one of them names (`,journal=`), so two exports of one file may name it
+/// once. Two that name different journals are refused before anything is
+/// opened (session 33's multi-export pass: the second was ignored without
+/// a word, even when it named another volume's journal). Paths that do not
+/// resolve (RBD images, missing files) are left to the open.
+fn agree_on_journals(named: &mut [ExportSpec]) -> anyhow::Result<()> {
     let canonical = |p: &Path| std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf());
     let mut journals: HashMap<PathBuf, (Option<PathBuf>, &str)> = HashMap::new();
-    for e in named {
+    for e in named.iter() {
         if jbdev_device::is_rbd_target(&e.path) {
             continue;
         }
@@ -711,7 +704,19 @@ fn journal_of_each_volume(
             _ => {}
         }
     }
-    Ok(journals.into_iter().map(|(k, (j, _))| (k, j)).collect())
+    let agreed: HashMap<PathBuf, PathBuf> = journals
+        .into_iter()
+        .filter_map(|(k, (j, _))| Some((k, j?)))
+        .collect();
+    for e in named.iter_mut() {
+        if let Some(j) = std::fs::canonicalize(&e.path)
+            .ok()
+            .and_then(|k| agreed.get(&k))
+        {
+            e.journal = Some(j.clone());
+        }
+    }
+    Ok(())
 }
 
 fn close_volumes(volumes: Vec<(PathBuf, Arc<Volume>)>) -> anyhow::Result<()> {

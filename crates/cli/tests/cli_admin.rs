@@ -2594,8 +2594,7 @@ fn a_holder_whose_main_thread_has_exited_is_alive() {
     }
     let img = dir.path().join("v.img");
     let img_s = img.to_str().unwrap();
-    let o = jbdev(&["format", "--size", "16M", img_s]);
-    assert!(o.status.success(), "{}", text(&o));
+    format_16m(img_s, &[]);
     let mut holder = Command::new(&exe)
         .arg(&img)
         .stdout(std::process::Stdio::piped())

@@ -440,37 +440,54 @@ async fn write_batch(
         // about 124 KiB into its receive buffer without the client reading
         // (counted as progress, it bought a client that never reads a
         // second timeout: the session's second verify pass).
-        let queued = sink.control.unsent_bytes();
-        let n = match tokio::time::timeout(sink.send_timeout, w.write_vectored(&rest[..take])).await
-        {
-            Err(_) => {
-                let taken = match (queued, sink.control.unsent_bytes()) {
-                    (Some(before), Some(now)) => Some(before.saturating_sub(now)),
-                    _ => None,
-                };
-                match taken {
-                    // This timeout's window is met; the next starts now
-                    // (counting the bytes into the window too would let a
-                    // client through at half the floor).
-                    Some(t) if t >= MIN_SEND_PROGRESS_BYTES => {
-                        progress.start();
-                        continue;
+        let res = {
+            let mut write = std::pin::pin!(w.write_vectored(&rest[..take]));
+            // Most writes complete at once: the send queue is read (one
+            // ioctl) only for a write that has to wait.
+            let first = std::future::poll_fn(|cx| {
+                std::task::Poll::Ready(std::future::Future::poll(write.as_mut(), cx))
+            })
+            .await;
+            match first {
+                std::task::Poll::Ready(r) => r,
+                std::task::Poll::Pending => {
+                    let queued = sink.control.unsent_bytes();
+                    match tokio::time::timeout(sink.send_timeout, write).await {
+                        Ok(r) => r,
+                        Err(_) => {
+                            let taken = match (queued, sink.control.unsent_bytes()) {
+                                (Some(before), Some(now)) => Some(before.saturating_sub(now)),
+                                _ => None,
+                            };
+                            match taken {
+                                // This timeout's window is met; the next
+                                // starts now (counting the bytes into the
+                                // window too would let a client through at
+                                // half the floor).
+                                Some(t) if t >= MIN_SEND_PROGRESS_BYTES => {
+                                    progress.start();
+                                    continue;
+                                }
+                                Some(t) if t > 0 => {
+                                    return Err(io::Error::new(
+                                        io::ErrorKind::TimedOut,
+                                        format!(
+                                            "client took {t} bytes of replies in the send \
+                                             timeout, less than {MIN_SEND_PROGRESS_BYTES}"
+                                        ),
+                                    ))
+                                }
+                                _ => return Err(send_timed_out()),
+                            }
+                        }
                     }
-                    Some(t) if t > 0 => {
-                        return Err(io::Error::new(
-                            io::ErrorKind::TimedOut,
-                            format!(
-                                "client took {t} bytes of replies in the send timeout, less \
-                                 than {MIN_SEND_PROGRESS_BYTES}"
-                            ),
-                        ))
-                    }
-                    _ => return Err(send_timed_out()),
                 }
             }
-            Ok(Ok(n)) => n,
-            Ok(Err(e)) if e.kind() == io::ErrorKind::Interrupted => continue,
-            Ok(Err(e)) => return Err(e),
+        };
+        let n = match res {
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
         };
         if n == 0 {
             return Err(io::ErrorKind::WriteZero.into());

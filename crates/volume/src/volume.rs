@@ -757,13 +757,7 @@ impl Volume {
             let jdev = jheld.map(|j| held[j].device.clone());
             let watch = jheld.and_then(|j| {
                 let o = &mut held[j];
-                let file = o.watch.take().or_else(|| block_device_watch(&o.path));
-                file.map(|file| WatchedJournal {
-                    file,
-                    path: o.path.clone(),
-                    home: path.to_path_buf(),
-                    region_end: journal_bytes,
-                })
+                WatchedJournal::of(o.watch.take(), &o.path, path, journal_bytes)
             });
             let home_file = held[home].watch.take();
             // A file or RBD image that was there already: whatever its data
@@ -793,9 +787,7 @@ impl Volume {
             // created volume went on acknowledging writes with its journal
             // file deleted).
             if !oopts.read_only {
-                let home_watch = home_file
-                    .or_else(|| block_device_watch(path))
-                    .map(|f| WatchedHome::new(f, path, vol.superblock()));
+                let home_watch = WatchedHome::of(home_file, path, vol.superblock());
                 vol.watch_files(watch, home_watch)?;
             }
             Ok(vol)
@@ -891,23 +883,13 @@ impl Volume {
                     true,
                 )?;
                 origin.journal = given.is_none().then(|| jp.clone());
-                (
-                    Some(jdev),
-                    file.or_else(|| block_device_watch(&jp))
-                        .map(|file| WatchedJournal {
-                            file,
-                            path: jp,
-                            home: path.to_path_buf(),
-                            region_end: *len_bytes,
-                        }),
-                )
+                let watch = WatchedJournal::of(file, &jp, path, *len_bytes);
+                (Some(jdev), watch)
             }
         };
         let vol = Self::open_device_from(dev, jdev, opts, Some(&origin))?;
         if !opts.read_only {
-            let home_watch = home_file
-                .or_else(|| block_device_watch(path))
-                .map(|f| WatchedHome::new(f, path, vol.superblock()));
+            let home_watch = WatchedHome::of(home_file, path, vol.superblock());
             vol.watch_files(watch, home_watch)?;
         }
         Ok(vol)
@@ -931,13 +913,9 @@ impl Volume {
         let (pj, ph) = (journal.clone(), home.clone());
         let _ = self.engine.shrink_probe.set(Box::new(move |of_journal| {
             if of_journal {
-                let w = pj.as_ref()?;
-                let p = w.problem()?;
-                matches!(p, JournalFileProblem::Shrunk { .. }).then(|| w.abort_message(&p))
+                pj.as_ref()?.shrunk_message()
             } else {
-                let w = ph.as_ref()?;
-                let p = w.problem()?;
-                matches!(p, JournalFileProblem::Shrunk { .. }).then(|| w.abort_message(&p))
+                ph.as_ref()?.shrunk_message()
             }
         }));
         let (j, h) = (journal.clone(), home.clone());

@@ -179,8 +179,7 @@ impl Engine {
             // A full store is not an abort: the checkpoint tries again
             // (ARCHITECTURE, failure semantics).
             if is_no_space(e.errno()) && self.ack().is_ok() {
-                if let Some(msg) = self.shrunk(false) {
-                    self.abort_home(AbortCause::JournalFileLost(msg));
+                if self.abort_if_home_shrunk() {
                     return;
                 }
                 if !self.home_is_full(&e) {

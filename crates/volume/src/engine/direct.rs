@@ -210,11 +210,8 @@ impl Engine {
             } else {
                 "zeroing (trim or write-zeroes) of the home location"
             };
-            if is_no_space(e.errno()) {
-                if let Some(msg) = self.shrunk(false) {
-                    self.abort_home(AbortCause::JournalFileLost(msg));
-                    return Err(self.aborted_now());
-                }
+            if is_no_space(e.errno()) && self.abort_if_home_shrunk() {
+                return Err(self.aborted_now());
             }
             if !store_full {
                 self.home_write_failed(format!("{what} failed: {e}"), e.errno());

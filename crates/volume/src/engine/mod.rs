@@ -944,6 +944,16 @@ impl Engine {
         self.shrink_probe.get().and_then(|probe| probe(journal))
     }
 
+    /// For a home write that failed with ENOSPC: if the home device
+    /// shrank, aborts the volume with the watch's message and says so.
+    pub(crate) fn abort_if_home_shrunk(&self) -> bool {
+        let Some(msg) = self.shrunk(false) else {
+            return false;
+        };
+        self.abort_home(AbortCause::JournalFileLost(msg));
+        true
+    }
+
     /// [`Engine::abort_with`] for a caller that holds the state lock:
     /// records the first reason, raises the flag and wakes every waiter.
     fn record_abort(&self, st: &mut JState, cause: AbortCause) {

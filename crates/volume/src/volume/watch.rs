@@ -28,16 +28,29 @@ pub(crate) struct WatchedHome {
 }
 
 impl WatchedHome {
-    pub(crate) fn new(file: std::fs::File, path: &Path, sb: &VolumeSuperblock) -> Self {
-        WatchedHome {
-            file,
+    /// The watch over the home at `path`: through `file`, the descriptor
+    /// `open_device` gives a regular file, or one of its own for a block
+    /// device ([`block_device_watch`]); None for anything else (RBD).
+    pub(crate) fn of(
+        file: Option<std::fs::File>,
+        path: &Path,
+        sb: &VolumeSuperblock,
+    ) -> Option<Self> {
+        Some(WatchedHome {
+            file: file.or_else(|| block_device_watch(path))?,
             path: path.to_path_buf(),
             end: sb.data_offset_bytes + sb.size_bytes,
-        }
+        })
     }
 
     pub(crate) fn problem(&self) -> Option<JournalFileProblem> {
         file_problem(&self.file, &self.path, self.end)
+    }
+
+    /// The abort's message if the device shrank (`Engine::shrunk`).
+    pub(crate) fn shrunk_message(&self) -> Option<String> {
+        let p = self.problem().filter(JournalFileProblem::is_shrunk)?;
+        Some(self.abort_message(&p))
     }
 
     /// The abort's message: what happened and what the operator can do.
@@ -108,7 +121,7 @@ fn file_problem(file: &std::fs::File, path: &Path, end: u64) -> Option<JournalFi
 /// A descriptor (`O_PATH`) to watch the block device at `path` by
 /// ([`file_problem`]); None for anything else (files come with theirs from
 /// `open_device`) or if it cannot be opened (then unwatched, as before).
-pub(crate) fn block_device_watch(path: &Path) -> Option<std::fs::File> {
+fn block_device_watch(path: &Path) -> Option<std::fs::File> {
     use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
     let f = std::fs::OpenOptions::new()
         .read(true)
@@ -162,7 +175,36 @@ pub(crate) enum JournalFileProblem {
     Shrunk { len: u64 },
 }
 
+impl JournalFileProblem {
+    fn is_shrunk(&self) -> bool {
+        matches!(self, Self::Shrunk { .. })
+    }
+}
+
 impl WatchedJournal {
+    /// The watch over the external journal at `path` of the volume at
+    /// `home` (its region ending at byte `region_end`), as
+    /// [`WatchedHome::of`].
+    pub(crate) fn of(
+        file: Option<std::fs::File>,
+        path: &Path,
+        home: &Path,
+        region_end: u64,
+    ) -> Option<Self> {
+        Some(WatchedJournal {
+            file: file.or_else(|| block_device_watch(path))?,
+            path: path.to_path_buf(),
+            home: home.to_path_buf(),
+            region_end,
+        })
+    }
+
+    /// The abort's message if the device shrank (`Engine::shrunk`).
+    pub(crate) fn shrunk_message(&self) -> Option<String> {
+        let p = self.problem().filter(JournalFileProblem::is_shrunk)?;
+        Some(self.abort_message(&p))
+    }
+
     /// What is wrong with the file now, or `None` while nothing is. Either
     /// problem makes acknowledging more writes promise a durability the
     /// journal can no longer give, so the volume aborts
